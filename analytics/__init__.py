@@ -1,0 +1,1 @@
+"""Baselines, incident detection, root-cause attribution, KV-cache, energy and leaderboard."""

@@ -1,0 +1,1 @@
+"""The fleetlens collector: OTLP receivers, write-ahead log and raw Parquet segments."""

@@ -1,0 +1,73 @@
+"""Collector configuration (the ``[collector]`` table of ``fleetlens.toml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.schema.settings import require
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS for both listeners; ``client_ca_file`` turns on mutual TLS."""
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+    def validate(self) -> None:
+        require(
+            (self.cert_file is None) == (self.key_file is None),
+            "cert_file", "cert_file and key_file must be set together",
+        )
+        require(
+            self.client_ca_file is None or self.cert_file is not None,
+            "client_ca_file", "mutual TLS needs cert_file and key_file too",
+        )
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """Where the collector listens and how much it holds before it refuses."""
+
+    grpc_address: str = f"{LOOPBACK}:4317"
+    http_address: str = f"{LOOPBACK}:4318"
+    #: Bearer tokens accepted; empty means no authentication (fine on loopback only).
+    auth_tokens: tuple[str, ...] = ()
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    #: Largest request accepted after decompression.
+    max_request_bytes: int = 64 * 1024 * 1024
+    #: Rows buffered before a Parquet segment is published, and its maximum age.
+    flush_rows: int = 200_000
+    flush_interval_s: float = 5.0
+    #: Memory bound for buffered, not yet published data; above it Exports are refused.
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    #: Accepted distance of timestamps from now.
+    max_clock_skew_s: float = 7 * 24 * 3600.0
+    max_attributes: int = 128
+    max_attribute_value_bytes: int = 8192
+    #: Distinct service/host names per window before new ones go to an overflow bucket.
+    max_names_per_window: int = 10_000
+    #: Worker processes sharing the gRPC port (SO_REUSEPORT); 0 means one per core.
+    workers: int = 0
+
+    def validate(self) -> None:
+        for name in ("grpc_address", "http_address"):
+            host, sep, port = getattr(self, name).rpartition(":")
+            require(bool(sep and host and port.isdigit() and 0 <= int(port) < 65536),
+                    name, f"expected HOST:PORT, got {getattr(self, name)!r}")
+        require(self.max_request_bytes > 0, "max_request_bytes", "must be positive")
+        require(self.flush_rows > 0, "flush_rows", "must be positive")
+        require(self.flush_interval_s > 0, "flush_interval_s", "must be positive")
+        require(self.max_buffered_bytes > 0, "max_buffered_bytes", "must be positive")
+        require(self.max_clock_skew_s > 0, "max_clock_skew_s", "must be positive")
+        require(self.max_attributes > 0, "max_attributes", "must be positive")
+        require(self.max_attribute_value_bytes > 0, "max_attribute_value_bytes", "must be positive")
+        require(self.workers >= 0, "workers", "must be 0 (one per core) or more")
+        require(all(self.auth_tokens), "auth_tokens", "tokens must not be empty strings")

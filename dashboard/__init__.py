@@ -1,0 +1,1 @@
+"""The Streamlit dashboard: renders what pipeline and analytics computed."""

@@ -1,0 +1,3 @@
+from fleetlens.cli import main
+
+main()

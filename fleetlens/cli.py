@@ -1,0 +1,69 @@
+"""The ``fleetlens`` console script.
+
+Subcommands live with their components (``pipeline/cli.py``, ``collector/cli.py``, ...) as
+click commands. This module only knows where they are: each is imported when it is run (or
+asked for ``--help``), so ``fleetlens sql`` never loads Streamlit or Prophet.
+
+To add a subcommand, write it as a click command in its component and add one line to
+:data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from fleetlens import __version__
+
+#: name -> ("module:attribute", one-line help shown by ``fleetlens --help``).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("fleetlens.config_cli:config", "Check and print the effective configuration."),
+    "sql": ("pipeline.sql_cli:sql", "Run a SQL query over the tables in a data directory."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[cmd_name]
+        module_name, _, attribute = target.partition(":")
+        command = getattr(importlib.import_module(module_name), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{target} is not a click command")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help comes from the table above so --help imports no component.
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fleetlens")
+def cli() -> None:
+    """fleetlens: find out why your LLM inference fleet got slow.
+
+    Ingests OpenTelemetry spans (vLLM, any OTel server) and GPU/engine telemetry, computes
+    per-request phases, windows, energy and baselines, and explains latency spikes.
+
+    Data lives in one directory: --data-dir, else $FLEETLENS_DATA, else ./fleetlens-data.
+    Configuration: fleetlens.toml (--config, else $FLEETLENS_CONFIG) with FLEETLENS_*
+    environment overrides; see `fleetlens config check --help`.
+    """
+
+
+def main() -> None:
+    """Entry point of the console script."""
+    cli(prog_name="fleetlens")
+
+
+if __name__ == "__main__":
+    main()

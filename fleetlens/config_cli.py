@@ -1,0 +1,63 @@
+"""``fleetlens config check``: load, validate and print the effective configuration."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from pipeline.schema.settings import ConfigError, to_dict
+
+
+@click.group()
+def config() -> None:
+    """Inspect the configuration (fleetlens.toml plus FLEETLENS_* overrides).
+
+    Overrides use a double underscore between levels, e.g.
+    FLEETLENS_COLLECTOR__GRPC_ADDRESS=0.0.0.0:4317; FLEETLENS_DATA sets data_dir.
+    """
+
+
+@config.command("check")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["toml", "json"]), default="toml",
+              show_default=True, help="How to print the effective configuration.")
+def check(file: str | None, fmt: str) -> None:
+    """Validate FILE (default: $FLEETLENS_CONFIG or ./fleetlens.toml if present) and print
+    the effective configuration: defaults, then the file, then environment overrides.
+
+    Exits with status 1 and names the bad field when the configuration is invalid.
+    """
+    from fleetlens.config import load_config, resolve_config_file
+
+    try:
+        cfg = load_config(file)
+    except ConfigError as exc:
+        raise click.ClickException(f"invalid configuration: {exc}") from None
+    source = resolve_config_file(file)
+    data = to_dict(cfg)
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    click.echo(f"# effective configuration ({source or 'defaults'} + environment); valid")
+    click.echo(_to_toml(data))
+
+
+def _to_toml(data: dict, prefix: str = "") -> str:
+    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    lines = [f"[{prefix}]"] if prefix and scalars else []
+    lines += scalars
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines += ["", _to_toml(value, f"{prefix}.{key}" if prefix else key)]
+    return "\n".join(lines).strip("\n")
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))

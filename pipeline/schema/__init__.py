@@ -1,0 +1,29 @@
+"""The one package that owns every name fleetlens uses: tables, columns, attribute keys,
+metric names, the cause vocabulary and the config-loading machinery.
+
+It imports nothing of ours, so every other package may import it.
+
+    from pipeline.schema import columns as c, tables as t, attributes as a
+    validate(frame, t.REQUESTS)
+"""
+
+from pipeline.schema import attributes, columns, tables
+from pipeline.schema.causes import CAUSES, Cause
+from pipeline.schema.tables import FLEET_WIDE, RAW_SIGNALS, TABLES, Table, table
+from pipeline.schema.validate import SchemaError, conform, validate
+
+__all__ = [
+    "CAUSES",
+    "FLEET_WIDE",
+    "RAW_SIGNALS",
+    "TABLES",
+    "Cause",
+    "SchemaError",
+    "Table",
+    "attributes",
+    "columns",
+    "conform",
+    "table",
+    "tables",
+    "validate",
+]

@@ -1,0 +1,133 @@
+"""Every OTLP attribute key, span name and metric name fleetlens reads or writes.
+
+Sources: vLLM V1 tracing (``vllm/tracing.py`` ``SpanAttributes``), the OpenTelemetry GenAI and
+hardware semantic conventions, and vLLM's Prometheus ``/metrics``. See docs/telemetry.md.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.schema import columns as c
+
+# --- resource attributes ------------------------------------------------------------------
+SERVICE_NAME = "service.name"
+SERVICE_INSTANCE_ID = "service.instance.id"
+HOST_NAME = "host.name"
+VLLM_PROCESS_ID = "vllm.process_id"
+VLLM_INSTRUMENTING_MODULE = "vllm.instrumenting_module_name"
+#: Resource keys fleetlens understands for the model when the span does not carry it.
+RESOURCE_MODEL_KEYS = ("gen_ai.request.model", "llm.model", "model")
+#: Attribute vLLM puts on start-up spans; holds absolute file paths, treated as sensitive.
+CODE_FILEPATH = "code.filepath"
+
+# --- vLLM V1 request span -----------------------------------------------------------------
+VLLM_REQUEST_SPAN = "llm_request"
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+GEN_AI_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+GEN_AI_TTFT = "gen_ai.latency.time_to_first_token"
+GEN_AI_E2E = "gen_ai.latency.e2e"
+GEN_AI_PREFILL = "gen_ai.latency.time_in_model_prefill"
+GEN_AI_DECODE = "gen_ai.latency.time_in_model_decode"
+GEN_AI_INFERENCE = "gen_ai.latency.time_in_model_inference"
+GEN_AI_TIME_IN_SCHEDULER = "gen_ai.latency.time_in_scheduler"  # defined, not emitted by V1
+GEN_AI_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+GEN_AI_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_N = "gen_ai.request.n"
+GEN_AI_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_TOP_P = "gen_ai.request.top_p"
+GEN_AI_FINISH_REASONS = "gen_ai.response.finish_reasons"  # vLLM: JSON string; semconv: array
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"  # defined, not emitted by V1
+
+# --- OpenTelemetry GenAI semantic conventions ---------------------------------------------
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_CACHED_INPUT_TOKENS = "gen_ai.usage.cache_read_input_tokens"
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_SYSTEM = "gen_ai.system"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+ERROR_TYPE = "error.type"
+
+# --- fleetlens simulator / gateway ----------------------------------------------------------
+GATEWAY_SPAN = "gateway_request"
+FLEETLENS_INSTANCE_ID = "fleetlens.instance_id"
+FLEETLENS_GPU_UUIDS = "fleetlens.gpu_uuids"  # comma-separated GPUs serving an instance
+
+#: gen_ai.* span attributes promoted to typed columns of ``spans``: key -> (column, dtype).
+#: The collector stores them in these columns and leaves them out of the JSON attribute map.
+PROMOTED_SPAN_ATTRIBUTES: dict[str, tuple[str, pl.DataType]] = {
+    GEN_AI_REQUEST_ID: (c.GEN_AI_REQUEST_ID, pl.String()),
+    GEN_AI_REQUEST_MODEL: (c.GEN_AI_REQUEST_MODEL, pl.String()),
+    GEN_AI_TIME_IN_QUEUE: (c.GEN_AI_TIME_IN_QUEUE_S, pl.Float64()),
+    GEN_AI_TTFT: (c.GEN_AI_TTFT_S, pl.Float64()),
+    GEN_AI_E2E: (c.GEN_AI_E2E_S, pl.Float64()),
+    GEN_AI_PREFILL: (c.GEN_AI_PREFILL_S, pl.Float64()),
+    GEN_AI_DECODE: (c.GEN_AI_DECODE_S, pl.Float64()),
+    GEN_AI_INFERENCE: (c.GEN_AI_INFERENCE_S, pl.Float64()),
+    GEN_AI_PROMPT_TOKENS: (c.GEN_AI_PROMPT_TOKENS, pl.Int64()),
+    GEN_AI_COMPLETION_TOKENS: (c.GEN_AI_COMPLETION_TOKENS, pl.Int64()),
+    GEN_AI_MAX_TOKENS: (c.GEN_AI_MAX_TOKENS, pl.Int64()),
+}
+
+# --- OpenTelemetry hardware conventions (emitted by the fleetlens agent) ------------------
+HW_POWER = "hw.power"  # gauge, W
+HW_ENERGY = "hw.energy"  # cumulative monotonic sum, J
+HW_GPU_UTILIZATION = "hw.gpu.utilization"  # gauge, 0..1
+HW_GPU_MEMORY_UTILIZATION = "hw.gpu.memory.utilization"  # gauge, 0..1
+HW_GPU_MEMORY_USAGE = "hw.gpu.memory.usage"  # gauge, By
+HW_GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"  # gauge, By
+HW_TEMPERATURE = "hw.temperature"  # gauge, Cel
+GPU_CLOCK_SM = "gpu.clock.sm"  # gauge, MHz
+GPU_POWER_LIMIT = "gpu.power.limit"  # gauge, W
+GPU_CLOCKS_EVENT_REASONS = "gpu.clocks_event_reasons"  # gauge, NVML bitmask
+# point attributes of the hw.* metrics
+HW_ID = "hw.id"
+HW_NAME = "hw.name"
+HW_TYPE = "hw.type"
+HW_TYPE_GPU = "gpu"
+GPU_INDEX = "gpu.index"
+
+# --- engine metrics emitted by the agent's vLLM scraper -------------------------------------
+ENGINE_KV_CACHE_USAGE = "vllm.kv_cache.usage"  # gauge, 0..1
+ENGINE_NUM_RUNNING = "vllm.requests.running"  # gauge
+ENGINE_NUM_WAITING = "vllm.requests.waiting"  # gauge
+ENGINE_PREEMPTIONS = "vllm.preemptions"  # cumulative sum
+ENGINE_PREFIX_CACHE_QUERIES = "vllm.prefix_cache.queries"  # cumulative sum, tokens
+ENGINE_PREFIX_CACHE_HITS = "vllm.prefix_cache.hits"  # cumulative sum, tokens
+ENGINE_PROMPT_TOKENS = "vllm.tokens.prompt"  # cumulative sum
+ENGINE_GENERATION_TOKENS = "vllm.tokens.generation"  # cumulative sum
+ENGINE_INSTANCE_GPUS = "fleetlens.instance.gpus"  # gauge 1 per (instance, gpu) mapping
+# point attributes of the engine metrics
+ENGINE_MODEL_NAME = "model_name"
+ENGINE_INSTANCE = "fleetlens.instance_id"
+
+# --- vLLM Prometheus /metrics families (scraped by the agent) -------------------------------
+#: Each engine signal maps to the family names vLLM has used for it, newest first.
+VLLM_PROMETHEUS_NAMES: dict[str, tuple[str, ...]] = {
+    ENGINE_KV_CACHE_USAGE: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ENGINE_NUM_RUNNING: ("vllm:num_requests_running",),
+    ENGINE_NUM_WAITING: ("vllm:num_requests_waiting",),
+    ENGINE_PREEMPTIONS: ("vllm:num_preemptions_total", "vllm:num_preemptions"),
+    ENGINE_PREFIX_CACHE_QUERIES: (
+        "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
+    ),
+    ENGINE_PREFIX_CACHE_HITS: (
+        "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total",
+    ),
+    ENGINE_PROMPT_TOKENS: ("vllm:prompt_tokens_total",),
+    ENGINE_GENERATION_TOKENS: ("vllm:generation_tokens_total",),
+}
+#: vLLM latency histograms (for cross-checking spans against /metrics).
+VLLM_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "inference": "vllm:request_inference_time_seconds",
+    "tpot": "vllm:time_per_output_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+}
+VLLM_MODEL_LABEL = "model_name"

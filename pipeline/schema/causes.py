@@ -1,0 +1,40 @@
+"""The root-cause vocabulary of the ``causes`` table (DESIGN.md section 3).
+
+Extend it, never rename: stored incidents, the simulator's ground truth and outside checks
+compare these strings.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Cause(StrEnum):
+    """Why a latency spike happened."""
+
+    TRAFFIC_SURGE = "traffic_surge"
+    KV_CACHE_PRESSURE = "kv_cache_pressure"
+    PREFIX_CACHE_DROP = "prefix_cache_drop"
+    LONG_PROMPTS = "long_prompts"
+    THERMAL_THROTTLE = "thermal_throttle"
+    POWER_CAP = "power_cap"
+    SLOW_GPU = "slow_gpu"
+    NETWORK_OVERHEAD = "network_overhead"
+    COLLECTIVE_STALL = "collective_stall"
+    ENGINE_OVERHEAD = "engine_overhead"
+
+
+CAUSES: tuple[str, ...] = tuple(cause.value for cause in Cause)
+
+
+def subject(key: str, value: str) -> str:
+    """Format a cause subject, e.g. ``subject("host_name", "gpu-07") == "host_name=gpu-07"``."""
+    return f"{key}={value}"
+
+
+def parse_subject(text: str) -> tuple[str, str]:
+    """Split ``"host_name=gpu-07"`` into ``("host_name", "gpu-07")``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"subject {text!r} is not of the form key=value")
+    return key, value

@@ -1,0 +1,189 @@
+"""Every column name of every fleetlens table (DESIGN.md section 3).
+
+These constants are the only place a column name is spelled. Code elsewhere writes
+``pl.col(c.TTFT_S)``, never ``pl.col("ttft_s")``, so a rename is one edit and a typo is an
+``AttributeError`` instead of an empty column. Units are part of the name (``_s``, ``_ns``,
+``_w``, ``_j``, ``_bytes``); rates are per second.
+"""
+
+# --- shared by several tables -------------------------------------------------------------
+TRACE_ID = "trace_id"
+SPAN_ID = "span_id"
+SERVICE_NAME = "service_name"
+HOST_NAME = "host_name"
+RESOURCE_ATTRIBUTES = "resource_attributes"
+SCOPE_NAME = "scope_name"
+SCOPE_VERSION = "scope_version"
+ATTRIBUTES = "attributes"
+RECEIVED_NS = "received_ns"
+TS_NS = "ts_ns"
+START_NS = "start_ns"
+END_NS = "end_ns"
+MODEL = "model"
+INSTANCE_ID = "instance_id"
+
+# --- spans (raw) --------------------------------------------------------------------------
+PARENT_SPAN_ID = "parent_span_id"
+TRACE_STATE = "trace_state"
+FLAGS = "flags"
+NAME = "name"
+KIND = "kind"
+STATUS_CODE = "status_code"
+STATUS_MESSAGE = "status_message"
+EVENTS = "events"
+LINKS = "links"
+DROPPED_ATTRIBUTES_COUNT = "dropped_attributes_count"
+DROPPED_EVENTS_COUNT = "dropped_events_count"
+DROPPED_LINKS_COUNT = "dropped_links_count"
+RESOURCE_SCHEMA_URL = "resource_schema_url"
+SCOPE_SCHEMA_URL = "scope_schema_url"
+SCOPE_ATTRIBUTES = "scope_attributes"
+
+# Typed columns promoted from frequent gen_ai.* span attributes (see attributes.PROMOTED).
+GEN_AI_REQUEST_ID = "gen_ai_request_id"
+GEN_AI_REQUEST_MODEL = "gen_ai_request_model"
+GEN_AI_TIME_IN_QUEUE_S = "gen_ai_time_in_queue_s"
+GEN_AI_TTFT_S = "gen_ai_ttft_s"
+GEN_AI_E2E_S = "gen_ai_e2e_s"
+GEN_AI_PREFILL_S = "gen_ai_prefill_s"
+GEN_AI_DECODE_S = "gen_ai_decode_s"
+GEN_AI_INFERENCE_S = "gen_ai_inference_s"
+GEN_AI_PROMPT_TOKENS = "gen_ai_prompt_tokens"
+GEN_AI_COMPLETION_TOKENS = "gen_ai_completion_tokens"
+GEN_AI_MAX_TOKENS = "gen_ai_max_tokens"
+
+# --- metric_points (raw) ------------------------------------------------------------------
+METRIC_NAME = "metric_name"
+METRIC_KIND = "kind"
+UNIT = "unit"
+DESCRIPTION = "description"
+VALUE = "value"
+TEMPORALITY = "temporality"
+IS_MONOTONIC = "is_monotonic"
+COUNT = "count"
+SUM = "sum"
+MIN = "min"
+MAX = "max"
+BUCKET_COUNTS = "bucket_counts"
+EXPLICIT_BOUNDS = "explicit_bounds"
+EXP_SCALE = "exp_scale"
+EXP_ZERO_COUNT = "exp_zero_count"
+EXP_POSITIVE_OFFSET = "exp_positive_offset"
+EXP_POSITIVE_BUCKET_COUNTS = "exp_positive_bucket_counts"
+EXP_NEGATIVE_OFFSET = "exp_negative_offset"
+EXP_NEGATIVE_BUCKET_COUNTS = "exp_negative_bucket_counts"
+QUANTILES = "quantiles"
+
+# --- log_records (raw) --------------------------------------------------------------------
+OBSERVED_NS = "observed_ns"
+SEVERITY_NUMBER = "severity_number"
+SEVERITY_TEXT = "severity_text"
+BODY = "body"
+EVENT_NAME = "event_name"
+
+# --- requests -----------------------------------------------------------------------------
+REQUEST_ID = "request_id"
+ARRIVAL_NS = "arrival_ns"
+QUEUE_S = "queue_s"
+PREFILL_S = "prefill_s"
+DECODE_S = "decode_s"
+INFERENCE_S = "inference_s"
+TTFT_S = "ttft_s"
+E2E_S = "e2e_s"
+TPOT_S = "tpot_s"
+OVERHEAD_S = "overhead_s"
+INPUT_TOKENS = "input_tokens"
+OUTPUT_TOKENS = "output_tokens"
+CACHED_TOKENS = "cached_tokens"
+FINISH_REASON = "finish_reason"
+IS_ERROR = "is_error"
+SOURCE = "source"
+
+# Dimensions commonly promoted from resource/span attributes (configurable; more welcome).
+REGION = "region"
+DEVICE_TYPE = "device_type"
+GPU_MODEL = "gpu_model"
+LORA = "lora"
+
+# --- gpu_samples --------------------------------------------------------------------------
+GPU_INDEX = "gpu_index"
+GPU_UUID = "gpu_uuid"
+POWER_W = "power_w"
+ENERGY_J = "energy_j"
+UTIL_GPU = "util_gpu"
+UTIL_MEM = "util_mem"
+MEM_USED_BYTES = "mem_used_bytes"
+MEM_TOTAL_BYTES = "mem_total_bytes"
+SM_CLOCK_MHZ = "sm_clock_mhz"
+TEMP_C = "temp_c"
+POWER_LIMIT_W = "power_limit_w"
+CLOCKS_EVENT_REASONS = "clocks_event_reasons"
+
+# --- engine_samples -----------------------------------------------------------------------
+KV_CACHE_USAGE = "kv_cache_usage"
+NUM_RUNNING = "num_running"
+NUM_WAITING = "num_waiting"
+PREEMPTIONS_TOTAL = "preemptions_total"
+PREFIX_CACHE_QUERIES_TOTAL = "prefix_cache_queries_total"
+PREFIX_CACHE_HITS_TOTAL = "prefix_cache_hits_total"
+PROMPT_TOKENS_TOTAL = "prompt_tokens_total"
+GENERATION_TOKENS_TOTAL = "generation_tokens_total"
+
+# --- windows ------------------------------------------------------------------------------
+WINDOW_START_NS = "window_start_ns"
+WINDOW_S = "window_s"
+REQUESTS = "requests"
+RPS = "rps"
+OUTPUT_TOK_S = "output_tok_s"
+ERROR_RATE = "error_rate"
+J_PER_TOKEN = "j_per_token"
+KV_CACHE_USAGE_MEAN = "kv_cache_usage_mean"
+KV_CACHE_USAGE_MAX = "kv_cache_usage_max"
+PREFIX_HIT_RATE = "prefix_hit_rate"
+PREEMPTIONS = "preemptions"
+
+#: The latency metrics that get percentile columns in `windows`, in column order.
+LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue", "prefill", "decode")
+#: The percentiles kept per latency metric, as (suffix, quantile).
+PERCENTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
+
+
+def percentile_column(metric: str, suffix: str) -> str:
+    """Name of a window percentile column, e.g. ``percentile_column("ttft", "p99")``."""
+    if metric not in LATENCY_METRICS:
+        raise ValueError(f"unknown latency metric {metric!r}; expected one of {LATENCY_METRICS}")
+    if suffix not in {s for s, _ in PERCENTILES}:
+        raise ValueError(f"unknown percentile {suffix!r}")
+    return f"{metric}_{suffix}_s"
+
+
+# --- request_energy -----------------------------------------------------------------------
+ATTRIBUTION_COVERAGE = "attribution_coverage"
+
+# --- baselines ----------------------------------------------------------------------------
+SERIES = "series"
+METRIC = "metric"
+SERIES_KEY = "series_key"
+EXPECTED = "expected"
+LOWER = "lower"
+UPPER = "upper"
+METHOD = "method"
+
+# --- incidents ----------------------------------------------------------------------------
+INCIDENT_ID = "incident_id"
+PEAK = "peak"
+SEVERITY = "severity"
+DETECTOR = "detector"
+
+# --- causes -------------------------------------------------------------------------------
+RANK = "rank"
+CAUSE = "cause"
+SUBJECT = "subject"
+SCORE = "score"
+SHARE_OF_EXCESS = "share_of_excess"
+EVIDENCE = "evidence"
+SUMMARY = "summary"
+
+# --- partitions ---------------------------------------------------------------------------
+DATE = "date"
+HOUR = "hour"

@@ -1,0 +1,230 @@
+"""The table contract: every fleetlens table with its exact columns and Polars dtypes.
+
+A table's schema lists the columns it *must* have, in order. More columns are welcome
+(dimensions such as ``region`` on ``requests``), so :func:`pipeline.schema.validate` checks
+presence and dtype, never absence. Timestamps are int64 nanoseconds since the epoch (UTC);
+ids are lowercase hex strings; attribute maps are JSON objects stored as strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from pipeline.schema import columns as c
+
+# --- table names --------------------------------------------------------------------------
+SPANS = "spans"
+METRIC_POINTS = "metric_points"
+LOG_RECORDS = "log_records"
+REQUESTS = "requests"
+GPU_SAMPLES = "gpu_samples"
+ENGINE_SAMPLES = "engine_samples"
+WINDOWS = "windows"
+REQUEST_ENERGY = "request_energy"
+BASELINES = "baselines"
+INCIDENTS = "incidents"
+CAUSES = "causes"
+
+I64 = pl.Int64
+F64 = pl.Float64
+STR = pl.String
+BOOL = pl.Boolean
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of the contract.
+
+    Attributes:
+        name: the table name, also its folder under ``raw/`` or ``derived/``.
+        columns: required columns in order, name -> Polars dtype.
+        raw_signal: for raw tables, the folder under ``raw/`` (``spans``, ``metrics``, ``logs``);
+            ``None`` for derived tables.
+        key: the columns that identify a row (used for deduplication and idempotent rewrites).
+    """
+
+    name: str
+    columns: dict[str, pl.DataType]
+    raw_signal: str | None = None
+    key: tuple[str, ...] = ()
+
+    @property
+    def schema(self) -> pl.Schema:
+        """The required columns as a :class:`polars.Schema`."""
+        return pl.Schema(self.columns)
+
+    def empty(self) -> pl.DataFrame:
+        """A zero-row frame with exactly the required columns."""
+        return pl.DataFrame(schema=self.schema)
+
+
+_SPANS = Table(
+    SPANS,
+    {
+        c.TRACE_ID: STR, c.SPAN_ID: STR, c.PARENT_SPAN_ID: STR, c.TRACE_STATE: STR,
+        c.FLAGS: I64, c.NAME: STR, c.KIND: I64, c.START_NS: I64, c.END_NS: I64,
+        c.STATUS_CODE: I64, c.STATUS_MESSAGE: STR, c.SERVICE_NAME: STR, c.HOST_NAME: STR,
+        c.RESOURCE_ATTRIBUTES: STR, c.RESOURCE_SCHEMA_URL: STR, c.SCOPE_NAME: STR,
+        c.SCOPE_VERSION: STR, c.SCOPE_ATTRIBUTES: STR, c.SCOPE_SCHEMA_URL: STR,
+        c.ATTRIBUTES: STR, c.EVENTS: STR, c.LINKS: STR,
+        c.DROPPED_ATTRIBUTES_COUNT: I64, c.DROPPED_EVENTS_COUNT: I64, c.DROPPED_LINKS_COUNT: I64,
+        c.GEN_AI_REQUEST_ID: STR, c.GEN_AI_REQUEST_MODEL: STR,
+        c.GEN_AI_TIME_IN_QUEUE_S: F64, c.GEN_AI_TTFT_S: F64, c.GEN_AI_E2E_S: F64,
+        c.GEN_AI_PREFILL_S: F64, c.GEN_AI_DECODE_S: F64, c.GEN_AI_INFERENCE_S: F64,
+        c.GEN_AI_PROMPT_TOKENS: I64, c.GEN_AI_COMPLETION_TOKENS: I64, c.GEN_AI_MAX_TOKENS: I64,
+        c.RECEIVED_NS: I64,
+    },
+    raw_signal="spans",
+    key=(c.TRACE_ID, c.SPAN_ID),
+)
+
+_METRIC_POINTS = Table(
+    METRIC_POINTS,
+    {
+        c.METRIC_NAME: STR, c.METRIC_KIND: STR, c.UNIT: STR, c.DESCRIPTION: STR,
+        c.TS_NS: I64, c.START_NS: I64, c.VALUE: F64, c.TEMPORALITY: STR, c.IS_MONOTONIC: BOOL,
+        c.FLAGS: I64, c.COUNT: I64, c.SUM: F64, c.MIN: F64, c.MAX: F64,
+        c.BUCKET_COUNTS: pl.List(I64), c.EXPLICIT_BOUNDS: pl.List(F64),
+        c.EXP_SCALE: I64, c.EXP_ZERO_COUNT: I64,
+        c.EXP_POSITIVE_OFFSET: I64, c.EXP_POSITIVE_BUCKET_COUNTS: pl.List(I64),
+        c.EXP_NEGATIVE_OFFSET: I64, c.EXP_NEGATIVE_BUCKET_COUNTS: pl.List(I64),
+        c.QUANTILES: STR,
+        c.SERVICE_NAME: STR, c.HOST_NAME: STR, c.RESOURCE_ATTRIBUTES: STR,
+        c.SCOPE_NAME: STR, c.SCOPE_VERSION: STR, c.ATTRIBUTES: STR, c.RECEIVED_NS: I64,
+    },
+    raw_signal="metrics",
+    key=(c.METRIC_NAME, c.SERVICE_NAME, c.HOST_NAME, c.ATTRIBUTES, c.TS_NS),
+)
+
+_LOG_RECORDS = Table(
+    LOG_RECORDS,
+    {
+        c.TS_NS: I64, c.OBSERVED_NS: I64, c.SEVERITY_NUMBER: I64, c.SEVERITY_TEXT: STR,
+        c.BODY: STR, c.EVENT_NAME: STR, c.TRACE_ID: STR, c.SPAN_ID: STR, c.FLAGS: I64,
+        c.SERVICE_NAME: STR, c.HOST_NAME: STR, c.RESOURCE_ATTRIBUTES: STR,
+        c.SCOPE_NAME: STR, c.SCOPE_VERSION: STR, c.ATTRIBUTES: STR,
+        c.DROPPED_ATTRIBUTES_COUNT: I64, c.RECEIVED_NS: I64,
+    },
+    raw_signal="logs",
+)
+
+_REQUESTS = Table(
+    REQUESTS,
+    {
+        c.REQUEST_ID: STR, c.TRACE_ID: STR, c.SPAN_ID: STR, c.SERVICE_NAME: STR, c.MODEL: STR,
+        c.HOST_NAME: STR, c.INSTANCE_ID: STR, c.ARRIVAL_NS: I64, c.END_NS: I64,
+        c.QUEUE_S: F64, c.PREFILL_S: F64, c.DECODE_S: F64, c.INFERENCE_S: F64, c.TTFT_S: F64,
+        c.E2E_S: F64, c.TPOT_S: F64, c.OVERHEAD_S: F64,
+        c.INPUT_TOKENS: I64, c.OUTPUT_TOKENS: I64, c.CACHED_TOKENS: I64,
+        c.FINISH_REASON: STR, c.IS_ERROR: BOOL, c.SOURCE: STR,
+    },
+    key=(c.TRACE_ID, c.SPAN_ID),
+)
+
+_GPU_SAMPLES = Table(
+    GPU_SAMPLES,
+    {
+        c.TS_NS: I64, c.HOST_NAME: STR, c.GPU_INDEX: I64, c.GPU_UUID: STR, c.GPU_MODEL: STR,
+        c.POWER_W: F64, c.ENERGY_J: F64, c.UTIL_GPU: F64, c.UTIL_MEM: F64,
+        c.MEM_USED_BYTES: F64, c.SM_CLOCK_MHZ: F64, c.TEMP_C: F64, c.POWER_LIMIT_W: F64,
+        c.CLOCKS_EVENT_REASONS: I64,
+    },
+    key=(c.HOST_NAME, c.GPU_UUID, c.TS_NS),
+)
+
+_ENGINE_SAMPLES = Table(
+    ENGINE_SAMPLES,
+    {
+        c.TS_NS: I64, c.HOST_NAME: STR, c.INSTANCE_ID: STR, c.MODEL: STR,
+        c.KV_CACHE_USAGE: F64, c.NUM_RUNNING: F64, c.NUM_WAITING: F64,
+        c.PREEMPTIONS_TOTAL: F64, c.PREFIX_CACHE_QUERIES_TOTAL: F64,
+        c.PREFIX_CACHE_HITS_TOTAL: F64, c.PROMPT_TOKENS_TOTAL: F64,
+        c.GENERATION_TOKENS_TOTAL: F64,
+    },
+    key=(c.HOST_NAME, c.INSTANCE_ID, c.TS_NS),
+)
+
+
+def _window_columns() -> dict[str, pl.DataType]:
+    cols: dict[str, pl.DataType] = {
+        c.WINDOW_START_NS: I64, c.WINDOW_S: I64, c.SERVICE_NAME: STR, c.MODEL: STR,
+        c.HOST_NAME: STR, c.REQUESTS: I64, c.RPS: F64, c.INPUT_TOKENS: I64,
+        c.OUTPUT_TOKENS: I64, c.OUTPUT_TOK_S: F64, c.ERROR_RATE: F64,
+    }
+    for metric in c.LATENCY_METRICS:
+        for suffix, _ in c.PERCENTILES:
+            cols[c.percentile_column(metric, suffix)] = F64
+    cols.update({
+        c.POWER_W: F64, c.ENERGY_J: F64, c.J_PER_TOKEN: F64, c.KV_CACHE_USAGE_MEAN: F64,
+        c.KV_CACHE_USAGE_MAX: F64, c.PREFIX_HIT_RATE: F64, c.PREEMPTIONS: F64,
+    })
+    return cols
+
+
+#: ``host_name`` of the fleet-wide rows in ``windows``.
+FLEET_WIDE = "*"
+
+_WINDOWS = Table(
+    WINDOWS,
+    _window_columns(),
+    key=(c.WINDOW_START_NS, c.WINDOW_S, c.SERVICE_NAME, c.MODEL, c.HOST_NAME),
+)
+
+_REQUEST_ENERGY = Table(
+    REQUEST_ENERGY,
+    {
+        c.REQUEST_ID: STR, c.HOST_NAME: STR, c.ENERGY_J: F64, c.J_PER_TOKEN: F64,
+        c.ATTRIBUTION_COVERAGE: F64,
+    },
+    key=(c.REQUEST_ID,),
+)
+
+_BASELINES = Table(
+    BASELINES,
+    {
+        c.SERIES: STR, c.TS_NS: I64, c.EXPECTED: F64, c.LOWER: F64, c.UPPER: F64,
+        c.METHOD: STR,
+    },
+    key=(c.SERIES, c.METHOD, c.TS_NS),
+)
+
+_INCIDENTS = Table(
+    INCIDENTS,
+    {
+        c.INCIDENT_ID: STR, c.METRIC: STR, c.SERVICE_NAME: STR, c.MODEL: STR, c.HOST_NAME: STR,
+        c.START_NS: I64, c.END_NS: I64, c.PEAK: F64, c.EXPECTED: F64, c.SEVERITY: STR,
+        c.DETECTOR: STR,
+    },
+    key=(c.INCIDENT_ID,),
+)
+
+_CAUSES = Table(
+    CAUSES,
+    {
+        c.INCIDENT_ID: STR, c.RANK: I64, c.CAUSE: STR, c.SUBJECT: STR, c.SCORE: F64,
+        c.SHARE_OF_EXCESS: F64, c.EVIDENCE: STR, c.SUMMARY: STR,
+    },
+    key=(c.INCIDENT_ID, c.RANK),
+)
+
+#: Every table of the contract by name.
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        _SPANS, _METRIC_POINTS, _LOG_RECORDS, _REQUESTS, _GPU_SAMPLES, _ENGINE_SAMPLES,
+        _WINDOWS, _REQUEST_ENERGY, _BASELINES, _INCIDENTS, _CAUSES,
+    )
+}
+
+#: The raw tables written by the collector, by their folder under ``raw/``.
+RAW_SIGNALS: dict[str, str] = {t.raw_signal: t.name for t in TABLES.values() if t.raw_signal}
+
+
+def table(name: str) -> Table:
+    """Look up a table of the contract by name; the error lists the known tables."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise KeyError(f"unknown table {name!r}; known tables: {', '.join(TABLES)}") from None

@@ -1,0 +1,74 @@
+"""``fleetlens sql``: ad-hoc SQL over every table in a data directory."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import click
+
+from pipeline.schema import TABLES
+
+_MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
+
+
+@click.command()
+@click.argument("query")
+@click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Data directory [default: $FLEETLENS_DATA or ./fleetlens-data].")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True, help="Output format.")
+@click.option("--max-rows", type=int, default=1000, show_default=True,
+              help="Rows printed in table format (csv and json print all).")
+def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
+    """Run QUERY with DuckDB over the data directory.
+
+    Every fleetlens table is a view (empty until it has data): raw spans,
+    metric_points and log_records, and the derived requests, windows, gpu_samples,
+    engine_samples, request_energy, baselines, incidents and causes. Example:
+
+        fleetlens sql "select service_name, count(*) from spans group by 1"
+    """
+    import duckdb
+
+    from pipeline.storage import DataDir, connect, existing_tables
+
+    root = DataDir.from_env(data_dir)
+    con = connect(root)
+    try:
+        result = con.sql(query)
+    except duckdb.CatalogException as exc:
+        if not _MISSING_TABLE.search(str(exc)):
+            raise click.ClickException(f"query failed: {exc}") from None
+        present = existing_tables(root)
+        raise click.ClickException(
+            f"{exc}\nfleetlens tables: {', '.join(TABLES)}"
+            f"\ntables with data in {root.root}: {', '.join(present) or 'none yet'}"
+        ) from None
+    except duckdb.Error as exc:
+        raise click.ClickException(f"query failed: {exc}") from None
+    if result is None:  # a statement without a result set
+        return
+    frame = result.pl()
+    if fmt == "csv":
+        frame.write_csv(sys.stdout)
+    elif fmt == "json":
+        click.echo(frame.write_json())
+    else:
+        _print_table(frame, max_rows)
+
+
+def _print_table(frame, max_rows: int) -> None:  # noqa: ANN001 - polars DataFrame
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_edge=False, header_style="bold")
+    for name in frame.columns:
+        table.add_column(name, overflow="fold")
+    for row in frame.head(max_rows).iter_rows():
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console = Console()
+    console.print(table)
+    shown = min(frame.height, max_rows)
+    console.print(f"({frame.height} row{'s' if frame.height != 1 else ''}"
+                  f"{f', first {shown} shown' if shown < frame.height else ''})")

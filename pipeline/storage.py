@@ -1,0 +1,237 @@
+"""The data directory: layout, safe partition paths, atomic Parquet publish, DuckDB readers.
+
+Files are the interface between fleetlens processes (DESIGN.md section 2)::
+
+    wal/                                    collector write-ahead log
+    raw/{spans,metrics,logs}/date=YYYY-MM-DD/hour=HH/<writer>-<seq>.parquet
+    derived/<table>/date=YYYY-MM-DD/...     pipeline and analytics outputs
+    state/                                  job watermarks and manifests
+
+Two rules keep concurrent readers safe. A Parquet file appears only complete: it is written
+under a hidden ``.<name>.tmp`` name (which no ``*.parquet`` glob matches), fsynced, renamed,
+and the directory fsynced. And no process shares a DuckDB database file: every reader opens
+its own in-memory DuckDB with one view per table over the Parquet globs.
+
+This module imports only :mod:`pipeline.schema`, so the collector may use it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.schema import tables as t
+from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR
+
+PARQUET_SUFFIX = ".parquet"
+TMP_SUFFIX = ".tmp"
+#: Longest partition value kept verbatim; longer ones are cut and suffixed with a hash.
+MAX_COMPONENT = 120
+_SAFE_CHARS = re.compile(r"[A-Za-z0-9._-]")
+_NS_PER_S = 1_000_000_000
+
+
+class StorageError(RuntimeError):
+    """A path or file operation on the data directory failed or was unsafe."""
+
+
+class DataDir:
+    """The layout of one fleetlens data directory (local path; object stores come later)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    @classmethod
+    def from_env(cls, explicit: str | os.PathLike[str] | None = None) -> DataDir:
+        """``explicit``, else ``$FLEETLENS_DATA``, else ``./fleetlens-data``."""
+        return cls(explicit or os.environ.get(ENV_DATA_DIR) or DEFAULT_DATA_DIR)
+
+    @property
+    def wal(self) -> Path:
+        return self.root / "wal"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    def raw(self, signal: str) -> Path:
+        """Folder of a raw signal (``spans``, ``metrics`` or ``logs``)."""
+        if signal not in t.RAW_SIGNALS:
+            known = ", ".join(t.RAW_SIGNALS)
+            raise StorageError(f"unknown raw signal {signal!r}; expected one of {known}")
+        return self.root / "raw" / signal
+
+    def derived(self, table: str) -> Path:
+        """Folder of a derived table."""
+        spec = t.table(table)
+        if spec.raw_signal:
+            raise StorageError(f"{table!r} is a raw table; use raw({spec.raw_signal!r})")
+        return self.root / "derived" / table
+
+    def table_dir(self, table: str) -> Path:
+        """Folder holding the Parquet files of any table of the contract."""
+        spec = t.table(table)
+        return self.raw(spec.raw_signal) if spec.raw_signal else self.derived(table)
+
+    def raw_segment_path(self, signal: str, ts_ns: int, writer_id: str, seq: int) -> Path:
+        """Path of a raw segment: ``raw/<signal>/date=.../hour=.../<writer>-<seq>.parquet``."""
+        day, hour = hour_partition(ts_ns)
+        name = f"{safe_component(writer_id)}-{seq:012d}{PARQUET_SUFFIX}"
+        return self.inside(self.raw(signal) / f"date={day}" / f"hour={hour}" / name)
+
+    def partition_path(self, table: str, **parts: str | int) -> Path:
+        """Folder ``<table dir>/k1=v1/k2=v2`` with every value escaped by :func:`safe_component`."""
+        path = self.table_dir(table)
+        for key, value in parts.items():
+            path = path / f"{safe_component(key)}={safe_component(str(value))}"
+        return self.inside(path)
+
+    def inside(self, path: Path) -> Path:
+        """Return ``path`` if it resolves under the root, else raise :class:`StorageError`."""
+        resolved = path.resolve()
+        if resolved != self.root and self.root not in resolved.parents:
+            raise StorageError(f"path {path} escapes the data directory {self.root}")
+        return resolved
+
+
+def hour_partition(ts_ns: int) -> tuple[str, str]:
+    """The ``(YYYY-MM-DD, HH)`` UTC partition of a timestamp in ns."""
+    moment = dt.datetime.fromtimestamp(ts_ns / _NS_PER_S, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%d"), moment.strftime("%H")
+
+
+def safe_component(value: str) -> str:
+    """Escape ``value`` into one safe path component.
+
+    Characters outside ``[A-Za-z0-9._-]`` are percent-encoded byte by byte (UTF-8), so ``/``,
+    ``\\``, NUL and ``..`` separators cannot survive; ``.`` and ``..`` alone are encoded
+    whole; the empty string becomes ``%00empty``; values longer than :data:`MAX_COMPONENT`
+    characters are cut and suffixed with a hash of the whole value so distinct values stay
+    distinct.
+    """
+    if value in ("", ".", ".."):
+        return {"": "%00empty", ".": "%2E", "..": "%2E%2E"}[value]
+    out = []
+    for ch in value:
+        if _SAFE_CHARS.fullmatch(ch):
+            out.append(ch)
+        else:
+            out.extend(f"%{byte:02X}" for byte in ch.encode("utf-8", "surrogatepass"))
+    escaped = "".join(out)
+    if len(escaped) > MAX_COMPONENT:
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        escaped = f"{escaped[: MAX_COMPONENT - 17]}~{digest}"
+    return escaped
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_path_for(path: Path) -> Path:
+    """The hidden temporary name a file is written under before it is published."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+
+
+def write_parquet_atomic(
+    frame: pl.DataFrame | pa.Table, path: str | os.PathLike[str], *, compression: str = "zstd"
+) -> Path:
+    """Publish ``frame`` at ``path`` so readers see all of it or nothing.
+
+    Writes a hidden temporary file in the same directory, fsyncs it, renames it over
+    ``path`` and fsyncs the directory. On any error the temporary file is removed and the
+    error propagates; ``path`` is never left torn.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    table = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
+    tmp = tmp_path_for(target)
+    try:
+        with open(tmp, "wb") as handle:
+            pq.write_table(table, handle, compression=compression)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+    return target
+
+
+def remove_stale_tmp(root: Path) -> int:
+    """Delete temporary files left by writers that died; returns how many were removed."""
+    removed = 0
+    for tmp in root.rglob(f".*{TMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def parquet_files(folder: Path) -> Iterator[Path]:
+    """Every published Parquet file under ``folder`` (hidden temporary files excluded)."""
+    if folder.is_dir():
+        files = sorted(folder.rglob(f"*{PARQUET_SUFFIX}"))
+        yield from (p for p in files if not p.name.startswith("."))
+
+
+def existing_tables(data_dir: DataDir) -> list[str]:
+    """Names of the contract tables that have at least one Parquet file."""
+    return [name for name in t.TABLES if next(parquet_files(data_dir.table_dir(name)), None)]
+
+
+def table_glob(data_dir: DataDir, table: str) -> str:
+    """The recursive Parquet glob of a table, for DuckDB or Polars scans."""
+    return str(data_dir.table_dir(table) / "**" / f"*{PARQUET_SUFFIX}")
+
+
+def connect(data_dir: DataDir, *, read_only_sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB with one view per contract table over its Parquet files.
+
+    Tables without data yet are empty views with the contract's columns, so queries over a
+    new data directory return zero rows instead of failing.
+
+    Args:
+        data_dir: the data directory to read.
+        read_only_sandbox: turn off external access and lock the configuration after the
+            views are made (for consoles that run user SQL).
+    """
+    con = duckdb.connect(":memory:")
+    present = set(existing_tables(data_dir))
+    for name in t.TABLES:
+        if name in present:
+            glob = table_glob(data_dir, name).replace("'", "''")
+            con.execute(
+                f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet('
+                f"'{glob}', hive_partitioning = true, union_by_name = true)"
+            )
+        else:
+            # A table with no data yet still answers queries, with zero rows.
+            con.register(name, t.table(name).empty().to_arrow())
+    if read_only_sandbox:
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    return con
+
+
+def scan(data_dir: DataDir, table: str) -> pl.LazyFrame:
+    """A Polars LazyFrame over a table's Parquet files (an empty contract frame if none)."""
+    files = [str(p) for p in parquet_files(data_dir.table_dir(table))]
+    if not files:
+        return t.table(table).empty().lazy()
+    return pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")

@@ -1,0 +1,1 @@
+"""A virtual vLLM-like fleet that emits real OTLP telemetry with injected incidents."""

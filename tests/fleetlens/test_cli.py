@@ -1,0 +1,76 @@
+"""The console script, run as a user runs it (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.schema import columns as c
+from pipeline.storage import DataDir, write_parquet_atomic
+
+
+def fleetlens(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fleetlens", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_help_lists_only_commands_that_exist() -> None:
+    from fleetlens.cli import COMMANDS, LazyGroup
+
+    out = fleetlens("--help")
+    assert out.returncode == 0
+    for name in COMMANDS:
+        assert name in out.stdout
+        assert LazyGroup().get_command(None, name) is not None  # type: ignore[arg-type]
+
+
+def test_sql_does_not_import_heavy_components(tmp_path: Path) -> None:
+    code = ("import sys; from fleetlens.cli import cli; "
+            "sys.argv=['fleetlens','sql','--data-dir',sys.argv[1],'select 1'];\n"
+            "try: cli()\nexcept SystemExit: pass\n"
+            "heavy = ('streamlit', 'prophet', 'analytics', 'dashboard')\n"
+            "print([m for m in heavy if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip().endswith("[]"), out.stdout + out.stderr
+
+
+def test_config_check_prints_and_rejects(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text("[collector]\nworkers = 2\n")
+    out = fleetlens("config", "check", str(good), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["collector"]["workers"] == 2
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[collector]\nworkers = -2\n")
+    out = fleetlens("config", "check", str(bad))
+    assert out.returncode != 0
+    assert "collector.workers" in out.stderr
+
+
+def test_sql_over_an_empty_and_a_filled_data_dir(tmp_path: Path) -> None:
+    root = DataDir(tmp_path / "d")
+    out = fleetlens("sql", "--data-dir", str(root.root), "select count(*) as n from spans",
+                    "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [{"n": 0}]
+    frame = pl.DataFrame({c.TRACE_ID: ["0af7651916cd43dd8448eb211c80319c"],
+                          c.SPAN_ID: ["b7ad6b7169203331"], c.NAME: ["llm_request"]})
+    write_parquet_atomic(frame, root.raw_segment_path("spans", 10**18, "w", 1))
+    out = fleetlens("sql", "--data-dir", str(root.root), "select name from spans",
+                    "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["name", "llm_request"]
+    out = fleetlens("sql", "--data-dir", str(root.root), "select * from spans")
+    assert "llm_request" in out.stdout and "(1 row)" in out.stdout
+
+
+def test_sql_unknown_table_lists_tables(tmp_path: Path) -> None:
+    out = fleetlens("sql", "--data-dir", str(tmp_path), "select * from nope")
+    assert out.returncode == 1
+    assert "nope does not exist" in out.stderr
+    assert "fleetlens tables: spans, metric_points" in out.stderr

@@ -1,0 +1,118 @@
+"""Imports flow one way (DESIGN.md section 1): this test parses every module and fails on a
+wrong-way arrow, and on column names or attribute keys spelled outside pipeline/schema/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pipeline.schema import TABLES, attributes
+
+REPO = Path(__file__).resolve().parents[1]
+OURS = ("fleetlens", "collector", "pipeline", "analytics", "dashboard", "simulator")
+
+# module prefix -> prefixes of ours it may import (its own package always allowed)
+ALLOWED: list[tuple[str, tuple[str, ...]]] = [
+    ("pipeline.schema", ("pipeline.schema",)),
+    ("pipeline.storage", ("pipeline.schema", "pipeline.storage")),
+    ("collector", ("collector", "pipeline.schema", "pipeline.storage")),
+    ("simulator", ("simulator", "pipeline.schema", "pipeline.storage")),
+    ("pipeline", ("pipeline",)),
+    ("analytics", ("analytics", "pipeline")),
+    ("dashboard", ("dashboard", "analytics", "pipeline")),
+    ("fleetlens", OURS),
+]
+
+
+def _modules() -> list[tuple[str, Path]]:
+    found = []
+    for package in OURS:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.append((".".join(parts), path))
+    return found
+
+
+def _imports(path: Path, module: str) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import: resolve against the module's package
+                base = module.split(".")[: -node.level] if path.name != "__init__.py" else (
+                    module.split(".")[: len(module.split(".")) - node.level + 1])
+                names.append(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return [n for n in names if n.split(".")[0] in OURS]
+
+
+def _rule(module: str) -> tuple[str, ...]:
+    for prefix, allowed in ALLOWED:
+        if module == prefix or module.startswith(prefix + "."):
+            return allowed
+    raise AssertionError(f"no import rule covers {module}")
+
+
+def _violations() -> list[str]:
+    bad = []
+    for module, path in _modules():
+        allowed = _rule(module)
+        for name in _imports(path, module):
+            if not any(name == a or name.startswith(a + ".") for a in allowed):
+                bad.append(f"{path.relative_to(REPO)}: imports {name} (allowed: {allowed})")
+    return bad
+
+
+def test_imports_flow_one_way() -> None:
+    assert _violations() == []
+
+
+def test_the_checker_catches_a_wrong_way_import(tmp_path: Path, monkeypatch) -> None:
+    bad = REPO / "pipeline" / "_wrong_way_probe.py"
+    bad.write_text("from analytics import something\n")
+    try:
+        assert any("_wrong_way_probe" in v for v in _violations())
+    finally:
+        bad.unlink()
+
+
+def _names_owned_by_schema() -> set[str]:
+    columns = {name for spec in TABLES.values() for name in spec.columns if "_" in name}
+    keys = {
+        value for name, value in vars(attributes).items()
+        if name.isupper() and isinstance(value, str) and ("." in value or ":" in value)
+    }
+    return columns | keys
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+@pytest.mark.parametrize("module,path", [
+    (m, p) for m, p in _modules()
+    if not m.startswith("pipeline.schema") and p.name != "config.py"
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_no_schema_names_spelled_outside_schema(module: str, path: Path) -> None:
+    owned = _names_owned_by_schema()
+    tree = ast.parse(path.read_text())
+    docstrings = _docstring_nodes(tree)
+    found = sorted({
+        node.value for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and id(node) not in docstrings and node.value in owned
+    })
+    assert found == [], f"{module} spells schema names as literals: {found}"
