@@ -160,6 +160,19 @@ def percentile_column(metric: str, suffix: str) -> str:
 # --- request_energy -----------------------------------------------------------------------
 ATTRIBUTION_COVERAGE = "attribution_coverage"
 
+# --- pipeline extras (extra columns of requests/gpu_samples and the derived energy tables) -
+#: Gateway span duration minus engine span duration (network and routing overhead), s.
+NETWORK_S = "network_s"
+#: GPU energy since the previous sample of the same GPU (counter delta, reset-aware, else
+#: trapezoid of power), J.
+ENERGY_DELTA_J = "energy_delta_j"
+MEASURED_J = "measured_j"
+ATTRIBUTED_J = "attributed_j"
+IDLE_J = "idle_j"
+COVERED_S = "covered_s"
+ACTIVE_S = "active_s"
+IDLE_ENERGY_J = "idle_energy_j"
+
 # --- baselines ----------------------------------------------------------------------------
 SERIES = "series"
 METRIC = "metric"

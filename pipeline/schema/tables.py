@@ -209,12 +209,37 @@ _CAUSES = Table(
     key=(c.INCIDENT_ID, c.RANK),
 )
 
+# --- derived by the pipeline beside the DESIGN.md tables ----------------------------------
+GPU_WINDOW_ENERGY = "gpu_window_energy"
+INSTANCE_GPUS = "instance_gpus"
+
+#: Per GPU per window: measured joules = attributed joules + idle joules (conservation).
+_GPU_WINDOW_ENERGY = Table(
+    GPU_WINDOW_ENERGY,
+    {
+        c.WINDOW_START_NS: I64, c.WINDOW_S: I64, c.HOST_NAME: STR, c.GPU_UUID: STR,
+        c.MEASURED_J: F64, c.ATTRIBUTED_J: F64, c.IDLE_J: F64, c.COVERED_S: F64, c.ACTIVE_S: F64,
+    },
+    key=(c.WINDOW_START_NS, c.WINDOW_S, c.HOST_NAME, c.GPU_UUID),
+)
+
+#: Which GPUs serve which engine instance (and its model), as seen in one hour of metrics.
+_INSTANCE_GPUS = Table(
+    INSTANCE_GPUS,
+    {
+        c.HOST_NAME: STR, c.INSTANCE_ID: STR, c.MODEL: STR, c.GPU_UUID: STR,
+        c.START_NS: I64, c.END_NS: I64,
+    },
+    key=(c.HOST_NAME, c.INSTANCE_ID, c.GPU_UUID, c.START_NS),
+)
+
 #: Every table of the contract by name.
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (
         _SPANS, _METRIC_POINTS, _LOG_RECORDS, _REQUESTS, _GPU_SAMPLES, _ENGINE_SAMPLES,
-        _WINDOWS, _REQUEST_ENERGY, _BASELINES, _INCIDENTS, _CAUSES,
+        _WINDOWS, _REQUEST_ENERGY, _BASELINES, _INCIDENTS, _CAUSES, _GPU_WINDOW_ENERGY,
+        _INSTANCE_GPUS,
     )
 }
 
