@@ -20,6 +20,7 @@ from fleetlens import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("fleetlens.config_cli:config", "Check and print the effective configuration."),
     "sql": ("pipeline.sql_cli:sql", "Run a SQL query over the tables in a data directory."),
+    "collector": ("collector.cli:collector", "Receive OTLP (gRPC and HTTP) into raw Parquet."),
 }
 
 

@@ -1,0 +1,80 @@
+"""ExportLogsServiceRequest -> columns of the raw ``log_records`` table.
+
+``ts_ns`` is the record's time, else its observed time; ``observed_ns`` is the observed time,
+else the receive time (the OTLP spec lets the collector fill it in). A string ``body`` is
+stored as is; any other body is stored as its JSON value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collector.decode_common import (
+    Limits,
+    NameLimiter,
+    Outcome,
+    Reject,
+    any_value,
+    attribute_map,
+    decode_resource,
+    dumps,
+    hex_id,
+)
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+
+LOG_COLUMNS: tuple[str, ...] = tuple(t.table(t.LOG_RECORDS).columns)
+
+
+def _log_row(record: Any, limits: Limits, received_ns: int) -> dict[str, Any]:
+    observed = record.observed_time_unix_nano or received_ns
+    ts = record.time_unix_nano or observed
+    limits.check_time(ts, "time_unix_nano")
+    body = any_value(record.body, limits) if record.HasField("body") else None
+    attrs, dropped = attribute_map(record.attributes, limits)
+    return {
+        c.TS_NS: ts, c.OBSERVED_NS: observed, c.SEVERITY_NUMBER: record.severity_number,
+        c.SEVERITY_TEXT: record.severity_text,
+        c.BODY: body if isinstance(body, str) or body is None else dumps(body),
+        c.EVENT_NAME: record.event_name,
+        c.TRACE_ID: hex_id(record.trace_id, 16, c.TRACE_ID, optional=True),
+        c.SPAN_ID: hex_id(record.span_id, 8, c.SPAN_ID, optional=True),
+        c.FLAGS: record.flags, c.ATTRIBUTES: dumps(attrs),
+        c.DROPPED_ATTRIBUTES_COUNT: record.dropped_attributes_count + dropped,
+    }
+
+
+def decode_logs(request: Any, limits: Limits, names: NameLimiter, received_ns: int) -> Outcome:
+    """Decode an ``ExportLogsServiceRequest`` into ``log_records`` columns, record by record."""
+    out = Outcome(columns={name: [] for name in LOG_COLUMNS})
+    cols = out.columns
+    index = 0
+    for resource_logs in request.resource_logs:
+        for scope_logs in resource_logs.scope_logs:
+            scope = scope_logs.scope
+            try:
+                resource = decode_resource(resource_logs.resource, limits, names)
+            except Reject as error:
+                for _ in scope_logs.log_records:
+                    out.reject(f"log record {index}", error)
+                    index += 1
+                continue
+            shared = {
+                c.SERVICE_NAME: resource.service_name, c.HOST_NAME: resource.host_name,
+                c.RESOURCE_ATTRIBUTES: resource.json, c.SCOPE_NAME: scope.name,
+                c.SCOPE_VERSION: scope.version, c.RECEIVED_NS: received_ns,
+            }
+            for record in scope_logs.log_records:
+                try:
+                    row = _log_row(record, limits, received_ns)
+                except Reject as error:
+                    out.reject(f"log record {index}", error)
+                    index += 1
+                    continue
+                index += 1
+                row.update(shared)
+                for name, column in cols.items():
+                    column.append(row.get(name))
+                out.rows += 1
+    out.truncated = limits.truncated
+    return out

@@ -1,0 +1,132 @@
+"""The thin path shared by both receivers: bytes -> decode -> validate -> WAL -> response.
+
+Receivers hand over the raw protobuf bytes (gRPC never deserializes for us, so garbage is
+answered INVALID_ARGUMENT instead of INTERNAL) and turn :class:`ExportError` into wire codes.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from typing import Any
+
+from collector.config import CollectorConfig
+from collector.decode_common import Limits, NameLimiter, Outcome
+from collector.errors import InvalidRequest, Overloaded, TooLarge, Unauthenticated
+from collector.signals import BY_CODE, Signal
+from collector.sink import Sink
+from collector.telemetry import Telemetry
+from collector.wal import Record
+
+BEARER = "bearer "
+
+
+class Ingest:
+    """Decodes, validates and durably accepts Export requests for one process."""
+
+    def __init__(self, config: CollectorConfig, sink: Sink | None, telemetry: Telemetry) -> None:
+        self.config = config
+        self.sink = sink
+        self.telemetry = telemetry
+        self.names = NameLimiter(config.max_names_per_window)
+        self._tokens = [token.encode() for token in config.auth_tokens]
+        self._inflight = 0
+        self._idle = threading.Condition()
+        self.closing = False
+
+    def drain(self, timeout_s: float) -> bool:
+        """Refuse new Exports (retryable) and wait for those in flight; True when idle."""
+        with self._idle:
+            self.closing = True
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout_s)
+
+    def authenticate(self, authorization: str | None) -> None:
+        """Check an ``Authorization`` header value against the configured bearer tokens.
+
+        Raises:
+            Unauthenticated: tokens are configured and the header does not carry one of
+                them (the message never echoes what was sent).
+        """
+        if not self._tokens:
+            return
+        value = authorization or ""
+        given = value[len(BEARER):].strip().encode() if value.lower().startswith(BEARER) else b""
+        # compare_digest against every token: timing does not reveal which one matched.
+        if not any([hmac.compare_digest(given, token) for token in self._tokens]):
+            self.telemetry.add("unauthenticated_requests")
+            raise Unauthenticated("missing or invalid bearer token")
+
+    def check_size(self, size: int) -> None:
+        """Refuse a request body larger than ``max_request_bytes`` (permanent, no retry)."""
+        if size > self.config.max_request_bytes:
+            self.telemetry.add("oversize_requests")
+            raise TooLarge(f"request of {size} bytes exceeds the limit of "
+                           f"{self.config.max_request_bytes} bytes")
+
+    def parse(self, signal: Signal, payload: bytes) -> Any:
+        """Parse protobuf bytes, answering INVALID_ARGUMENT for anything undecodable."""
+        self.check_size(len(payload))
+        try:
+            return signal.request.FromString(payload)
+        except Exception as exc:  # DecodeError, RecursionError, invalid UTF-8 ...
+            self.telemetry.add("invalid_requests")
+            raise InvalidRequest(f"undecodable {signal.folder} request: {exc}") from None
+
+    def decode(self, signal: Signal, request: Any, received_ns: int) -> Outcome:
+        """Validate and convert a parsed request; timestamps are judged against receipt."""
+        cfg = self.config
+        limits = Limits(now_ns=received_ns, skew_ns=int(cfg.max_clock_skew_s * 1e9),
+                        max_attributes=cfg.max_attributes,
+                        max_value_bytes=cfg.max_attribute_value_bytes)
+        before = self.names.overflowed
+        outcome = signal.decode(request, limits, self.names, received_ns)
+        if outcome.truncated:
+            self.telemetry.add("truncated_values", outcome.truncated)
+        if self.names.overflowed != before:
+            self.telemetry.add("overflow_names", self.names.overflowed - before)
+        return outcome
+
+    def export(self, signal: Signal, payload: bytes, request: Any = None) -> Any:
+        """Handle one Export: returns the response message once the rows are durable.
+
+        Args:
+            signal: which service was called.
+            payload: the request as protobuf bytes (what the WAL stores).
+            request: the parsed request when the receiver already has it (OTLP/JSON).
+
+        Raises:
+            ExportError: the request is refused as a whole.
+        """
+        with self._idle:
+            if self.closing:
+                raise Overloaded("collector is shutting down; retry")
+            self._inflight += 1
+        try:
+            return self._export(signal, payload, request)
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def _export(self, signal: Signal, payload: bytes, request: Any) -> Any:
+        started = time.perf_counter()
+        if request is None:
+            request = self.parse(signal, payload)
+        received_ns = time.time_ns()
+        outcome = self.decode(signal, request, received_ns)
+        table = signal.to_arrow(outcome)
+        if self.sink is None:
+            raise Overloaded("collector is starting; retry")
+        self.sink.accept(signal, received_ns, payload, table)
+        self.telemetry.add(signal.counter, outcome.rows)
+        if outcome.rejected:
+            self.telemetry.add("rejected_items", outcome.rejected)
+        self.telemetry.observe_export(time.perf_counter() - started)
+        return signal.response_for(outcome)
+
+    def replay_table(self, record: Record) -> tuple[Signal, Any]:
+        """Rows of a WAL record, decoded exactly as when it was first received."""
+        signal = BY_CODE[record.signal]
+        request = signal.request.FromString(record.payload)
+        return signal, signal.to_arrow(self.decode(signal, request, record.received_ns))

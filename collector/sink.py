@@ -1,0 +1,163 @@
+"""Accepted rows: WAL first, then memory, then atomic Parquet segments.
+
+:meth:`Sink.accept` appends the request to the WAL and buffers its rows under one lock, then
+waits for the group-commit fsync; only then may the receiver answer OK. A flusher thread
+publishes the buffer by rows or age: it swaps the buffer and seals the WAL under the same lock
+(so the sealed WAL files hold exactly the swapped rows), writes one Parquet file per signal and
+hour with ``write_parquet_atomic``, and deletes the sealed WAL files only after that.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collector.errors import Overloaded, StorageFailure
+from collector.signals import BY_CODE, SIGNALS, Signal
+from collector.telemetry import Telemetry, log
+from collector.wal import Wal
+from pipeline.storage import DataDir, write_parquet_atomic
+
+_HOUR_NS = 3600 * 10**9
+
+
+class Segments:
+    """Publishes Arrow tables as raw Parquet segments named ``<writer>-<seq>``."""
+
+    def __init__(self, data_dir: DataDir, writer_id: str) -> None:
+        self.data_dir = data_dir
+        self.writer_id = writer_id
+        self._seq = itertools.count()
+
+    def publish(self, signal: Signal, tables: list[pa.Table]) -> int:
+        """Write ``tables`` split by hour of ``signal.time_column``; returns rows written."""
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        if not table.num_rows:
+            return 0
+        hours = pc.divide(table[signal.time_column], _HOUR_NS)
+        for hour in pc.unique(hours).to_pylist():
+            part = table.filter(pc.equal(hours, hour))
+            path = self.data_dir.raw_segment_path(
+                signal.folder, hour * _HOUR_NS, self.writer_id, next(self._seq))
+            write_parquet_atomic(part, path)
+        return table.num_rows
+
+
+class Sink:
+    """The buffer between receivers and Parquet of one collector process."""
+
+    def __init__(self, segments: Segments, wal: Wal, telemetry: Telemetry, *,
+                 flush_rows: int, flush_interval_s: float, max_buffered_bytes: int) -> None:
+        self.segments = segments
+        self.wal = wal
+        self.telemetry = telemetry
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.max_buffered_bytes = max_buffered_bytes
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._reset()
+        #: Swapped batches whose publish failed, retried before anything newer.
+        self._failed: list[tuple[dict[int, list[pa.Table]], list[Path], int]] = []
+        self._failed_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flusher", daemon=True)
+
+    def _reset(self) -> None:
+        self._tables: dict[int, list[pa.Table]] = {s.code: [] for s in SIGNALS}
+        self._rows = 0
+        self._bytes = 0
+        self._oldest = 0.0
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._bytes + self._failed_bytes
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def accept(self, signal: Signal, received_ns: int, payload: bytes, table: pa.Table) -> None:
+        """Make a request durable and buffer its rows; return only when the WAL is synced.
+
+        Raises:
+            Overloaded: the buffer is full (backpressure; the client retries).
+            StorageFailure: the WAL write or fsync failed (nothing may be acknowledged).
+        """
+        if not table.num_rows:
+            return  # everything was rejected: nothing to make durable
+        if self.buffered_bytes + table.nbytes > self.max_buffered_bytes:
+            raise Overloaded(f"collector buffer full ({self.buffered_bytes} bytes); retry later")
+        try:
+            with self._lock:
+                seq = self.wal.append(signal.code, received_ns, payload)
+                if not self._rows:
+                    self._oldest = time.monotonic()
+                self._tables[signal.code].append(table)
+                self._rows += table.num_rows
+                self._bytes += table.nbytes
+            self.wal.sync(seq)
+        except OSError as exc:
+            self.telemetry.add("storage_failures")
+            log.error("write-ahead log failed: %s", exc)
+            raise StorageFailure(f"write-ahead log unavailable: {exc.strerror or exc}") from None
+        self.telemetry.add("wal_bytes", len(payload))
+        self.telemetry.set("queue_bytes", self.buffered_bytes)
+
+    def _due(self) -> bool:
+        if not self._rows:
+            return bool(self._failed)
+        age = time.monotonic() - self._oldest
+        return self._rows >= self.flush_rows or age >= self.flush_interval_s or bool(self._failed)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            if self._due():
+                self.flush()
+
+    def flush(self) -> bool:
+        """Publish everything buffered; True when nothing is left unpublished."""
+        with self._flush_lock:
+            with self._lock:
+                if self._rows:
+                    tables, size = self._tables, self._bytes
+                    sealed = self.wal.rotate()
+                    self._reset()
+                    self._failed.append((tables, sealed, size))
+                    self._failed_bytes += size
+            while self._failed:
+                tables, sealed, size = self._failed[0]
+                try:
+                    rows = sum(self.segments.publish(BY_CODE[code], batch)
+                               for code, batch in tables.items() if batch)
+                except OSError as exc:
+                    self.telemetry.add("flush_failures")
+                    log.error("publishing Parquet failed (will retry): %s", exc)
+                    return False
+                for path in sealed:
+                    path.unlink(missing_ok=True)
+                self._failed.pop(0)
+                self._failed_bytes -= size
+                self.telemetry.add("flushed_rows", rows)
+                self.telemetry.add("flushed_segments", sum(1 for b in tables.values() if b))
+            self.telemetry.set("queue_bytes", self.buffered_bytes)
+            self.telemetry.set("wal_fsyncs", self.wal.fsyncs)
+            return True
+
+    def close(self) -> None:
+        """Stop the flusher, publish what is left (retrying briefly) and close the WAL."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for _ in range(20):
+            if self.flush():
+                # Every frame is published: an empty WAL needs no replay.
+                self.wal.close(remove=True)
+                return
+            time.sleep(0.25)
+        log.error("could not publish buffered rows at shutdown; the WAL keeps them for replay")
+        self.wal.close()

@@ -1,0 +1,62 @@
+"""Runs the collector's worker processes and restarts any that die.
+
+With one worker the collector is a single process. With more, each worker is a spawned
+process serving the same ports (SO_REUSEPORT): the kernel spreads connections over them, so
+decoding uses every core. SIGTERM is forwarded; workers drain and flush before they exit.
+A restarted worker replays the WAL its predecessor left.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+from collector.config import CollectorConfig
+from collector.telemetry import log, shared_array
+from collector.worker import run_worker
+
+RESTART_DELAY_S = 0.5
+
+
+def worker_count(config: CollectorConfig) -> int:
+    """``config.workers``, or one per available core when 0."""
+    if config.workers:
+        return config.workers
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def run(config: CollectorConfig, root: str) -> None:
+    """Serve until SIGTERM/SIGINT with ``worker_count(config)`` processes."""
+    count = worker_count(config)
+    if count == 1:
+        run_worker(config, root)
+        return
+    context = multiprocessing.get_context("spawn")
+    array = shared_array(count)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def start(slot: int) -> multiprocessing.process.BaseProcess:
+        process = context.Process(target=run_worker, name=f"collector-worker-{slot}",
+                                  args=(config, root, slot, array, os.getpid()))
+        process.start()
+        return process
+
+    workers = [start(slot) for slot in range(count)]
+    log.info("collector supervisor %d started %d workers", os.getpid(), count)
+    while not stop.wait(0.2):
+        for slot, process in enumerate(workers):
+            if not process.is_alive():
+                log.error("worker %d exited with %s; restarting", slot, process.exitcode)
+                time.sleep(RESTART_DELAY_S)
+                workers[slot] = start(slot)
+    for process in workers:
+        if process.is_alive() and process.pid:
+            os.kill(process.pid, signal.SIGTERM)
+    for process in workers:
+        process.join()
+    log.info("collector supervisor stopped")

@@ -1,0 +1,114 @@
+"""One collector process: replay orphaned WALs, then serve OTLP until SIGTERM, then drain.
+
+Several workers may share the ports (SO_REUSEPORT) and the data directory: each has its own
+writer id and WAL directory, and at start-up replays the WAL directories of dead processes
+(any it can lock), publishing their rows before it serves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+from collections import defaultdict
+from typing import Any
+
+from collector.config import CollectorConfig
+from collector.grpc_server import start_grpc
+from collector.http_server import start_http
+from collector.ingest import Ingest
+from collector.signals import BY_CODE
+from collector.sink import Segments, Sink
+from collector.telemetry import Telemetry, log
+from collector.wal import Wal, orphan_dirs, read_segment, remove_dir, segments
+from pipeline.storage import DataDir, safe_component
+
+#: Seconds gRPC waits for in-flight Exports at shutdown.
+DRAIN_GRACE_S = 10.0
+SUMMARY_EVERY_S = 60.0
+
+
+def new_writer_id() -> str:
+    """A writer id unique across hosts, processes and restarts."""
+    return safe_component(f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
+
+
+def replay_orphans(data_dir: DataDir, ingest: Ingest, segs: Segments, telemetry: Telemetry) -> int:
+    """Publish the rows of every WAL left by a dead process, then delete it; returns records."""
+    replayed = 0
+    for directory, lock_fd in orphan_dirs(data_dir.wal):
+        tables: dict[int, list[Any]] = defaultdict(list)
+        for path in segments(directory):
+            result = read_segment(path)
+            if result.torn_bytes:
+                telemetry.add("wal_torn_tails")
+                log.warning("WAL %s: ignored a torn tail of %d bytes after %d complete records",
+                            path, result.torn_bytes, len(result.records))
+            for record in result.records:
+                try:
+                    sig, table = ingest.replay_table(record)
+                except Exception as exc:  # a record we once accepted must decode; say so loudly
+                    log.error("WAL %s: record could not be replayed: %s", path, exc)
+                    continue
+                tables[sig.code].append(table)
+                replayed += 1
+        for code, batch in tables.items():
+            telemetry.add("flushed_rows", segs.publish(BY_CODE[code], batch))
+        remove_dir(directory, lock_fd)
+        log.info("replayed WAL %s", directory.name)
+    telemetry.add("wal_replayed_records", replayed)
+    return replayed
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: get SIGKILLed when the supervisor dies, so no orphan holds the ports."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = None,
+               parent_pid: int | None = None) -> None:
+    """Run one collector process until SIGTERM or SIGINT, then drain and flush."""
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
+        logging.basicConfig(level=logging.INFO,
+                            format=f"%(asctime)s worker{slot} %(levelname)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    data_dir = DataDir(root)
+    telemetry = Telemetry(array, slot)
+    writer_id = new_writer_id()
+    segs = Segments(data_dir, writer_id)
+    ingest = Ingest(config, None, telemetry)
+    wal = Wal(data_dir.wal, writer_id)
+    replay_orphans(data_dir, ingest, segs, telemetry)
+    sink = Sink(segs, wal, telemetry, flush_rows=config.flush_rows,
+                flush_interval_s=config.flush_interval_s,
+                max_buffered_bytes=config.max_buffered_bytes)
+    ingest.sink = sink
+    sink.start()
+    grpc_server = start_grpc(config, ingest)
+    http_server = start_http(config, ingest)
+    log.info("collector %s serving OTLP/gRPC on %s and OTLP/HTTP on %s%s, data in %s",
+             writer_id, config.grpc_address, config.http_address,
+             " with TLS" if config.tls.enabled else "", data_dir.root)
+    while not stop.wait(SUMMARY_EVERY_S):
+        log.info("collector %s: %s", writer_id, telemetry.summary())
+    log.info("collector %s draining", writer_id)
+    grpc_server.health.enter_graceful_shutdown()
+    http_server.shutdown()  # stop accepting connections
+    stopped = grpc_server.stop(DRAIN_GRACE_S)
+    if not ingest.drain(DRAIN_GRACE_S):
+        log.warning("collector %s: Exports still running after %.0f s", writer_id, DRAIN_GRACE_S)
+    stopped.wait()
+    sink.close()
+    log.info("collector %s stopped: %s", writer_id, telemetry.summary())
