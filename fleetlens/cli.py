@@ -18,6 +18,7 @@ from fleetlens import __version__
 
 #: name -> ("module:attribute", one-line help shown by ``fleetlens --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("collector.agent.cli:agent", "Host agent: GPU (NVML) and vLLM metrics to OTLP."),
     "config": ("fleetlens.config_cli:config", "Check and print the effective configuration."),
     "sql": ("pipeline.sql_cli:sql", "Run a SQL query over the tables in a data directory."),
     "collector": ("collector.cli:collector", "Receive OTLP (gRPC and HTTP) into raw Parquet."),

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collector.agent.config import AgentConfig
 from collector.config import CollectorConfig
 from pipeline.config import PipelineConfig
 from pipeline.schema.settings import (
@@ -28,6 +29,7 @@ class FleetlensConfig:
     data_dir: str = DEFAULT_DATA_DIR
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def validate(self) -> None:
         require(bool(self.data_dir), "data_dir", "must not be empty")

@@ -1,0 +1,114 @@
+"""``fleetlens agent``: the host agent (NVML sampler + vLLM /metrics scraper -> OTLP)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import click
+
+from collector.agent.config import AgentConfig, VllmTarget
+from collector.agent.gpu import GpuBackend, NoGpu, open_nvml
+from collector.agent.runner import Agent
+from pipeline.schema.settings import (
+    DEFAULT_CONFIG_FILE,
+    ENV_CONFIG_FILE,
+    ConfigError,
+    build,
+    env_overrides,
+    merge,
+    read_toml,
+)
+
+SECTION = "agent"
+
+
+def parse_vllm_option(value: str) -> VllmTarget:
+    """``URL`` or ``INSTANCE_ID=URL`` (the instance id must match the vLLM's spans)."""
+    instance, sep, url = value.partition("=")
+    if sep and not instance.startswith(("http://", "https://")):
+        return VllmTarget(url=url, instance_id=instance)
+    return VllmTarget(url=value)
+
+
+def open_backend(config: AgentConfig, echo=click.echo) -> GpuBackend | None:
+    """Fake GPUs when asked, else NVML; without NVML say so in one line and return ``None``."""
+    if config.fake_gpus:
+        from collector.agent.fake_gpu import FakeGpuBackend
+
+        return FakeGpuBackend(config.fake_gpus, host_seed=config.resolved_host_name())
+    try:
+        return open_nvml()
+    except NoGpu as exc:
+        echo(f"no NVIDIA GPU/driver: {exc}; GPU sampling off", err=True)
+        return None
+
+
+@click.command("agent")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="fleetlens.toml (default: $FLEETLENS_CONFIG, else ./fleetlens.toml).")
+@click.option("--collector", help="Collector OTLP/gRPC HOST:PORT [agent.collector].")
+@click.option("--fake-gpus", type=click.IntRange(0, 64),
+              help="Simulate N GPUs instead of NVML (demos) [agent.fake_gpus].")
+@click.option("--vllm", "vllm", multiple=True, metavar="[INSTANCE_ID=]URL",
+              help="A local vLLM to scrape (repeatable); replaces [[agent.vllm]].")
+@click.option("--host-name", help="Resource host.name [agent.host_name].")
+@click.option("--gpu-interval", type=float, help="Seconds between GPU samples (default 0.1).")
+@click.option("--scrape-interval", type=float, help="Seconds between scrapes (default 1).")
+@click.option("-v", "--verbose", is_flag=True, help="Log mapping changes and exports.")
+def agent(config_file: str | None, collector: str | None, fake_gpus: int | None,
+          vllm: tuple[str, ...], host_name: str | None, gpu_interval: float | None,
+          scrape_interval: float | None, verbose: bool) -> None:
+    """Sample GPUs (NVML) and local vLLM /metrics; export them as OTLP metrics.
+
+    Without a GPU or driver it says so once and keeps scraping vLLM.
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    given = dict(collector=collector, fake_gpus=fake_gpus, host_name=host_name,
+                 gpu_interval_s=gpu_interval, scrape_interval_s=scrape_interval)
+    overrides: dict[str, object] = {k: v for k, v in given.items() if v is not None}
+    if vllm:
+        overrides["vllm"] = [
+            {k: v for k, v in dataclasses.asdict(parse_vllm_option(item)).items() if v}
+            for item in vllm
+        ]
+    try:
+        config = load_agent_config(config_file, overrides)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    backend = open_backend(config)
+    runner = Agent(config, backend)
+    gpus = backend.device_count() if backend is not None else 0
+    click.echo(f"fleetlens agent: {gpus} GPU(s), {len(config.vllm)} vLLM target(s) -> "
+               f"{config.collector}", err=True)
+
+    def on_signal(signum: int, frame: object) -> None:
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    runner.run()
+    sys.exit(0)
+
+
+def load_agent_config(path: str | None, overrides: Mapping[str, object] | None = None,
+                      environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """The ``[agent]`` table of the config file, then ``FLEETLENS_AGENT__*``, then ``overrides``.
+
+    Raises:
+        ConfigError: naming the bad field (``agent.<field>``).
+    """
+    path = path or (environ if environ is not None else os.environ).get(ENV_CONFIG_FILE)
+    if not path and Path(DEFAULT_CONFIG_FILE).exists():
+        path = DEFAULT_CONFIG_FILE
+    data = read_toml(path).get(SECTION, {}) if path else {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{SECTION}: expected a table, got {type(data).__name__}")
+    data = merge(dict(data), env_overrides(environ).get(SECTION, {}))
+    return build(AgentConfig, merge(data, overrides or {}), SECTION)

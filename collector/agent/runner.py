@@ -1,0 +1,160 @@
+"""The agent's loops: sample GPUs, scrape vLLM, keep the instance -> GPU mapping, export."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.resources import Resource
+
+from collector.agent.config import AgentConfig, VllmTarget, is_loopback
+from collector.agent.export import MetricGroup, Outbox
+from collector.agent.gpu import GpuBackend
+from collector.agent.instruments import EngineState, GpuState, register_engine, register_gpu
+from collector.agent.mapping import (
+    gpus_from_config,
+    gpus_from_pids,
+    listening_pids,
+    url_port,
+    with_descendants,
+)
+from collector.agent.sampler import GpuSampler
+from collector.agent.scraper import VllmScraper
+from pipeline.schema import attributes as a
+
+log = logging.getLogger(__name__)
+
+
+def otlp_exporter(config: AgentConfig) -> MetricExporter:
+    """The OTLP/gRPC metric exporter towards ``config.collector`` (token and TLS applied)."""
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+    def read(path: str | None) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    credentials = None
+    if config.uses_tls:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(config.tls_ca_file),
+            private_key=read(config.tls_key_file),
+            certificate_chain=read(config.tls_cert_file),
+        )
+    headers = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else None
+    return OTLPMetricExporter(endpoint=config.collector, insecure=not config.uses_tls,
+                              credentials=credentials, headers=headers,
+                              timeout=config.export_timeout_s)
+
+
+class Agent:
+    """One host's agent. ``backend`` is ``None`` when there is no GPU (scraping only)."""
+
+    def __init__(self, config: AgentConfig, backend: GpuBackend | None,
+                 exporter_factory: Callable[[AgentConfig], MetricExporter] = otlp_exporter
+                 ) -> None:
+        self.config = config
+        self.host_name = config.resolved_host_name()
+        resource = Resource.create({a.SERVICE_NAME: config.service_name,
+                                    a.HOST_NAME: self.host_name, **config.resource_attributes})
+        self.gpu_state, self.engine_state = GpuState(), EngineState()
+        self.gpu_group = MetricGroup(resource, "fleetlens.agent.gpu")
+        self.engine_group = MetricGroup(resource, "fleetlens.agent.engine")
+        register_gpu(self.gpu_group, self.gpu_state)
+        register_engine(self.engine_group, self.engine_state)
+        box = dict(interval_s=config.export_interval_s, timeout_s=config.export_timeout_s,
+                   max_pending=config.max_pending_collections)
+        self.gpu_outbox = Outbox(exporter_factory(config), name="gpu", **box)
+        self.engine_outbox = Outbox(exporter_factory(config), name="engine", **box)
+        self.sampler = GpuSampler(backend) if backend is not None else None
+        self.targets: dict[str, VllmTarget] = {
+            t.resolved_instance_id(self.host_name): t for t in config.vllm}
+        self.scraper = VllmScraper([(i, t.metrics_url) for i, t in self.targets.items()],
+                                   timeout_s=config.scrape_timeout_s)
+        self._stop = threading.Event()
+        self._next_mapping = 0.0
+
+    # --- one step of each loop (tests drive these directly) --------------------------------
+    def gpu_tick(self) -> None:
+        """Sample every GPU and queue one collection."""
+        if self.sampler is None:
+            return
+        self.gpu_state.samples = self.sampler.sample()
+        self.gpu_outbox.put(self.gpu_group.collect())
+
+    def engine_tick(self) -> None:
+        """Scrape every vLLM and queue one collection (engine metrics and the mapping)."""
+        self.engine_state.samples = self.scraper.scrape()
+        self.engine_outbox.put(self.engine_group.collect())
+
+    def refresh_mapping(self) -> None:
+        """Recompute instance -> GPU UUIDs from config, else from NVML's PIDs."""
+        gpus = self.gpu_state.samples
+        mapping = {}
+        for instance, target in self.targets.items():
+            if target.gpus:
+                mapping[instance] = gpus_from_config(target.gpus, gpus)
+            elif gpus and _is_local(target.url):
+                pids = with_descendants(listening_pids(url_port(target.url)))
+                mapping[instance] = gpus_from_pids(pids, gpus)
+        changed = mapping != self.engine_state.mapping
+        self.engine_state.mapping = {k: v for k, v in mapping.items() if v}
+        if changed:
+            log.info("instance -> GPU mapping: %s", self.engine_state.mapping)
+
+    # --- running ---------------------------------------------------------------------------
+    def run(self) -> None:
+        """Run until :meth:`stop`; then flush what is queued."""
+        self.gpu_outbox.start()
+        self.engine_outbox.start()
+        threads = [threading.Thread(target=self._loop, args=(self.engine_tick_with_mapping,
+                                                             self.config.scrape_interval_s),
+                                    name="engine", daemon=True)]
+        if self.sampler is not None:
+            threads.append(threading.Thread(target=self._loop, name="gpu", daemon=True,
+                                            args=(self.gpu_tick, self.config.gpu_interval_s)))
+        for thread in threads:
+            thread.start()
+        self._stop.wait()
+        for thread in threads:
+            thread.join()
+        self.gpu_outbox.stop()
+        self.engine_outbox.stop()
+        if self.sampler is not None:
+            self.sampler.backend.close()
+
+    def engine_tick_with_mapping(self) -> None:
+        """:meth:`engine_tick`, refreshing the mapping every ``mapping_interval_s``."""
+        now = time.monotonic()
+        if now >= self._next_mapping:
+            self._next_mapping = now + self.config.mapping_interval_s
+            self.refresh_mapping()
+        self.engine_tick()
+
+    def _loop(self, tick: Callable[[], None], interval_s: float) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                tick()
+            except Exception:  # one bad tick must not end the agent; it is logged in full
+                log.exception("agent tick failed")
+            next_at += interval_s
+            now = time.monotonic()
+            if next_at < now:  # fell behind: skip missed ticks rather than bursting
+                next_at = now
+            self._stop.wait(next_at - now)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return."""
+        self._stop.set()
+
+
+def _is_local(url: str) -> bool:
+    """Whether ``url`` points at this machine (only then can its PIDs be looked up)."""
+    host = urlsplit(url).hostname or ""
+    return is_loopback(host) or host in ("0.0.0.0", "::", socket.gethostname())

@@ -1,0 +1,112 @@
+"""vLLM ``/metrics`` scraping: the engine signals of each instance, tolerant to renames.
+
+Each engine signal (``attributes.ENGINE_*``) maps to the Prometheus names vLLM has used for it
+(``attributes.VLLM_PROMETHEUS_NAMES``, newest first): the first name present in the text wins,
+so ``vllm:kv_cache_usage_perc`` (V1) and ``vllm:gpu_cache_usage_perc`` (older) both work.
+Samples are grouped by the ``model_name`` label. When one server exposes several engines
+(data parallel, an ``engine`` label), counts and counters are summed over them and the
+KV-cache usage is averaged. A signal the server does not expose is absent (never zero).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from collector.agent.prometheus import ExpositionError, parse_samples
+from pipeline.schema import attributes as a
+
+log = logging.getLogger(__name__)
+#: Signals averaged (not summed) across engines of one model.
+AVERAGED = frozenset({a.ENGINE_KV_CACHE_USAGE})
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    """The engine signals of one (instance, model) at one instant."""
+
+    ts_ns: int
+    instance_id: str
+    model_name: str
+    values: dict[str, float]  # ENGINE_* name -> value
+
+
+def engine_samples(text: str, instance_id: str, ts_ns: int) -> list[EngineSample]:
+    """Extract the engine signals from one ``/metrics`` body.
+
+    Args:
+        text: Prometheus exposition text.
+        instance_id: the ``fleetlens.instance_id`` of the server.
+        ts_ns: scrape time.
+
+    Returns:
+        One sample per ``model_name`` seen (sorted), carrying the signals found.
+    """
+    by_name: dict[str, list] = defaultdict(list)
+    for sample in parse_samples(text):
+        by_name[sample.name].append(sample)
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for signal, names in a.VLLM_PROMETHEUS_NAMES.items():
+        found = next((by_name[n] for n in names if n in by_name), [])
+        for sample in found:
+            model = sample.labels.get(a.VLLM_MODEL_LABEL, "")
+            values[model][signal].append(sample.value)
+    out = []
+    for model in sorted(values):
+        merged = {
+            signal: (sum(vs) / len(vs) if signal in AVERAGED else sum(vs))
+            for signal, vs in values[model].items()
+        }
+        out.append(EngineSample(ts_ns, instance_id, model, merged))
+    return out
+
+
+def fetch_text(url: str, timeout_s: float) -> str:
+    """GET ``url`` and return its body (bounded in size)."""
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        body = response.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise ExpositionError(f"{url}: body larger than {MAX_BODY_BYTES} bytes")
+    return body.decode("utf-8", errors="replace")
+
+
+class VllmScraper:
+    """Scrapes a set of ``(instance_id, metrics_url)`` targets.
+
+    A target that fails (down, timeout, bad text) is logged when it starts failing and when it
+    recovers, and contributes no sample meanwhile; the others go on.
+    """
+
+    def __init__(self, targets: list[tuple[str, str]], timeout_s: float = 2.0,
+                 clock_ns: Callable[[], int] = time.time_ns,
+                 fetch: Callable[[str, float], str] = fetch_text) -> None:
+        self.targets = targets
+        self.timeout_s = timeout_s
+        self._clock_ns = clock_ns
+        self._fetch = fetch
+        self.failing: set[str] = set()
+
+    def scrape(self) -> list[EngineSample]:
+        """One round over every target."""
+        out: list[EngineSample] = []
+        for instance_id, url in self.targets:
+            ts_ns = self._clock_ns()
+            try:
+                samples = engine_samples(self._fetch(url, self.timeout_s), instance_id, ts_ns)
+            except (OSError, urllib.error.URLError, ExpositionError) as exc:
+                if url not in self.failing:
+                    log.warning("vLLM %s (%s): scrape failed: %s", instance_id, url, exc)
+                    self.failing.add(url)
+                continue
+            if url in self.failing:
+                log.warning("vLLM %s (%s): scraping again", instance_id, url)
+                self.failing.discard(url)
+            out.extend(samples)
+        return out

@@ -1,0 +1,177 @@
+"""The agent end to end in process: fake GPUs and a real /metrics server in, OTLP metrics out
+through the real OpenTelemetry SDK exporter into a gRPC sink (names, units, attributes, batching,
+instance -> GPU mapping, token and TLS)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from collector.agent.config import AgentConfig, VllmTarget
+from collector.agent.fake_gpu import FakeGpuBackend
+from collector.agent.instruments import ENGINE_METRICS, GPU_METRICS
+from collector.agent.mapping import listening_pids, with_descendants
+from collector.agent.runner import Agent
+from pipeline.schema import attributes as a
+from tests.agent.otlp_sink import OtlpSink
+from tests.agent.test_scraper import metrics_server  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def sink():
+    with OtlpSink() as s:
+        yield s
+
+
+def make_agent(sink: OtlpSink, backend, targets=(), **kw) -> Agent:
+    config = AgentConfig(collector=sink.endpoint, host_name="gpu-host-1", vllm=tuple(targets),
+                         resource_attributes={"region": "eu-west"}, **kw)
+    return Agent(config, backend)
+
+
+def test_gpu_metrics_names_units_attributes_and_batching(sink: OtlpSink) -> None:
+    agent = make_agent(sink, FakeGpuBackend(2))
+    for _ in range(10):
+        agent.gpu_tick()
+    assert agent.gpu_outbox.flush()
+    assert len(sink.metric_requests) == 1  # ten collections, one OTLP request
+    points = sink.points()
+    by_series = defaultdict(list)
+    for p in points:
+        by_series[(p.name, p.attributes[a.HW_ID])].append(p)
+    assert {name for name, _ in by_series} == set(GPU_METRICS)
+    assert all(len(series) == 10 for series in by_series.values())
+    uuids = {s.uuid: s for s in agent.gpu_state.samples}
+    for p in points:
+        unit, kind, _, _ = GPU_METRICS[p.name]
+        assert p.unit == unit
+        assert p.kind == ("sum" if kind == "counter" else "gauge")
+        sample = uuids[p.attributes[a.HW_ID]]
+        assert p.attributes == {a.HW_ID: sample.uuid, a.HW_NAME: sample.name,
+                                a.HW_TYPE: a.HW_TYPE_GPU, a.GPU_INDEX: sample.index}
+        assert p.resource[a.SERVICE_NAME] == "fleetlens-agent"
+        assert p.resource[a.HOST_NAME] == "gpu-host-1"
+        assert p.resource["region"] == "eu-west"
+    energy = sorted((p for p in points if p.name == a.HW_ENERGY), key=lambda p: p.ts_ns)
+    assert all(p.is_monotonic for p in energy)
+    for uuid in uuids:
+        values = [p.value for p in energy if p.attributes[a.HW_ID] == uuid]
+        assert values == sorted(values) and values[-1] > values[0]
+    power = [p.value for p in points if p.name == a.HW_POWER]
+    assert all(70.0 <= w <= 700.0 for w in power)  # watts, not milliwatts
+    util = [p.value for p in points if p.name == a.HW_GPU_UTILIZATION]
+    assert all(0.0 <= u <= 1.0 for u in util)
+
+
+def test_missing_fields_and_lost_gpu_are_not_exported(sink: OtlpSink) -> None:
+    backend = FakeGpuBackend(2)
+    backend.drop_fields(1, "energy_mj")
+    agent = make_agent(sink, backend)
+    agent.gpu_tick()
+    uuid0, uuid1 = (s.uuid for s in agent.gpu_state.samples)
+    backend.lose(0)
+    agent.gpu_tick()
+    assert agent.gpu_outbox.flush()
+    energy_gpus = [p.attributes[a.HW_ID] for p in sink.points() if p.name == a.HW_ENERGY]
+    assert energy_gpus == [uuid0]  # GPU 1 has no counter; GPU 0 only before it was lost
+    power = [p.attributes[a.GPU_INDEX] for p in sink.points() if p.name == a.HW_POWER]
+    assert sorted(power) == [0, 1, 1]
+    assert uuid1 in {p.attributes[a.HW_ID] for p in sink.points()}
+
+
+def test_engine_metrics_and_mapping_from_config(sink: OtlpSink, metrics_server) -> None:  # noqa: F811
+    server, _ = metrics_server
+    port = server.server_address[1]
+    target = VllmTarget(url=f"http://127.0.0.1:{port}", instance_id="gpu-host-1/tiny-0",
+                        gpus=("1", "GPU-external-uuid"))
+    backend = FakeGpuBackend(2)
+    agent = make_agent(sink, backend, [target])
+    agent.gpu_tick()
+    agent.engine_tick_with_mapping()
+    assert agent.engine_outbox.flush()
+    points = [p for p in sink.points() if p.name in ENGINE_METRICS]
+    assert {p.name for p in points} == set(ENGINE_METRICS)
+    for p in points:
+        unit, kind, _ = ENGINE_METRICS[p.name]
+        assert (p.unit, p.kind) == (unit, "sum" if kind == "counter" else "gauge")
+        assert p.attributes == {a.ENGINE_INSTANCE: "gpu-host-1/tiny-0",
+                                a.ENGINE_MODEL_NAME: "tiny"}
+    values = {p.name: p.value for p in points}
+    assert values[a.ENGINE_NUM_RUNNING] == 40.0
+    assert values[a.ENGINE_GENERATION_TOKENS] == 9308.0
+    mapping = [p for p in sink.points() if p.name == a.ENGINE_INSTANCE_GPUS]
+    assert sorted(p.attributes[a.HW_ID] for p in mapping) == sorted(
+        [backend.read(1).uuid, "GPU-external-uuid"])
+    assert all(p.value == 1 and p.attributes[a.ENGINE_INSTANCE] == "gpu-host-1/tiny-0"
+               for p in mapping)
+
+
+def test_mapping_from_nvml_pids(sink: OtlpSink, metrics_server) -> None:  # noqa: F811
+    server, _ = metrics_server
+    port = server.server_address[1]
+    assert os.getpid() in listening_pids(port)
+    backend = FakeGpuBackend(3)
+    backend.set_pids(2, (os.getpid(),))  # the "vLLM" (this process) runs on GPU 2
+    backend.set_pids(0, (1,))
+    agent = make_agent(sink, backend, [VllmTarget(url=f"http://127.0.0.1:{port}/metrics")])
+    agent.gpu_tick()
+    agent.refresh_mapping()
+    assert agent.engine_state.mapping == {"gpu-host-1/vllm": (backend.read(2).uuid,)}
+
+
+def test_descendants_are_found() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in with_descendants({os.getpid()})
+        assert os.getpid() not in with_descendants({child.pid})
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_token_is_sent_and_a_refused_export_keeps_the_data() -> None:
+    with OtlpSink(require_token="s3cret") as sink:
+        good = make_agent(sink, FakeGpuBackend(1), auth_token="s3cret")
+        good.gpu_tick()
+        assert good.gpu_outbox.flush()
+        assert sink.metadata[-1]["authorization"] == "Bearer s3cret"
+        bad = make_agent(sink, FakeGpuBackend(1), auth_token="wrong")
+        bad.gpu_tick()
+        bad.gpu_tick()
+        assert not bad.gpu_outbox.flush()
+        assert len(bad.gpu_outbox._pending) == 2 and bad.gpu_outbox.dropped == 0
+        assert len(sink.metric_requests) == 1
+
+
+def test_outbox_is_bounded_while_the_collector_is_down(sink: OtlpSink) -> None:
+    agent = make_agent(sink, FakeGpuBackend(1), max_pending_collections=3)
+    for _ in range(5):
+        agent.gpu_tick()
+    assert agent.gpu_outbox.dropped == 2
+    assert agent.gpu_outbox.flush()
+    assert len([p for p in sink.points() if p.name == a.HW_POWER]) == 3
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    key, cert = tmp / "key.pem", tmp / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return key, cert
+
+
+def test_tls_export(tmp_path: Path) -> None:
+    key, cert = _self_signed(tmp_path)
+    with OtlpSink(tls=(key.read_bytes(), cert.read_bytes())) as sink:
+        agent = make_agent(sink, FakeGpuBackend(1), tls=True, tls_ca_file=str(cert))
+        agent.gpu_tick()
+        assert agent.gpu_outbox.flush()
+        plain = make_agent(sink, FakeGpuBackend(1), export_timeout_s=2.0)
+        plain.gpu_tick()
+        assert not plain.gpu_outbox.flush()  # a plaintext client cannot talk to a TLS sink
+        assert len(sink.metric_requests) == 1

@@ -1,0 +1,143 @@
+"""The vLLM /metrics scraper against real exposition text of a new (0.32, captured from the real
+server under load) and an older (0.8-style names) vLLM, and over real HTTP."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import math
+import threading
+from pathlib import Path
+
+import pytest
+
+from collector.agent.prometheus import ExpositionError, parse_samples
+from collector.agent.scraper import VllmScraper, engine_samples
+from pipeline.schema import attributes as a
+
+DATA = Path(__file__).parent / "data"
+NEW = (DATA / "vllm-0.32.0-metrics.txt").read_text()
+OLD = (DATA / "vllm-0.8-style-metrics.txt").read_text()
+
+
+def test_new_vllm_text() -> None:
+    (sample,) = engine_samples(NEW, "host-a/vllm", ts_ns=7)
+    assert (sample.instance_id, sample.model_name, sample.ts_ns) == ("host-a/vllm", "tiny", 7)
+    assert sample.values == {
+        a.ENGINE_KV_CACHE_USAGE: pytest.approx(0.002441480758079817),
+        a.ENGINE_NUM_RUNNING: 40.0,
+        a.ENGINE_NUM_WAITING: 0.0,
+        a.ENGINE_PREEMPTIONS: 0.0,
+        a.ENGINE_PREFIX_CACHE_QUERIES: 3098.0,
+        a.ENGINE_PREFIX_CACHE_HITS: 0.0,
+        a.ENGINE_PROMPT_TOKENS: 3098.0,
+        a.ENGINE_GENERATION_TOKENS: 9308.0,
+    }
+
+
+def test_old_vllm_names_are_understood() -> None:
+    (sample,) = engine_samples(OLD, "i", ts_ns=1)
+    assert sample.model_name == "meta-llama/Llama-3.1-8B-Instruct"
+    assert sample.values == {
+        a.ENGINE_KV_CACHE_USAGE: 0.8125,
+        a.ENGINE_NUM_RUNNING: 7.0,
+        a.ENGINE_NUM_WAITING: 3.0,
+        a.ENGINE_PREEMPTIONS: 12.0,
+        a.ENGINE_PREFIX_CACHE_QUERIES: 152340.0,
+        a.ENGINE_PREFIX_CACHE_HITS: 61184.0,
+        a.ENGINE_PROMPT_TOKENS: 152340.0,
+        a.ENGINE_GENERATION_TOKENS: 48712.0,
+    }
+
+
+def test_every_rename_alias_is_accepted() -> None:
+    for signal, names in a.VLLM_PROMETHEUS_NAMES.items():
+        for name in names:
+            (sample,) = engine_samples(f'{name}{{model_name="m"}} 5\n', "i", 0)
+            assert sample.values == {signal: 5.0}, name
+
+
+def test_newest_name_wins_when_both_are_exposed() -> None:
+    new, old = a.VLLM_PROMETHEUS_NAMES[a.ENGINE_KV_CACHE_USAGE]
+    text = f'{old}{{model_name="m"}} 0.9\n{new}{{model_name="m"}} 0.25\n'
+    assert engine_samples(text, "i", 0)[0].values == {a.ENGINE_KV_CACHE_USAGE: 0.25}
+
+
+def test_engines_are_summed_and_usage_averaged_per_model() -> None:
+    running = a.VLLM_PROMETHEUS_NAMES[a.ENGINE_NUM_RUNNING][0]
+    usage = a.VLLM_PROMETHEUS_NAMES[a.ENGINE_KV_CACHE_USAGE][0]
+    text = "\n".join([
+        f'{running}{{engine="0",model_name="m"}} 3',
+        f'{running}{{engine="1",model_name="m"}} 4',
+        f'{usage}{{engine="0",model_name="m"}} 0.2',
+        f'{usage}{{engine="1",model_name="m"}} 0.6',
+        f'{running}{{engine="0",model_name="lora-x"}} 1',
+    ])
+    m, lora = sorted(engine_samples(text, "i", 0), key=lambda s: s.model_name != "m")
+    assert m.values == {a.ENGINE_NUM_RUNNING: 7.0, a.ENGINE_KV_CACHE_USAGE: pytest.approx(0.4)}
+    assert (lora.model_name, lora.values) == ("lora-x", {a.ENGINE_NUM_RUNNING: 1.0})
+
+
+def test_text_without_vllm_families_gives_nothing() -> None:
+    assert engine_samples("# nothing\nprocess_open_fds 3\n", "i", 0) == []
+
+
+def test_parser_handles_escapes_specials_and_timestamps() -> None:
+    text = ('x{a="q\\"uote",b="back\\\\slash",c="new\\nline",} 1.5e3 1700000000000\n'
+            'y +Inf\nz{} NaN\nw -Inf\n')
+    x, y, z, w = parse_samples(text)
+    assert x.labels == {"a": 'q"uote', "b": "back\\slash", "c": "new\nline"}
+    assert x.value == 1500.0
+    assert y.value == math.inf and w.value == -math.inf and math.isnan(z.value)
+    assert z.labels == {}
+
+
+@pytest.mark.parametrize("bad", ['x{a=1} 2', "x 1.2.3", '{a="b"} 1', 'x{a="b" 1'])
+def test_parser_rejects_malformed_lines_with_the_line_number(bad: str) -> None:
+    with pytest.raises(ExpositionError, match="line 2"):
+        parse_samples("ok 1\n" + bad)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    body = NEW.encode()
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(self.status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    handler = type("H", (_Handler,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_scraper_over_http_logs_failures_once_and_recovers(metrics_server, caplog) -> None:
+    server, handler = metrics_server
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    scraper = VllmScraper([("h/vllm", url)], timeout_s=2.0)
+    (sample,) = scraper.scrape()
+    assert sample.values[a.ENGINE_GENERATION_TOKENS] == 9308.0
+    handler.status = 500
+    with caplog.at_level(logging.WARNING):
+        assert scraper.scrape() == [] and scraper.scrape() == []
+    assert sum("scrape failed" in r.getMessage() for r in caplog.records) == 1
+    handler.status, handler.body = 200, OLD.encode()
+    assert scraper.scrape()[0].values[a.ENGINE_PREEMPTIONS] == 12.0
+    assert scraper.failing == set()
+    handler.body = b"garbage{ line\n"
+    assert scraper.scrape() == []
+    assert scraper.failing == {url}
