@@ -21,6 +21,17 @@ class PipelineConfig:
     #: Resource or span attribute keys copied onto `requests` as dimension columns,
     #: as "column=attribute.key" or just "attribute.key" (dots become underscores).
     dimensions: tuple[str, ...] = ("region", "device_type", "gpu_model", "lora")
+    #: Energy is apportioned in slots of this length (must divide window_s): shorter slots
+    #: separate idle from busy time more finely and cost more rows.
+    energy_slot_s: int = 10
+    #: Longest request the energy stage looks back for (a request is active until it ends).
+    max_request_s: int = 3600
+    #: Largest gap between two samples of one GPU that is still interpolated across.
+    max_sample_gap_s: float = 60.0
+    #: Raw segments smaller than this are merged into one file per hour by `fleetlens compact`.
+    compact_below_bytes: int = 32 * 1024 * 1024
+    #: Raw hours younger than this are left alone by compaction (writers may still add to them).
+    compact_min_age_s: int = 3600
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -28,3 +39,27 @@ class PipelineConfig:
         require(self.follow_interval_s > 0, "follow_interval_s", "must be positive")
         require(self.raw_retention_days > 0, "raw_retention_days", "must be positive")
         require(self.windows_retention_days > 0, "windows_retention_days", "must be positive")
+        require(self.energy_slot_s > 0, "energy_slot_s", "must be positive")
+        require(self.window_s % self.energy_slot_s == 0 or self.window_s < self.energy_slot_s,
+                "energy_slot_s", f"must divide window_s ({self.window_s})")
+        require(3600 % self.window_s == 0, "window_s", "must divide one hour (10, 60, 300, ...)")
+        require(self.max_request_s > 0, "max_request_s", "must be positive")
+        require(self.max_sample_gap_s > 0, "max_sample_gap_s", "must be positive")
+        for spec in self.dimensions:
+            column, _, key = spec.partition("=")
+            require(bool(column.strip()) and (not _ or bool(key.strip())), "dimensions",
+                    f"bad entry {spec!r}: use 'column=attribute.key' or 'attribute.key'")
+
+    @property
+    def slot_s(self) -> int:
+        """The energy slot length actually used (never longer than a window)."""
+        return min(self.energy_slot_s, self.window_s)
+
+    def dimension_map(self) -> dict[str, str]:
+        """Dimension columns of `requests`: column name -> attribute key."""
+        out = {}
+        for spec in self.dimensions:
+            column, _, key = spec.partition("=")
+            key = key.strip() or column.strip()
+            out[(column.strip() if _ else key).replace(".", "_")] = key
+        return out

@@ -39,6 +39,7 @@ GEN_AI_TEMPERATURE = "gen_ai.request.temperature"
 GEN_AI_TOP_P = "gen_ai.request.top_p"
 GEN_AI_FINISH_REASONS = "gen_ai.response.finish_reasons"  # vLLM: JSON string; semconv: array
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"  # defined, not emitted by V1
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"  # GenAI conventions: the completion id
 
 # --- OpenTelemetry GenAI semantic conventions ---------------------------------------------
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"

@@ -1,0 +1,85 @@
+"""Reading keys out of the JSON attribute maps of the raw tables, fast.
+
+Attribute maps are JSON objects stored as strings (TEAM.md conventions). Parsing JSON costs
+about 0.6 s per million rows per key, so two shortcuts keep it off the hot path:
+
+* a key absent from every row of a frame is not parsed at all (a literal substring scan,
+  about 15 ms per million rows, decides);
+* columns with few distinct values (``resource_attributes``: one per process; metric point
+  attributes: one per GPU or instance) are parsed once per distinct value and joined back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import polars as pl
+
+_KEY_COLUMN = "__json_text"
+
+
+def json_path(key: str) -> str:
+    """The JSONPath of a top-level key that may contain dots (``$['gen_ai.request.model']``)."""
+    return "$[" + json.dumps(key).replace("'", "\\'").replace('"', "'") + "]"
+
+
+def key_expr(column: str, key: str, dtype: pl.DataType) -> pl.Expr:
+    """Expression reading top-level ``key`` of the JSON objects in ``column`` as ``dtype``.
+
+    Arrays and objects come back as their JSON text when ``dtype`` is String; values that do not
+    convert become null.
+    """
+    text = pl.col(column).str.json_path_match(json_path(key))
+    if dtype == pl.Boolean:
+        return text.replace_strict({"true": True, "false": False}, default=None,
+                                   return_dtype=pl.Boolean)
+    return text.cast(dtype, strict=False)
+
+
+def extract_keys(
+    frame: pl.DataFrame, column: str, keys: dict[str, tuple[str, pl.DataType]]
+) -> pl.DataFrame:
+    """Add one column per key read from the JSON maps in ``column``; absent keys give nulls.
+
+    Args:
+        frame: the frame holding ``column``.
+        column: a column of JSON object strings.
+        keys: attribute key -> (output column name, dtype).
+    """
+    if not keys:
+        return frame
+    texts = frame.get_column(column)
+    exprs = []
+    for key, (name, dtype) in keys.items():
+        present = frame.height > 0 and bool(texts.str.contains(json.dumps(key), literal=True).any())
+        exprs.append((key_expr(column, key, dtype) if present else pl.lit(None, dtype)).alias(name))
+    return frame.with_columns(exprs)
+
+
+def extract_keys_distinct(
+    frame: pl.DataFrame, column: str, keys: dict[str, tuple[str, pl.DataType]]
+) -> pl.DataFrame:
+    """Like :func:`extract_keys`, parsing each distinct value of ``column`` once.
+
+    Use it on columns with few distinct values (resource maps, metric point attributes).
+    """
+    if not keys:
+        return frame
+    distinct = frame.select(pl.col(column).unique()).drop_nulls()
+    parsed = extract_keys(distinct, column, keys)
+    return frame.join(parsed, on=column, how="left", nulls_equal=True, maintain_order="left")
+
+
+def first_string_of_key(column: str, key: str) -> pl.Expr:
+    """The first string of a list-valued top-level ``key``, read without parsing the JSON.
+
+    Matches both ``"key": "[\\"stop\\"]"`` (vLLM: a JSON string holding a list) and
+    ``"key": ["stop"]`` (GenAI conventions: an array), and a bare ``"key": "stop"``. About
+    ten times faster than :func:`key_expr` on long maps; values with escaped quotes inside are
+    cut at the escape.
+    """
+    quoted = re.escape(json.dumps(key))
+    in_list = pl.col(column).str.extract(quoted + r'\s*:\s*"?\[\s*\\?"([^"\\]*)', 1)
+    bare = pl.col(column).str.extract(quoted + r'\s*:\s*"([^"\\\[]*)"', 1)
+    return pl.coalesce(in_list, bare)

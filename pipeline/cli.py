@@ -1,0 +1,117 @@
+"""``fleetlens pipeline`` and ``fleetlens compact``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from pipeline.config import PipelineConfig
+from pipeline.schema.settings import (
+    DEFAULT_CONFIG_FILE,
+    ENV_CONFIG_FILE,
+    ConfigError,
+    build,
+    env_overrides,
+    merge,
+    read_toml,
+)
+
+_DATA_DIR_HELP = "Data directory [default: $FLEETLENS_DATA or ./fleetlens-data]."
+
+
+def load_pipeline_config(path: str | None, **overrides: object) -> PipelineConfig:
+    """The ``[pipeline]`` section: defaults, then the config file, then FLEETLENS_PIPELINE__*
+    variables, then command-line overrides (those that are not None)."""
+    file = path or os.environ.get(ENV_CONFIG_FILE)
+    if not file and Path(DEFAULT_CONFIG_FILE).exists():
+        file = DEFAULT_CONFIG_FILE
+    data = read_toml(file) if file else {}
+    section = merge(dict(data.get("pipeline", {})), env_overrides().get("pipeline", {}))
+    section.update({k: v for k, v in overrides.items() if v is not None})
+    return build(PipelineConfig, section, "pipeline")
+
+
+def _progress_printer(enabled: bool):  # noqa: ANN202 - a callback
+    """A progress callback: a rich bar on a terminal, nothing otherwise."""
+    if not enabled:
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    bar = Progress("[progress.description]{task.description}", BarColumn(),
+                   MofNCompleteColumn(), "hours", TimeElapsedColumn(), transient=True)
+    tasks: dict[str, int] = {}
+
+    def report(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(phase, total=total)
+        bar.update(tasks[phase], completed=done, total=total)
+
+    return bar, report
+
+
+@click.command()
+@click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
+              help=_DATA_DIR_HELP)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
+@click.option("--window-s", type=int, default=None, help="Window length (10, 60, 300, ...).")
+@click.option("--full", is_flag=True, help="Recompute everything instead of only new data.")
+@click.option("--follow", is_flag=True, help="Keep running, processing new data as it comes.")
+@click.option("--interval", type=float, default=None,
+              help="Seconds between runs with --follow [default: pipeline.follow_interval_s].")
+@click.option("--progress/--no-progress", default=None,
+              help="Show a progress bar [default: when stderr is a terminal].")
+@click.option("--json", "as_json", is_flag=True, help="Print each run's summary as JSON.")
+def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None, full: bool,
+             follow: bool, interval: float | None, progress: bool | None, as_json: bool) -> None:
+    """Turn raw telemetry into requests, samples, windows and per-request energy.
+
+    Processes only raw segments that are new since the last run (state in
+    DATA_DIR/state/pipeline.json); rerunning over the same data gives identical files.
+    """
+    from pipeline.runner import Pipeline
+    from pipeline.storage import DataDir
+
+    try:
+        cfg = load_pipeline_config(config_file, window_s=window_s)
+    except ConfigError as exc:
+        raise click.ClickException(f"invalid configuration: {exc}") from None
+    root = DataDir.from_env(data_dir)
+    show = sys.stderr.isatty() if progress is None else progress
+    bar, report = _progress_printer(show)
+    job = Pipeline(root, cfg, progress=report)
+    pause = interval if interval is not None else cfg.follow_interval_s
+    first = True
+    try:
+        while True:
+            if bar is not None:
+                bar.start()
+            try:
+                summary = job.run_once(full=full and first)
+            finally:
+                if bar is not None:
+                    bar.stop()
+            _print_summary(summary, as_json)
+            first = False
+            if not follow:
+                return
+            time.sleep(pause)
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
+def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), sort_keys=True))
+        return
+    written = ", ".join(f"{k} {v}" for k, v in sorted(summary.rows_written.items()))
+    click.echo(f"{summary.new_segments} new segments ({summary.new_rows} rows, "
+               f"{summary.too_late_rows} too late), {summary.dirty_hours} hours recomputed "
+               f"in {summary.seconds:.2f} s; rows written: {written or 'none'}")
+    for host, delay in summary.export_delay_s.items():
+        click.echo(f"  host {host}: median export delay {delay:.3f} s")

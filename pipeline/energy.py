@@ -1,0 +1,247 @@
+"""Stage ``energy``: GPU samples + requests -> ``request_energy``, ``gpu_window_energy`` and the
+per-group window energy that ``windows`` joins.
+
+Time is cut into slots of ``slot_s`` (10 s by default; they tile the windows). For each GPU and
+slot:
+
+* measured energy = the sum of the GPU's per-sample energy (``energy_delta_j``: counter deltas,
+  else trapezoid of power), an interval that straddles a slot edge split in proportion to time;
+* the requests active on that GPU in the slot (through the instance -> GPU mapping of the
+  request's arrival hour, else every GPU of its host) each get a weight: the tokens they
+  processed in the slot (prefill tokens spread over the prefill phase, one token per decode step
+  spread over the decode phase);
+* the slot's energy times the fraction of the slot in which at least one request was in prefill
+  or decode is attributed, split by weight; the rest is idle energy.
+
+All joules are summed as integer microjoules, so attributed + idle = measured holds exactly per
+GPU and slot, and results do not depend on summation order (full run = incremental run).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.schema import FLEET_WIDE
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+from pipeline.stage import stage
+
+NS = 1_000_000_000
+UJ = 1_000_000  # microjoules per joule
+MILLI = 1000  # weights in milli-tokens
+
+SLOT = "__slot_ns"
+T0, T1, W, A, B = "__t0", "__t1", "__w", "__a", "__b"
+MEASURED, COVERED, SHARE, HOUR = "__measured_uj", "__covered_ns", "__share_uj", "__hour_ns"
+
+
+def _ceil_slot(ts: pl.Expr, slot_ns: int) -> pl.Expr:
+    return ts - ts.mod(slot_ns)
+
+
+@stage(None)
+def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int) -> pl.DataFrame:
+    """Measured energy (µJ) and covered time (ns) per (host, GPU, slot).
+
+    Input: ``gpu_samples`` sorted by (host, gpu, ts) with ``energy_delta_j``. Output columns:
+    host_name, gpu_uuid, slot start, measured µJ, covered ns. A sample's interval
+    ``(previous ts, ts]`` needs the previous sample in the frame, so callers load one gap back.
+    """
+    slot_ns = slot_s * NS
+    by = [c.HOST_NAME, c.GPU_UUID]
+    iv = gpu.select(
+        *by, pl.col(c.TS_NS).shift(1).over(by).alias(T0), pl.col(c.TS_NS).alias(T1),
+        pl.col(c.ENERGY_DELTA_J),
+    ).filter(pl.col(c.ENERGY_DELTA_J).is_not_null() & pl.col(T0).is_not_null()
+             & (pl.col(T1) > pl.col(T0)))
+    k0 = _ceil_slot(pl.col(T0), slot_ns)
+    k1 = _ceil_slot(pl.col(T1) - 1, slot_ns)
+    single = iv.filter(k0 == k1).select(
+        *by, k0.alias(SLOT),
+        (pl.col(c.ENERGY_DELTA_J) * UJ).round(0).cast(pl.Int64).alias(MEASURED),
+        (pl.col(T1) - pl.col(T0)).alias(COVERED),
+    )
+    multi = iv.filter(k0 != k1).with_columns(
+        pl.int_ranges(k0, k1 + 1, slot_ns).alias(SLOT)).explode(SLOT)
+    overlap = (pl.min_horizontal(pl.col(T1), pl.col(SLOT) + slot_ns)
+               - pl.max_horizontal(pl.col(T0), pl.col(SLOT)))
+    multi = multi.select(
+        *by, SLOT,
+        (pl.col(c.ENERGY_DELTA_J) * UJ * overlap / (pl.col(T1) - pl.col(T0)))
+        .round(0).cast(pl.Int64).alias(MEASURED),
+        overlap.alias(COVERED),
+    )
+    both = pl.concat([single, multi])
+    return both.group_by([*by, SLOT]).agg(pl.col(MEASURED).sum(), pl.col(COVERED).sum())
+
+
+def _phases(requests: pl.DataFrame) -> pl.DataFrame:
+    """Prefill and decode intervals (ns, engine wall clock) and weights (milli-tokens)."""
+    arrival, end = pl.col(c.ARRIVAL_NS), pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
+
+    def ns(col: str) -> pl.Expr:
+        return (pl.col(col) * NS).round(0).cast(pl.Int64)
+
+    queued = arrival + ns(c.QUEUE_S).fill_null(0)
+    first = pl.coalesce(arrival + ns(c.TTFT_S), queued + ns(c.PREFILL_S).fill_null(0))
+    first = pl.min_horizontal(pl.max_horizontal(first, arrival), end)
+    p0 = pl.coalesce(pl.col("__first") - ns(c.PREFILL_S), queued)
+    d1 = pl.coalesce(pl.col("__first") + ns(c.DECODE_S), end)
+    prefill_tokens = (pl.col(c.INPUT_TOKENS).fill_null(0)
+                      - pl.col(c.CACHED_TOKENS).fill_null(0)).clip(lower_bound=1)
+    decode_steps = (pl.col(c.OUTPUT_TOKENS).fill_null(0) - 1).clip(lower_bound=0)
+    return requests.with_columns(first.alias("__first")).with_columns(
+        pl.min_horizontal(pl.max_horizontal(p0, arrival), pl.col("__first")).alias("__p0"),
+        pl.min_horizontal(pl.max_horizontal(d1, pl.col("__first")), end).alias("__d1"),
+        (prefill_tokens * MILLI).alias("__wp"), (decode_steps * MILLI).alias("__wd"),
+    )
+
+
+def _spread(weight: str, lo: pl.Expr, hi: pl.Expr, slot_ns: int) -> pl.Expr:
+    """Share of ``weight`` spread evenly over [lo, hi) that falls in the row's slot."""
+    overlap = (pl.min_horizontal(hi, pl.col(SLOT) + slot_ns)
+               - pl.max_horizontal(lo, pl.col(SLOT))).clip(lower_bound=0)
+    instant = (lo >= pl.col(SLOT)) & (lo < pl.col(SLOT) + slot_ns)
+    return (pl.when(hi > lo).then(pl.col(weight) * overlap / (hi - lo))
+            .when(instant).then(pl.col(weight).cast(pl.Float64)).otherwise(0.0))
+
+
+@stage(None)
+def request_slot_weights(requests: pl.DataFrame, slot_s: int) -> pl.DataFrame:
+    """One row per (request, slot it was in prefill or decode): weight and active interval.
+
+    Input: ``requests``. Output: request_id, host_name, instance_id, service_name, model,
+    arrival hour, slot start, weight (milli-tokens, int), active interval [a, b) in ns.
+    """
+    slot_ns = slot_s * NS
+    ph = _phases(requests)
+    k0 = _ceil_slot(pl.col("__p0"), slot_ns)
+    k1 = _ceil_slot(pl.max_horizontal(pl.col("__d1") - 1, pl.col("__p0")), slot_ns)
+    ph = ph.with_columns(pl.int_ranges(k0, k1 + 1, slot_ns).alias(SLOT)).explode(SLOT)
+    p0, p1, d1 = pl.col("__p0"), pl.col("__first"), pl.col("__d1")
+    weight = _spread("__wp", p0, p1, slot_ns) + _spread("__wd", p1, d1, slot_ns)
+    return ph.select(
+        c.REQUEST_ID, c.HOST_NAME, c.INSTANCE_ID, c.SERVICE_NAME, c.MODEL,
+        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(3600 * NS)).alias(HOUR), SLOT,
+        weight.round(0).cast(pl.Int64).alias(W),
+        pl.max_horizontal(p0, pl.col(SLOT)).alias(A),
+        pl.min_horizontal(d1, pl.col(SLOT) + slot_ns).alias(B),
+    )
+
+
+def _to_gpus(weights: pl.DataFrame, mapping: pl.DataFrame, slots: pl.DataFrame) -> pl.DataFrame:
+    """Expand each (request, slot) row to the GPUs serving the request's instance."""
+    mapped = mapping.filter(pl.col(c.GPU_UUID) != "").select(
+        c.HOST_NAME, c.INSTANCE_ID, HOUR, c.GPU_UUID).unique()
+    direct = weights.join(mapped, on=[c.HOST_NAME, c.INSTANCE_ID, HOUR], how="inner")
+    unmapped = weights.join(mapped.select(c.HOST_NAME, c.INSTANCE_ID, HOUR).unique(),
+                            on=[c.HOST_NAME, c.INSTANCE_ID, HOUR], how="anti")
+    host_gpus = slots.select(c.HOST_NAME, c.GPU_UUID).unique()
+    fallback = unmapped.join(host_gpus, on=c.HOST_NAME, how="inner")
+    return pl.concat([direct, fallback.select(direct.columns)])
+
+
+def _union_ns(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Length of the union of the intervals [a, b) per group (ns)."""
+    s = rows.select(*by, A, B).filter(pl.col(B) > pl.col(A)).sort([*by, A, B])
+    prev_end = pl.col(B).cum_max().shift(1).over(by)
+    piece = (pl.col(B) - pl.max_horizontal(pl.col(A), prev_end.fill_null(pl.col(A))))
+    return s.with_columns(piece.clip(lower_bound=0).alias("__piece")).group_by(by).agg(
+        pl.col("__piece").sum().alias(c.ACTIVE_S))
+
+
+@stage(None)
+def attribute(
+    weights: pl.DataFrame, mapping: pl.DataFrame, slots: pl.DataFrame, slot_s: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split every GPU slot's energy over its requests.
+
+    Returns ``(shares, gpu_slots)``: shares has one row per (request, GPU, slot) with the
+    request's weight and its share in µJ; gpu_slots one row per (host, GPU, slot) with
+    measured, attributed and idle µJ, covered and active ns.
+    """
+    slot_ns = slot_s * NS
+    gpu_key = [c.HOST_NAME, c.GPU_UUID, SLOT]
+    rows = _to_gpus(weights, mapping, slots)
+    totals = rows.group_by(gpu_key).agg(pl.col(W).sum().alias("__wsum"))
+    active = _union_ns(rows, gpu_key)
+    per_slot = slots.join(totals, on=gpu_key, how="left").join(active, on=gpu_key, how="left")
+    frac = pl.min_horizontal(
+        pl.col(c.ACTIVE_S).fill_null(0) / pl.max_horizontal(pl.col(COVERED), 1), pl.lit(1.0))
+    per_slot = per_slot.with_columns(
+        pl.when(pl.col("__wsum") > 0).then((pl.col(MEASURED) * frac).floor())
+        .otherwise(0).cast(pl.Int64).alias("__attr_uj"))
+    shares = rows.join(per_slot.select(*gpu_key, "__attr_uj", "__wsum", COVERED),
+                       on=gpu_key, how="left")
+    shares = shares.with_columns(
+        (pl.col("__attr_uj") * (pl.col(W) / pl.col("__wsum"))).floor().fill_null(0)
+        .cast(pl.Int64).alias(SHARE),
+        (pl.col(W) * pl.col(COVERED).fill_null(0).clip(upper_bound=slot_ns) // slot_ns)
+        .alias("__wcov"),
+    )
+    given = shares.group_by(gpu_key).agg(pl.col(SHARE).sum().alias("__given"))
+    per_slot = per_slot.join(given, on=gpu_key, how="left").with_columns(
+        pl.col("__given").fill_null(0).alias("__given"))
+    per_slot = per_slot.with_columns(
+        (pl.col(MEASURED) - pl.col("__given")).alias("__idle_uj"),
+        pl.col(c.ACTIVE_S).fill_null(0),
+    )
+    return shares, per_slot
+
+
+@stage(t.REQUEST_ENERGY)
+def request_energy(shares: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
+    """Sum each request's shares: ``request_energy`` for the given requests.
+
+    ``attribution_coverage`` is the part of the request's token weight that fell in GPU slots
+    with measured energy (0 when its host reported no GPU at all; ``energy_j`` is then null).
+    """
+    per = shares.group_by(c.REQUEST_ID).agg(
+        pl.col(SHARE).sum().alias(SHARE), pl.col("__wcov").sum(), pl.col(W).sum())
+    out = requests.select(c.REQUEST_ID, c.HOST_NAME, c.OUTPUT_TOKENS).join(
+        per, on=c.REQUEST_ID, how="left", maintain_order="left")
+    coverage = pl.when(pl.col(W) > 0).then(pl.col("__wcov") / pl.col(W)).otherwise(0.0)
+    out = out.with_columns(coverage.fill_null(0.0).alias(c.ATTRIBUTION_COVERAGE))
+    energy = pl.when(pl.col(c.ATTRIBUTION_COVERAGE) > 0).then(pl.col(SHARE) / UJ)
+    out = out.with_columns(energy.alias(c.ENERGY_J)).with_columns(
+        pl.when(pl.col(c.OUTPUT_TOKENS) > 0)
+        .then(pl.col(c.ENERGY_J) / pl.col(c.OUTPUT_TOKENS)).alias(c.J_PER_TOKEN))
+    return out.select(list(t.table(t.REQUEST_ENERGY).columns)).sort(c.REQUEST_ID)
+
+
+@stage(t.GPU_WINDOW_ENERGY)
+def gpu_window_energy(per_slot: pl.DataFrame, window_s: int) -> pl.DataFrame:
+    """Per GPU per window: measured = attributed + idle joules, covered and active seconds."""
+    win = pl.col(SLOT) - pl.col(SLOT).mod(window_s * NS)
+    out = per_slot.with_columns(win.alias(c.WINDOW_START_NS)).group_by(
+        c.WINDOW_START_NS, c.HOST_NAME, c.GPU_UUID).agg(
+        (pl.col(MEASURED).sum() / UJ).alias(c.MEASURED_J),
+        (pl.col("__given").sum() / UJ).alias(c.ATTRIBUTED_J),
+        (pl.col("__idle_uj").sum() / UJ).alias(c.IDLE_J),
+        (pl.col(COVERED).sum() / NS).alias(c.COVERED_S),
+        (pl.col(c.ACTIVE_S).sum() / NS).alias(c.ACTIVE_S),
+    ).with_columns(pl.lit(window_s, pl.Int64).alias(c.WINDOW_S))
+    key = list(t.table(t.GPU_WINDOW_ENERGY).key)
+    return out.select(list(t.table(t.GPU_WINDOW_ENERGY).columns)).sort(key)
+
+
+@stage(None)
+def group_energy(shares: pl.DataFrame, gpu_windows: pl.DataFrame, window_s: int) -> pl.DataFrame:
+    """Energy attributed to each (window, service, model, host) and fleet-wide, and the mean
+    power of the GPUs that served the group in the window (sum over GPUs of J / covered s)."""
+    win = (pl.col(SLOT) - pl.col(SLOT).mod(window_s * NS)).alias(c.WINDOW_START_NS)
+    rows = shares.with_columns(win)
+    group = [c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
+    energy = rows.group_by(group).agg(pl.col(SHARE).sum())
+    power_w = pl.when(pl.col(c.COVERED_S) > 0).then(pl.col(c.MEASURED_J) / pl.col(c.COVERED_S))
+    gpus = rows.select(*group, c.GPU_UUID).unique().join(
+        gpu_windows.select(c.WINDOW_START_NS, c.HOST_NAME, c.GPU_UUID,
+                           power_w.alias(c.POWER_W)),
+        on=[c.WINDOW_START_NS, c.HOST_NAME, c.GPU_UUID], how="left")
+    power = gpus.group_by(group).agg(pl.col(c.POWER_W).sum())
+    per_host = energy.join(power, on=group, how="left")
+    fleet = per_host.group_by(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL).agg(
+        pl.col(SHARE).sum(), pl.col(c.POWER_W).sum()).with_columns(
+        pl.lit(FLEET_WIDE).alias(c.HOST_NAME))
+    both = pl.concat([per_host, fleet.select(per_host.columns)])
+    return both.with_columns((pl.col(SHARE) / UJ).alias(c.ENERGY_J)).drop(SHARE)

@@ -1,0 +1,182 @@
+"""Stage ``normalize``: raw ``spans`` -> ``requests`` (one row per inference request).
+
+Request spans are
+
+* vLLM V1 ``llm_request`` spans (latencies and token counts in promoted ``gen_ai_*`` columns);
+* spans following the OpenTelemetry GenAI conventions (token usage or ``gen_ai.operation.name``
+  in the attribute map), kind SERVER or CLIENT, unless they are the parent of another request
+  span (a client span around a server span is one request, counted once, at the server).
+
+The simulator's (or a real) ``gateway_request`` span is not a request: it is the parent of the
+engine span and gives the network/routing overhead, ``network_s`` = gateway span duration minus
+engine span duration (each a difference on one clock). vLLM start-up spans and every other span
+are not requests. Duplicates (at-least-once delivery) are removed on (trace_id, span_id).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.attrs import extract_keys, extract_keys_distinct, first_string_of_key
+from pipeline.schema import attributes as a
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+from pipeline.stage import stage
+
+SOURCE_VLLM = "vllm"
+SOURCE_GENAI = "genai"
+_SERVER, _CLIENT = 2, 3
+_STATUS_ERROR = 2
+_ERROR_FINISH_REASONS = ("abort", "error")
+_NS = 1_000_000_000
+
+# Internal column names (never written).
+_RES_INSTANCE, _RES_MODEL = "__res_instance", "__res_model"
+_ATTR_IN, _ATTR_OUT, _ATTR_CACHED = "__attr_in", "__attr_out", "__attr_cached"
+_ATTR_OP, _ATTR_ERR, _ATTR_RESP_ID = "__attr_op", "__attr_err", "__attr_resp_id"
+_ATTR_RESP_MODEL, _IS_VLLM, _MAP_MODEL = "__attr_resp_model", "__is_vllm", "__map_model"
+_GW_ID, _GW_DUR = "__gw_span_id", "__gw_dur_ns"
+
+
+def dedup_spans(spans: pl.DataFrame) -> pl.DataFrame:
+    """Drop repeated deliveries: one row per (trace_id, span_id), the first received.
+
+    Sorting first makes the kept row, and so the output, independent of file order.
+    """
+    return (
+        spans.sort([c.TRACE_ID, c.SPAN_ID, c.RECEIVED_NS], nulls_last=True)
+        .unique([c.TRACE_ID, c.SPAN_ID], keep="first", maintain_order=True)
+    )
+
+
+def _span_keys() -> dict[str, tuple[str, pl.DataType]]:
+    return {
+        a.GEN_AI_INPUT_TOKENS: (_ATTR_IN, pl.Int64()),
+        a.GEN_AI_OUTPUT_TOKENS: (_ATTR_OUT, pl.Int64()),
+        a.GEN_AI_CACHED_INPUT_TOKENS: (_ATTR_CACHED, pl.Int64()),
+        a.GEN_AI_OPERATION_NAME: (_ATTR_OP, pl.String()),
+        a.ERROR_TYPE: (_ATTR_ERR, pl.String()),
+        a.GEN_AI_RESPONSE_ID: (_ATTR_RESP_ID, pl.String()),
+        a.GEN_AI_RESPONSE_MODEL: (_ATTR_RESP_MODEL, pl.String()),
+    }
+
+
+def _resource_keys(dimensions: dict[str, str]) -> dict[str, tuple[str, pl.DataType]]:
+    keys = {a.SERVICE_INSTANCE_ID: (_RES_INSTANCE, pl.String())}
+    for i, key in enumerate(a.RESOURCE_MODEL_KEYS):
+        keys[key] = (f"{_RES_MODEL}{i}", pl.String())
+    for column, key in dimensions.items():
+        keys.setdefault(key, (f"__res_dim_{column}", pl.String()))
+    return keys
+
+
+def _gateway_overhead(spans: pl.DataFrame, engine: pl.DataFrame) -> pl.DataFrame:
+    """Attach the duration of each engine span's gateway parent (same trace), if any."""
+    gateways = spans.filter(pl.col(c.NAME) == a.GATEWAY_SPAN).select(
+        pl.col(c.TRACE_ID), pl.col(c.SPAN_ID).alias(_GW_ID),
+        (pl.col(c.END_NS) - pl.col(c.START_NS)).alias(_GW_DUR),
+    )
+    return engine.join(
+        gateways, left_on=[c.TRACE_ID, c.PARENT_SPAN_ID], right_on=[c.TRACE_ID, _GW_ID],
+        how="left", maintain_order="left",
+    )
+
+
+def request_spans(spans: pl.DataFrame) -> pl.DataFrame:
+    """The deduplicated spans that are requests, with the span attributes fleetlens reads."""
+    spans = dedup_spans(spans)
+    spans = extract_keys(spans, c.ATTRIBUTES, _span_keys())
+    is_vllm = pl.col(c.NAME) == a.VLLM_REQUEST_SPAN
+    is_genai = (
+        pl.col(c.KIND).is_in([_SERVER, _CLIENT])
+        & (pl.col(c.NAME) != a.GATEWAY_SPAN)
+        & pl.any_horizontal(pl.col(_ATTR_IN, _ATTR_OUT, _ATTR_OP).is_not_null())
+    )
+    candidates = spans.filter(is_vllm | is_genai).with_columns(is_vllm.alias(_IS_VLLM))
+    # A client span whose child is also a request span is the same request seen twice.
+    parents = candidates.select(c.TRACE_ID, pl.col(c.PARENT_SPAN_ID).alias(c.SPAN_ID)).unique()
+    candidates = candidates.join(parents, on=[c.TRACE_ID, c.SPAN_ID], how="anti",
+                                 maintain_order="left")
+    return _gateway_overhead(spans, candidates)
+
+
+def _seconds_or(col: str, fallback: pl.Expr) -> pl.Expr:
+    return pl.coalesce(pl.col(col), fallback)
+
+
+@stage(t.REQUESTS)
+def normalize(
+    spans: pl.DataFrame, instance_models: pl.DataFrame, dimensions: dict[str, str]
+) -> pl.DataFrame:
+    """Turn raw spans into requests.
+
+    Input: ``spans`` (raw, any number of duplicate deliveries, any mix of span kinds) and
+    ``instance_models`` (``instance_id``, ``model``: the agent's engine labels, for requests
+    whose span and resource name no model). Output: ``requests``, one row per distinct request
+    span, sorted by (arrival_ns, trace_id, span_id), plus ``network_s`` and one column per
+    configured dimension. Grain: one request. Invariant: rows out = distinct request spans in.
+
+    Args:
+        spans: raw span rows.
+        instance_models: distinct (instance_id, model) pairs from the engine metrics.
+        dimensions: dimension column -> attribute key (span attribute first, then resource).
+    """
+    spans = request_spans(spans)
+    res_keys = _resource_keys(dimensions)
+    spans = extract_keys_distinct(spans, c.RESOURCE_ATTRIBUTES, res_keys)
+    span_dims = {key: (f"__span_dim_{i}", pl.String()) for i, key in enumerate(dimensions.values())}
+    spans = extract_keys(spans, c.ATTRIBUTES, span_dims)
+    instance = pl.coalesce(
+        pl.col(_RES_INSTANCE), pl.concat_str(pl.col(c.HOST_NAME), pl.lit("/"), c.SERVICE_NAME)
+    )
+    spans = spans.with_columns(instance.alias(c.INSTANCE_ID))
+    models = instance_models.select(
+        c.INSTANCE_ID, pl.col(c.MODEL).alias(_MAP_MODEL)
+    ).filter(pl.col(_MAP_MODEL) != "").group_by(c.INSTANCE_ID).agg(pl.col(_MAP_MODEL).min())
+    spans = spans.join(models, on=c.INSTANCE_ID, how="left", maintain_order="left")
+    res_models = [pl.col(f"{_RES_MODEL}{i}") for i in range(len(a.RESOURCE_MODEL_KEYS))]
+    model = pl.coalesce(
+        pl.col(c.GEN_AI_REQUEST_MODEL).replace("", None), *res_models,
+        pl.col(_ATTR_RESP_MODEL), pl.col(_MAP_MODEL), pl.lit(""),
+    )
+    duration_s = (pl.col(c.END_NS) - pl.col(c.START_NS)) / _NS
+    inference, prefill, decode = c.GEN_AI_INFERENCE_S, c.GEN_AI_PREFILL_S, c.GEN_AI_DECODE_S
+    finish = first_string_of_key(c.ATTRIBUTES, a.GEN_AI_FINISH_REASONS)
+    out = spans.with_columns(
+        pl.coalesce(c.GEN_AI_REQUEST_ID, _ATTR_RESP_ID,
+                    pl.concat_str(c.TRACE_ID, pl.lit("-"), c.SPAN_ID)).alias(c.REQUEST_ID),
+        model.alias(c.MODEL),
+        pl.col(c.START_NS).alias(c.ARRIVAL_NS),
+        pl.col(c.GEN_AI_TIME_IN_QUEUE_S).alias(c.QUEUE_S),
+        # A missing phase is recovered from the other phase and inference = prefill + decode.
+        _seconds_or(prefill, pl.col(inference) - pl.col(decode)).alias(c.PREFILL_S),
+        _seconds_or(decode, pl.col(inference) - pl.col(prefill)).alias(c.DECODE_S),
+        _seconds_or(inference, pl.col(prefill) + pl.col(decode)).alias(c.INFERENCE_S),
+        pl.col(c.GEN_AI_TTFT_S).alias(c.TTFT_S),
+        _seconds_or(c.GEN_AI_E2E_S, duration_s).alias(c.E2E_S),
+        pl.coalesce(c.GEN_AI_PROMPT_TOKENS, _ATTR_IN).alias(c.INPUT_TOKENS),
+        pl.coalesce(c.GEN_AI_COMPLETION_TOKENS, _ATTR_OUT).alias(c.OUTPUT_TOKENS),
+        pl.col(_ATTR_CACHED).alias(c.CACHED_TOKENS),
+        finish.alias(c.FINISH_REASON),
+        pl.when(pl.col(_IS_VLLM)).then(pl.lit(SOURCE_VLLM)).otherwise(pl.lit(SOURCE_GENAI))
+        .alias(c.SOURCE),
+        ((pl.col(_GW_DUR) - (pl.col(c.END_NS) - pl.col(c.START_NS))) / _NS).alias(c.NETWORK_S),
+    )
+    out = out.with_columns(
+        pl.when(pl.col(c.OUTPUT_TOKENS) > 1)
+        .then(pl.col(c.DECODE_S) / (pl.col(c.OUTPUT_TOKENS) - 1)).alias(c.TPOT_S),
+        (pl.col(c.E2E_S) - pl.col(c.QUEUE_S) - pl.col(c.PREFILL_S) - pl.col(c.DECODE_S))
+        .alias(c.OVERHEAD_S),
+        (
+            (pl.col(c.STATUS_CODE) == _STATUS_ERROR)
+            | pl.col(_ATTR_ERR).is_not_null()
+            | pl.col(c.FINISH_REASON).is_in(_ERROR_FINISH_REASONS)
+        ).fill_null(False).alias(c.IS_ERROR),
+        *[
+            pl.coalesce(span_dims[key][0], res_keys[key][0]).alias(col)
+            for col, key in dimensions.items()
+        ],
+    )
+    columns = [*t.table(t.REQUESTS).columns, c.NETWORK_S, *dimensions]
+    return out.select(columns).sort([c.ARRIVAL_NS, c.TRACE_ID, c.SPAN_ID])
+

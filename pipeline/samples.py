@@ -1,0 +1,179 @@
+"""Stage ``samples``: raw ``metric_points`` -> ``gpu_samples``, ``engine_samples`` and
+``instance_gpus``.
+
+Metric names and units follow TEAM.md (OpenTelemetry hardware conventions for GPUs, the
+agent's ``vllm.*`` names for engines; vLLM's own Prometheus family names are accepted too).
+Values are normalised to the units in the column names (W, J, bytes, MHz, 0..1). Points are
+deduplicated on (metric, service, host, attributes, timestamp): delivery is at least once.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.attrs import extract_keys_distinct
+from pipeline.schema import attributes as a
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+from pipeline.stage import stage
+
+_NS = 1_000_000_000
+
+#: GPU metric -> gpu_samples column.
+GPU_METRICS: dict[str, str] = {
+    a.HW_POWER: c.POWER_W, a.HW_ENERGY: c.ENERGY_J, a.HW_GPU_UTILIZATION: c.UTIL_GPU,
+    a.HW_GPU_MEMORY_UTILIZATION: c.UTIL_MEM, a.HW_GPU_MEMORY_USAGE: c.MEM_USED_BYTES,
+    a.HW_GPU_MEMORY_LIMIT: c.MEM_TOTAL_BYTES, a.GPU_CLOCK_SM: c.SM_CLOCK_MHZ,
+    a.HW_TEMPERATURE: c.TEMP_C, a.GPU_POWER_LIMIT: c.POWER_LIMIT_W,
+    a.GPU_CLOCKS_EVENT_REASONS: c.CLOCKS_EVENT_REASONS,
+}
+#: Engine metric -> engine_samples column.
+ENGINE_METRICS: dict[str, str] = {
+    a.ENGINE_KV_CACHE_USAGE: c.KV_CACHE_USAGE, a.ENGINE_NUM_RUNNING: c.NUM_RUNNING,
+    a.ENGINE_NUM_WAITING: c.NUM_WAITING, a.ENGINE_PREEMPTIONS: c.PREEMPTIONS_TOTAL,
+    a.ENGINE_PREFIX_CACHE_QUERIES: c.PREFIX_CACHE_QUERIES_TOTAL,
+    a.ENGINE_PREFIX_CACHE_HITS: c.PREFIX_CACHE_HITS_TOTAL,
+    a.ENGINE_PROMPT_TOKENS: c.PROMPT_TOKENS_TOTAL,
+    a.ENGINE_GENERATION_TOKENS: c.GENERATION_TOKENS_TOTAL,
+}
+#: Every accepted engine metric name (ours and vLLM's, old and new) -> our name.
+ENGINE_ALIASES: dict[str, str] = {
+    **{name: name for name in ENGINE_METRICS},
+    **{alias: ours for ours, aliases in a.VLLM_PROMETHEUS_NAMES.items() for alias in aliases},
+}
+
+#: Unit (UCUM, as OTLP sends it) -> factor to the column's unit. Unknown units count as canonical.
+UNIT_FACTORS: dict[str, float] = {
+    "W": 1.0, "mW": 1e-3, "kW": 1e3,
+    "J": 1.0, "mJ": 1e-3, "kJ": 1e3, "Wh": 3600.0, "kWh": 3.6e6,
+    "By": 1.0, "KiBy": 1024.0, "MiBy": 1024.0**2, "GiBy": 1024.0**3, "kBy": 1e3, "MBy": 1e6,
+    "GBy": 1e9, "1": 1.0, "%": 0.01, "MHz": 1.0, "Hz": 1e-6, "kHz": 1e-3, "GHz": 1e3,
+    "Cel": 1.0, "s": 1.0,
+}
+
+_UUID, _NAME, _INDEX, _INSTANCE, _MODEL_LABEL = (
+    "__hw_id", "__hw_name", "__gpu_index", "__instance", "__model_label")
+
+
+def dedup_points(points: pl.DataFrame) -> pl.DataFrame:
+    """One row per (metric, service, host, attributes, ts_ns): the first received."""
+    key = list(t.table(t.METRIC_POINTS).key)
+    return points.sort([*key, c.RECEIVED_NS], nulls_last=True).unique(
+        key, keep="first", maintain_order=True)
+
+
+def normalised_value() -> pl.Expr:
+    """The point's value in the canonical unit of its metric."""
+    factor = pl.col(c.UNIT).replace_strict(UNIT_FACTORS, default=1.0, return_dtype=pl.Float64)
+    return pl.col(c.VALUE) * factor
+
+
+def _wide(points: pl.DataFrame, keys: list[str], metrics: dict[str, str]) -> pl.DataFrame:
+    """One row per key with one column per metric (the last point of that metric there)."""
+    aggs = [
+        pl.col(c.VALUE).filter(pl.col(c.METRIC_NAME) == name).last().alias(column)
+        for name, column in metrics.items()
+    ]
+    return points.group_by(keys).agg(aggs).sort(keys)
+
+
+@stage(t.GPU_SAMPLES)
+def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
+    """GPU metric points -> one row per (host, GPU, timestamp).
+
+    Input: ``metric_points`` (deduplicated or not; other metrics are ignored). Output:
+    ``gpu_samples`` sorted by (host_name, gpu_uuid, ts_ns), plus ``mem_total_bytes`` and
+    ``energy_delta_j``: the GPU's energy since its previous sample, from the counter (a drop
+    means the counter restarted: the delta is then the new value) else the trapezoid of power;
+    null for a GPU's first sample or across a gap longer than ``max_gap_s``.
+    """
+    gpu = dedup_points(points.filter(pl.col(c.METRIC_NAME).is_in(list(GPU_METRICS))))
+    gpu = extract_keys_distinct(gpu, c.ATTRIBUTES, {
+        a.HW_ID: (_UUID, pl.String()), a.HW_NAME: (_NAME, pl.String()),
+        a.GPU_INDEX: (_INDEX, pl.Int64()),
+    })
+    gpu = gpu.with_columns(normalised_value().alias(c.VALUE),
+                           pl.col(_UUID).fill_null("").alias(c.GPU_UUID))
+    wide = _wide(gpu, [c.HOST_NAME, c.GPU_UUID, c.TS_NS], GPU_METRICS)
+    labels = gpu.group_by(c.HOST_NAME, c.GPU_UUID).agg(
+        pl.col(_NAME).drop_nulls().max().fill_null("").alias(c.GPU_MODEL),
+        pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX),
+    )
+    wide = wide.join(labels, on=[c.HOST_NAME, c.GPU_UUID], how="left", maintain_order="left")
+    wide = wide.with_columns(pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64))
+    by_gpu = [c.HOST_NAME, c.GPU_UUID]
+    dt_s = (pl.col(c.TS_NS) - pl.col(c.TS_NS).shift(1).over(by_gpu)) / _NS
+    counter = counter_increase(pl.col(c.ENERGY_J), by_gpu)
+    trapezoid = (pl.col(c.POWER_W) + pl.col(c.POWER_W).shift(1).over(by_gpu)) / 2 * dt_s
+    delta = pl.when(dt_s <= max_gap_s).then(pl.coalesce(counter, trapezoid))
+    wide = wide.with_columns(delta.alias(c.ENERGY_DELTA_J))
+    columns = [*t.table(t.GPU_SAMPLES).columns, c.MEM_TOTAL_BYTES, c.ENERGY_DELTA_J]
+    return wide.select(columns)
+
+
+def _engine_points(points: pl.DataFrame) -> pl.DataFrame:
+    eng = points.filter(pl.col(c.METRIC_NAME).is_in(list(ENGINE_ALIASES)))
+    eng = eng.with_columns(pl.col(c.METRIC_NAME).replace_strict(ENGINE_ALIASES))
+    eng = dedup_points(eng)
+    eng = extract_keys_distinct(eng, c.ATTRIBUTES, {
+        a.ENGINE_INSTANCE: (_INSTANCE, pl.String()),
+        a.ENGINE_MODEL_NAME: (_MODEL_LABEL, pl.String()),
+    })
+    instance = pl.coalesce(
+        _INSTANCE, pl.concat_str(pl.col(c.HOST_NAME), pl.lit("/"), c.SERVICE_NAME))
+    return eng.with_columns(instance.alias(c.INSTANCE_ID),
+                            pl.col(_MODEL_LABEL).fill_null("").alias(c.MODEL))
+
+
+@stage(t.ENGINE_SAMPLES)
+def engine_samples(points: pl.DataFrame) -> pl.DataFrame:
+    """Engine metric points -> one row per (host, instance, timestamp).
+
+    Input: ``metric_points``. Output: ``engine_samples`` sorted by (host_name, instance_id,
+    ts_ns); the ``*_total`` columns are the cumulative counters as sent (consumers diff them
+    with reset handling, see :func:`counter_increase`); KV-cache usage is a 0..1 fraction.
+    """
+    eng = _engine_points(points)
+    eng = eng.with_columns(
+        pl.when(pl.col(c.UNIT) == "%").then(pl.col(c.VALUE) / 100).otherwise(pl.col(c.VALUE))
+        .alias(c.VALUE))
+    keys = [c.HOST_NAME, c.INSTANCE_ID, c.TS_NS]
+    wide = _wide(eng, keys, ENGINE_METRICS)
+    models = eng.group_by(c.HOST_NAME, c.INSTANCE_ID).agg(pl.col(c.MODEL).max())
+    wide = wide.join(models, on=[c.HOST_NAME, c.INSTANCE_ID], how="left", maintain_order="left")
+    return wide.select(list(t.table(t.ENGINE_SAMPLES).columns))
+
+
+@stage(t.INSTANCE_GPUS)
+def instance_gpus(points: pl.DataFrame) -> pl.DataFrame:
+    """Which GPUs serve which engine instance, and the instance's model.
+
+    Input: ``metric_points`` (the ``fleetlens.instance.gpus`` gauge and the engine metrics).
+    Output: ``instance_gpus``, one row per (host, instance, model, gpu) seen, with the first and
+    last time seen; ``gpu_uuid`` is empty for instances with no mapping gauge.
+    """
+    mapping = dedup_points(points.filter(pl.col(c.METRIC_NAME) == a.ENGINE_INSTANCE_GPUS))
+    mapping = extract_keys_distinct(mapping, c.ATTRIBUTES, {
+        a.ENGINE_INSTANCE: (c.INSTANCE_ID, pl.String()), a.HW_ID: (c.GPU_UUID, pl.String()),
+        a.ENGINE_MODEL_NAME: (c.MODEL, pl.String()),
+    }).filter(pl.col(c.INSTANCE_ID).is_not_null() & pl.col(c.GPU_UUID).is_not_null()
+              & (pl.col(c.VALUE) > 0))
+    labelled = _engine_points(points).with_columns(pl.lit("").alias(c.GPU_UUID))
+    cols = [c.HOST_NAME, c.INSTANCE_ID, c.MODEL, c.GPU_UUID, c.TS_NS]
+    both = pl.concat([
+        mapping.with_columns(pl.col(c.MODEL).fill_null("")).select(cols), labelled.select(cols),
+    ])
+    keys = [c.HOST_NAME, c.INSTANCE_ID, c.MODEL, c.GPU_UUID]
+    out = both.group_by(keys).agg(pl.col(c.TS_NS).min().alias(c.START_NS),
+                                  pl.col(c.TS_NS).max().alias(c.END_NS))
+    return out.sort(keys).select(list(t.table(t.INSTANCE_GPUS).columns))
+
+
+def counter_increase(value: pl.Expr, over: list[str]) -> pl.Expr:
+    """Increase of a cumulative counter since the previous row of the same series.
+
+    A drop means the counter restarted (process or driver restart): the increase is then the
+    new value, as Prometheus ``increase()`` does. Null for a series' first row.
+    """
+    diff = value - value.shift(1).over(over)
+    return pl.when(diff < 0).then(value).otherwise(diff)

@@ -1,0 +1,88 @@
+"""The pipeline's state in ``state/pipeline.json``: which raw segments were processed (with
+each segment's event-time extent, so a rerun reads only the segments that overlap the hours it
+recomputes), and each host's event-time watermark for the lateness rule.
+
+The file is replaced atomically (tmp + fsync + rename) after the derived partitions of a run are
+published, so a crash mid-run leaves the old state and the next run redoes the same work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.storage import DataDir, fsync_dir, tmp_path_for
+
+STATE_FILE = "pipeline.json"
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One raw Parquet segment as the pipeline last saw it."""
+
+    signal: str
+    size: int
+    min_ns: int
+    max_ns: int
+    rows: int
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        """Whether any event time of the segment may fall in ``[lo, hi)``."""
+        return self.rows > 0 and self.min_ns < hi and self.max_ns >= lo
+
+
+@dataclass
+class PipelineState:
+    """Processed segments (path relative to the data dir -> extent) and host watermarks."""
+
+    segments: dict[str, Segment] = field(default_factory=dict)
+    watermarks: dict[str, int] = field(default_factory=dict)
+    fingerprint: str = ""
+
+    @classmethod
+    def load(cls, data_dir: DataDir) -> PipelineState:
+        """The saved state, or an empty one when there is none yet."""
+        path = data_dir.state / STATE_FILE
+        if not path.exists():
+            return cls()
+        raw = json.loads(path.read_text())
+        if raw.get("version") != STATE_VERSION:
+            return cls()
+        return cls(
+            segments={k: Segment(**v) for k, v in raw.get("segments", {}).items()},
+            watermarks={k: int(v) for k, v in raw.get("watermarks", {}).items()},
+            fingerprint=raw.get("fingerprint", ""),
+        )
+
+    def save(self, data_dir: DataDir) -> Path:
+        """Replace the state file atomically; keys are sorted so equal states are equal bytes."""
+        path = data_dir.state / STATE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "watermarks": dict(sorted(self.watermarks.items())),
+            "segments": {k: vars(v) for k, v in sorted(self.segments.items())},
+        }
+        tmp = tmp_path_for(path)
+        try:
+            with open(tmp, "w") as handle:
+                json.dump(body, handle, indent=1, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+        return path
+
+    def files(self, signal: str, lo: int, hi: int, root: Path) -> list[str]:
+        """Absolute paths of the known segments of ``signal`` overlapping ``[lo, hi)``."""
+        return [
+            str(root / rel) for rel, seg in sorted(self.segments.items())
+            if seg.signal == signal and seg.overlaps(lo, hi)
+        ]

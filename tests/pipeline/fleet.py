@@ -1,0 +1,105 @@
+"""A small synthetic fleet written as raw segments (several writers, several segments, duplicate
+deliveries), for the pipeline's property tests."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from pipeline.schema import attributes as a
+from pipeline.schema import tables as t
+from pipeline.storage import DataDir
+from tests.pipeline.rawdata import (
+    NS,
+    T0,
+    engine_point,
+    gpu_points,
+    instance_gpu_point,
+    points_frame,
+    spans_frame,
+    vllm_span,
+    write_raw,
+)
+
+
+@dataclass
+class Fleet:
+    """What was written: the distinct request spans and the raw segment batches."""
+
+    span_batches: list[list[dict]]
+    point_batches: list[list[dict]]
+    distinct_requests: int
+
+
+def make_fleet(seed: int = 1, *, hosts: int = 2, seconds: int = 900, rps: float = 2.0,
+               start_ns: int = T0 + 3000 * NS, batches: int = 4, dup_rate: float = 0.05,
+               sample_hz: float = 2.0) -> Fleet:
+    """Requests on ``hosts`` hosts (two GPUs each, one instance per GPU, one unmapped host),
+    GPU samples with an energy counter (one GPU without: trapezoid), engine metrics; the data
+    crosses an hour boundary (starts 50 min into the hour)."""
+    rng = random.Random(seed)
+    spans: list[dict] = []
+    trace = 0
+    for h in range(hosts):
+        host = f"h{h}"
+        ts = start_ns
+        while True:
+            ts += int(rng.expovariate(rps) * NS)
+            if ts >= start_ns + seconds * NS:
+                break
+            trace += 1
+            gpu = rng.randrange(2)
+            prompt, completion = rng.randint(1, 400), rng.choice([0, 1, 2, 30, 120])
+            prefill = 0.01 + prompt / 8000
+            decode = completion * 0.02
+            queue = rng.random() * 0.05
+            spans.append(vllm_span(
+                trace, start_ns=ts, e2e=queue + prefill + decode + 0.01, queue=queue,
+                prefill=prefill, decode=decode, ttft=queue + prefill + 0.005, prompt=prompt,
+                completion=completion, host=host, service="chat",
+                res_extra={a.SERVICE_INSTANCE_ID: f"{host}-i{gpu}", "region": "eu"},
+                status=2 if rng.random() < 0.02 else 0))
+    points: list[dict] = []
+    step = int(NS / sample_hz)
+    for h in range(hosts):
+        host = f"h{h}"
+        energy = {0: 5e6, 1: None}
+        for k in range(int(seconds * sample_hz) + int(60 * sample_hz)):
+            ts = start_ns - 30 * NS + k * step
+            for g in range(2):
+                power = 100 + 200 * rng.random()
+                if energy[g] is not None:
+                    energy[g] += power / sample_hz
+                    if h == 1 and g == 0 and k == 500:
+                        energy[g] = 10.0  # a counter reset (driver reload)
+                points += gpu_points(f"GPU-{h}-{g}", ts, power=power, energy=energy[g],
+                                     host=host, index=g)
+            if k % int(10 * sample_hz) == 0 and h == 0:
+                for g in range(2):
+                    points.append(instance_gpu_point(f"{host}-i{g}", f"GPU-{h}-{g}", ts,
+                                                     host=host, model="llama"))
+                    points.append(engine_point(a.ENGINE_KV_CACHE_USAGE, f"{host}-i{g}", ts,
+                                               rng.random(), host=host, model="llama"))
+                    points.append(engine_point(a.ENGINE_PREEMPTIONS, f"{host}-i{g}", ts,
+                                               k // 40, host=host, model="llama"))
+    # Batches are consecutive slices of time (as a collector flushes them), each shuffled;
+    # the duplicates of one batch are redelivered with the next one.
+    spans.sort(key=lambda s: s["end_ns"])
+    points.sort(key=lambda p: p["ts_ns"])
+    span_batches = [spans[i * len(spans) // batches:(i + 1) * len(spans) // batches]
+                    for i in range(batches)]
+    point_batches = [points[i * len(points) // batches:(i + 1) * len(points) // batches]
+                     for i in range(batches)]
+    for i in range(batches):
+        dups = [dict(s) for s in rng.sample(span_batches[i], int(len(span_batches[i]) * dup_rate))]
+        span_batches[min(i + 1, batches - 1)] = span_batches[min(i + 1, batches - 1)] + dups
+        rng.shuffle(span_batches[i])
+    return Fleet(span_batches, point_batches, len(spans))
+
+
+def write_batches(dd: DataDir, fleet: Fleet, which: range | None = None) -> None:
+    """Publish the fleet's batches (all, or the given batch numbers) as raw segments."""
+    for i in which if which is not None else range(len(fleet.span_batches)):
+        write_raw(dd, t.SPANS, spans_frame(fleet.span_batches[i]), writer=f"w{i}", seq=i)
+        write_raw(dd, t.METRIC_POINTS, points_frame(fleet.point_batches[i]), writer=f"w{i}",
+                  seq=i)
