@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("collector.agent.cli:agent", "Host agent: GPU (NVML) and vLLM metrics to OTLP."),
     "config": ("fleetlens.config_cli:config", "Check and print the effective configuration."),
     "sql": ("pipeline.sql_cli:sql", "Run a SQL query over the tables in a data directory."),
+    "dashboard": ("dashboard.cli:dashboard", "Serve the web dashboard (Streamlit, 127.0.0.1)."),
     "pipeline": ("pipeline.cli:pipeline", "Raw telemetry to requests, windows and energy."),
     "collector": ("collector.cli:collector", "Receive OTLP (gRPC and HTTP) into raw Parquet."),
 }

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from collector.agent.config import AgentConfig
 from collector.config import CollectorConfig
+from dashboard.config import DashboardConfig
 from pipeline.config import PipelineConfig
 from pipeline.schema.settings import (
     DEFAULT_CONFIG_FILE,
@@ -29,6 +30,7 @@ class FleetlensConfig:
     data_dir: str = DEFAULT_DATA_DIR
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def validate(self) -> None:

@@ -221,9 +221,14 @@ def connect(data_dir: DataDir, *, read_only_sandbox: bool = False) -> duckdb.Duc
                 f"'{glob}', hive_partitioning = true, union_by_name = true)"
             )
         else:
-            # A table with no data yet still answers queries, with zero rows.
-            con.register(name, t.table(name).empty().to_arrow())
+            # A table with no data yet still answers queries, with zero rows. A real (empty)
+            # table rather than a registered frame, so cursors of this connection see it too.
+            empty = t.table(name).empty().to_arrow()  # noqa: F841 - read by DuckDB below
+            con.execute(f'CREATE TABLE "{name}" AS SELECT * FROM empty')
     if read_only_sandbox:
+        # The views read their Parquet lazily, so their folders stay readable; nothing else.
+        readable = [str(data_dir.root / "raw") + os.sep, str(data_dir.root / "derived") + os.sep]
+        con.execute("SET allowed_directories = $dirs", {"dirs": readable})
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     return con

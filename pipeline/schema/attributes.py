@@ -55,6 +55,7 @@ ERROR_TYPE = "error.type"
 GATEWAY_SPAN = "gateway_request"
 FLEETLENS_INSTANCE_ID = "fleetlens.instance_id"
 FLEETLENS_GPU_UUIDS = "fleetlens.gpu_uuids"  # comma-separated GPUs serving an instance
+SERVER_ADDRESS = "server.address"  # gateway span: the host the request was routed to
 
 #: gen_ai.* span attributes promoted to typed columns of ``spans``: key -> (column, dtype).
 #: The collector stores them in these columns and leaves them out of the JSON attribute map.

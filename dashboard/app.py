@@ -1,0 +1,48 @@
+"""The fleetlens dashboard: one router, render-only pages (``streamlit run dashboard/app.py``).
+
+Started by ``fleetlens dashboard --data-dir D``, which sets ``FLEETLENS_DATA`` and binds
+127.0.0.1 unless configured otherwise. Pages live in ``dashboard/views/``; data access is
+in :mod:`dashboard.data`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from dashboard import auth, data, ui
+
+VIEWS = Path(__file__).parent / "views"
+
+st.set_page_config(page_title="fleetlens", page_icon=":material/monitoring:", layout="wide")
+auth.require_login(data.config())
+
+PAGES = {
+    "Fleet": [
+        st.Page(VIEWS / "overview.py", title="Fleet overview", url_path="overview",
+                icon=":material/dashboard:", default=True),
+        st.Page(VIEWS / "incidents.py", title="Incidents", url_path="incidents",
+                icon=":material/warning:"),
+        st.Page(VIEWS / "incident_detail.py", title="Incident detail", url_path="incident",
+                icon=":material/troubleshoot:"),
+        st.Page(VIEWS / "baselines.py", title="Baselines", url_path="baselines",
+                icon=":material/show_chart:"),
+    ],
+    "Resources": [
+        st.Page(VIEWS / "kv_cache.py", title="KV cache", url_path="kv-cache",
+                icon=":material/memory:"),
+        st.Page(VIEWS / "energy.py", title="Energy", url_path="energy", icon=":material/bolt:"),
+        st.Page(VIEWS / "leaderboard.py", title="Leaderboard", url_path="leaderboard",
+                icon=":material/leaderboard:"),
+    ],
+    "Explore": [
+        st.Page(VIEWS / "trace.py", title="Trace explorer", url_path="trace",
+                icon=":material/account_tree:"),
+        st.Page(VIEWS / "sql.py", title="SQL console", url_path="sql", icon=":material/code:"),
+    ],
+}
+
+page = st.navigation(PAGES)
+st.session_state["filters"] = ui.sidebar()
+page.run()

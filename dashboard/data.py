@@ -1,0 +1,115 @@
+"""Cached data access for the pages: the only module that talks to storage for them.
+
+One DuckDB connection per data directory (and set of tables present) is shared by every
+session (:func:`streamlit.cache_resource`); query results are cached per arguments for
+``cache_ttl_s`` seconds (:func:`streamlit.cache_data`), so a page rerun after a widget change
+costs milliseconds. Pages call :func:`load` with the name of a query function.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import streamlit as st
+
+from dashboard import explore, incident, queries
+from dashboard.config import DashboardConfig, load_dashboard_config
+from pipeline.schema import tables as t
+from pipeline.storage import PARQUET_SUFFIX, DataDir, connect
+
+#: Every query a page may load, by name.
+QUERIES: dict[str, Callable[..., Any]] = {
+    "extent": queries.extent,
+    "options": queries.options,
+    "fleet_series": queries.fleet_series,
+    "fleet_band": queries.fleet_band,
+    "host_ranking": queries.host_ranking,
+    "incidents": queries.incidents,
+    "causes": queries.causes,
+    "baseline_series": queries.baseline_series,
+    "baseline_with_actual": queries.baseline_with_actual,
+    "incident": incident.incident,
+    "metric_context": incident.metric_context,
+    "phase_breakdown": incident.phase_breakdown,
+    "dimension_compare": incident.dimension_compare,
+    "signals": incident.signals,
+    "slowest_requests": incident.slowest_requests,
+    "kv_instances": explore.kv_instances,
+    "kv_vs_latency": explore.kv_vs_latency,
+    "energy_by": explore.energy_by,
+    "power_vs_limit": explore.power_vs_limit,
+    "request_energy": explore.request_energy,
+    "leaderboard_windows": explore.leaderboard_windows,
+    "find_trace": explore.find_trace,
+    "trace_requests": explore.trace_requests,
+    "slow_requests": explore.slow_requests,
+}
+
+
+@st.cache_resource(show_spinner=False)
+def config() -> DashboardConfig:
+    """The ``[dashboard]`` configuration (file from ``$FLEETLENS_CONFIG``, env overrides)."""
+    return load_dashboard_config()
+
+
+def data_dir() -> DataDir:
+    """The data directory: ``$FLEETLENS_DATA`` (set by ``fleetlens dashboard``)."""
+    return DataDir.from_env()
+
+
+def _has_parquet(folder: Path) -> bool:
+    """Whether ``folder`` holds a published Parquet file (stops at the first one)."""
+    for _, _, files in os.walk(folder):
+        if any(f.endswith(PARQUET_SUFFIX) and not f.startswith(".") for f in files):
+            return True
+    return False
+
+
+def present_tables(root: DataDir) -> tuple[str, ...]:
+    """Tables with data; part of the connection's cache key, so new tables get views."""
+    return tuple(name for name in t.TABLES if _has_parquet(root.table_dir(name)))
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _connection(root: str, present: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
+    # ``present`` is only a cache key: a table that gains its first file gets a real view.
+    del present
+    return connect(DataDir(root))
+
+
+def connection() -> duckdb.DuckDBPyConnection:
+    """The shared read connection for the current data directory."""
+    root = data_dir()
+    return _connection(str(root.root), present_tables(root))
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached(name: str, root: str, present: tuple[str, ...], epoch: int,
+            args: tuple[Any, ...]) -> Any:
+    # ``epoch`` (time // cache_ttl_s) is only a cache key: results expire when it moves on.
+    del epoch
+    return QUERIES[name](_connection(root, present), *args)
+
+
+def load(name: str, *args: Any) -> Any:
+    """Run query ``name`` with ``args`` (after the connection), cached for ``cache_ttl_s``."""
+    root = data_dir()
+    ttl = config().cache_ttl_s
+    epoch = int(time.time() // ttl) if ttl else time.monotonic_ns()
+    return _cached(name, str(root.root), present_tables(root), epoch, args)
+
+
+def frame_or_empty(value: Any) -> pl.DataFrame:
+    """``value`` if it is a frame, else an empty frame (for optional sections)."""
+    return value if isinstance(value, pl.DataFrame) else pl.DataFrame()
+
+
+def clear() -> None:
+    """Drop cached results (the Refresh button)."""
+    _cached.clear()

@@ -1,0 +1,237 @@
+"""Queries behind the KV cache, Energy, Leaderboard and Trace explorer pages."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from dashboard.filters import Filters, table_columns, where
+from dashboard.queries import run
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+
+NS = 1_000_000_000
+
+
+def _bucket(con: duckdb.DuckDBPyConnection) -> str:
+    """The time bucket (ns) of sample tables: the finest window size, 60 s without windows."""
+    row = con.cursor().execute(f"SELECT min({c.WINDOW_S}) FROM {t.WINDOWS}").fetchall()[0]
+    return str(int(row[0] or 60) * NS)
+
+
+def kv_instances(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Per instance and time bucket: KV usage, waiting, preemptions and prefix hit rate."""
+    clause, params = where(con, f, time_col=c.TS_NS)
+    b = _bucket(con)
+    sql = f"""
+        WITH s AS (SELECT *, ({c.TS_NS} // {b}) * {b} AS bucket FROM {t.ENGINE_SAMPLES}
+                   WHERE {clause}),
+             g AS (SELECT bucket AS {c.TS_NS}, {c.HOST_NAME}, {c.INSTANCE_ID}, {c.MODEL},
+                          avg({c.KV_CACHE_USAGE}) AS kv_usage, max({c.KV_CACHE_USAGE}) AS kv_max,
+                          avg({c.NUM_WAITING}) AS waiting,
+                          max({c.PREEMPTIONS_TOTAL}) AS pre, max({c.PREFIX_CACHE_HITS_TOTAL}) AS h,
+                          max({c.PREFIX_CACHE_QUERIES_TOTAL}) AS q
+                   FROM s GROUP BY ALL)
+        SELECT {c.TS_NS}, {c.HOST_NAME}, {c.INSTANCE_ID}, {c.MODEL}, kv_usage, kv_max, waiting,
+               greatest(pre - lag(pre) OVER w, 0) AS preemptions,
+               greatest(h - lag(h) OVER w, 0) / nullif(greatest(q - lag(q) OVER w, 0), 0)
+                   AS {c.PREFIX_HIT_RATE}
+        FROM g WINDOW w AS (PARTITION BY {c.INSTANCE_ID} ORDER BY {c.TS_NS})
+        ORDER BY {c.TS_NS}, {c.INSTANCE_ID}"""
+    return run(con, sql, params)
+
+
+def kv_summary(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per instance: mean and peak usage, headroom, preemptions and prefix hit rate."""
+    return frame.group_by(c.INSTANCE_ID, c.HOST_NAME, c.MODEL).agg(
+        pl.col("kv_usage").mean().alias("kv_usage_mean"),
+        pl.col("kv_max").max().alias("kv_usage_peak"),
+        (1 - pl.col("kv_max").max()).alias("headroom_at_peak"),
+        pl.col("preemptions").sum().alias("preemptions"),
+        pl.col(c.PREFIX_HIT_RATE).mean().alias(c.PREFIX_HIT_RATE),
+    ).sort("kv_usage_peak", descending=True)
+
+
+def kv_vs_latency(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Host windows: KV usage against queue time and TTFT p99 (the pressure link)."""
+    clause, params = where(con, f, time_col=c.WINDOW_START_NS)
+    params["fleet"] = t.FLEET_WIDE
+    cols = ", ".join((c.WINDOW_START_NS, c.HOST_NAME, c.MODEL, c.KV_CACHE_USAGE_MEAN,
+                      c.percentile_column("queue", "p99"), c.percentile_column("ttft", "p99")))
+    return run(con, f"SELECT {cols} FROM {t.WINDOWS} WHERE {clause} AND {c.HOST_NAME} <> $fleet"
+                    f" AND {c.KV_CACHE_USAGE_MEAN} IS NOT NULL", params)
+
+
+def energy_by(con: duckdb.DuckDBPyConnection, f: Filters, dim: str) -> pl.DataFrame:
+    """J/token and power per window for each value of ``dim`` (model or host)."""
+    if dim not in (c.MODEL, c.HOST_NAME, c.SERVICE_NAME):
+        raise ValueError(f"cannot group energy by {dim!r}")
+    clause, params = where(con, f, time_col=c.WINDOW_START_NS)
+    params["fleet"] = t.FLEET_WIDE
+    return run(con, f"""SELECT {c.WINDOW_START_NS}, {dim}, sum({c.POWER_W}) AS {c.POWER_W},
+            sum({c.ENERGY_J}) AS {c.ENERGY_J}, sum({c.OUTPUT_TOKENS})::DOUBLE AS {c.OUTPUT_TOKENS},
+            sum({c.ENERGY_J}) / nullif(sum({c.OUTPUT_TOKENS}), 0) AS {c.J_PER_TOKEN}
+        FROM {t.WINDOWS} WHERE {clause} AND {c.HOST_NAME} <> $fleet GROUP BY ALL ORDER BY 1""",
+               params)
+
+
+def power_vs_limit(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Per host: mean and peak power against the summed power limit of its GPUs."""
+    clause, params = where(con, f, time_col=c.TS_NS, dims=(c.HOST_NAME,))
+    return run(con, f"""
+        WITH g AS (SELECT {c.HOST_NAME}, {c.GPU_UUID}, any_value({c.GPU_MODEL}) AS {c.GPU_MODEL},
+                          avg({c.POWER_W}) AS mean_w, max({c.POWER_W}) AS peak_w,
+                          avg({c.POWER_LIMIT_W}) AS limit_w,
+                          avg(({c.UTIL_GPU} < 0.05)::INT) AS idle_share
+                   FROM {t.GPU_SAMPLES} WHERE {clause} GROUP BY 1, 2)
+        SELECT {c.HOST_NAME}, any_value({c.GPU_MODEL}) AS {c.GPU_MODEL}, count(*) AS gpus,
+               sum(mean_w) AS mean_power_w, sum(peak_w) AS peak_power_w,
+               sum(limit_w) AS power_limit_w, avg(idle_share) AS idle_share
+        FROM g GROUP BY 1 ORDER BY mean_power_w DESC""", params)
+
+
+def request_energy(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Per model: attributed energy, J/token quantiles and attribution coverage."""
+    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    return run(con, f"""
+        SELECT r.{c.MODEL}, count(*) AS requests, sum(e.{c.ENERGY_J}) AS {c.ENERGY_J},
+               quantile_cont(e.{c.J_PER_TOKEN}, 0.5) AS j_per_token_p50,
+               quantile_cont(e.{c.J_PER_TOKEN}, 0.9) AS j_per_token_p90,
+               avg(e.{c.ATTRIBUTION_COVERAGE}) AS coverage
+        FROM (SELECT * FROM {t.REQUESTS} WHERE {clause}) r
+        JOIN {t.REQUEST_ENERGY} e USING ({c.REQUEST_ID}) GROUP BY 1 ORDER BY 1""", params)
+
+
+def leaderboard_windows(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Host windows tagged with the host's GPU model: the samples the leaderboard ranks."""
+    clause, params = where(con, f, time_col=c.WINDOW_START_NS)
+    params["fleet"] = t.FLEET_WIDE
+    cols = ", ".join(f"w.{col}" for col in (
+        c.WINDOW_START_NS, c.WINDOW_S, c.MODEL, c.HOST_NAME, c.REQUESTS, c.OUTPUT_TOKENS,
+        c.ENERGY_J, c.percentile_column("ttft", "p99"), c.percentile_column("tpot", "p99"),
+        c.percentile_column("e2e", "p50"), c.percentile_column("e2e", "p99")))
+    return run(con, f"""
+        WITH gm AS (SELECT {c.HOST_NAME}, any_value({c.GPU_MODEL}) AS {c.GPU_MODEL},
+                           count(DISTINCT {c.GPU_UUID}) AS gpus FROM {t.GPU_SAMPLES} GROUP BY 1)
+        SELECT {cols}, coalesce(gm.{c.GPU_MODEL}, 'unknown') AS {c.GPU_MODEL},
+               coalesce(gm.gpus, 1) AS gpus
+        FROM (SELECT * FROM {t.WINDOWS} WHERE {clause}) w LEFT JOIN gm USING ({c.HOST_NAME})
+        WHERE w.{c.HOST_NAME} <> $fleet AND w.{c.REQUESTS} > 0""", params)
+
+
+def leaderboard(frame: pl.DataFrame, *, reps: int = 200, seed: int = 0) -> pl.DataFrame:
+    """Rank (model, gpu_model) by a score with bootstrap 95% intervals on the rank.
+
+    The score is the mean of min-max normalised p99 TTFT, p99 TPOT and J/token (lower is
+    better). Windows are resampled with replacement within each configuration ``reps`` times.
+    """
+    keys = [c.MODEL, c.GPU_MODEL]
+    ttft, tpot = c.percentile_column("ttft", "p99"), c.percentile_column("tpot", "p99")
+    e2e50, e2e99 = c.percentile_column("e2e", "p50"), c.percentile_column("e2e", "p99")
+    w = pl.col(c.REQUESTS)
+    table = frame.group_by(keys).agg(
+        *[((pl.col(m) * w).sum() / w.sum()).alias(m) for m in (ttft, tpot, e2e50, e2e99)],
+        (pl.col(c.ENERGY_J).sum() / pl.col(c.OUTPUT_TOKENS).sum()).alias(c.J_PER_TOKEN),
+        (pl.col(c.OUTPUT_TOKENS).sum() / (pl.col(c.WINDOW_S) * pl.col("gpus")).sum())
+        .alias("tok_s_per_gpu"),
+        pl.len().alias("windows"),
+    ).sort(keys)
+    if table.is_empty():
+        return table
+    groups = [frame.filter((pl.col(c.MODEL) == m) & (pl.col(c.GPU_MODEL) == g))
+              for m, g in table.select(keys).iter_rows()]
+    rng = np.random.default_rng(seed)
+    metrics = np.empty((reps, len(groups), 3))
+    for gi, g in enumerate(groups):
+        arr = g.select(ttft, tpot, c.ENERGY_J, c.OUTPUT_TOKENS, c.REQUESTS).fill_null(0).to_numpy()
+        idx = rng.integers(0, len(arr), size=(reps, len(arr)))
+        sample = arr[idx]
+        weights = sample[..., 4].sum(axis=1).clip(min=1)
+        metrics[:, gi, 0] = (sample[..., 0] * sample[..., 4]).sum(axis=1) / weights
+        metrics[:, gi, 1] = (sample[..., 1] * sample[..., 4]).sum(axis=1) / weights
+        metrics[:, gi, 2] = sample[..., 2].sum(axis=1) / sample[..., 3].sum(axis=1).clip(min=1)
+    lo, hi = metrics.min(axis=1, keepdims=True), metrics.max(axis=1, keepdims=True)
+    scores = ((metrics - lo) / np.where(hi > lo, hi - lo, 1)).mean(axis=2)
+    ranks = scores.argsort(axis=1).argsort(axis=1) + 1
+    point = np.median(scores, axis=0)
+    return table.with_columns(
+        pl.Series("score", point),
+        pl.Series("rank", point.argsort().argsort() + 1),
+        pl.Series("rank_lo", np.percentile(ranks, 2.5, axis=0).round().astype(int)),
+        pl.Series("rank_hi", np.percentile(ranks, 97.5, axis=0).round().astype(int)),
+    ).with_columns(pareto(table[e2e99].to_numpy(), table[c.J_PER_TOKEN].to_numpy())
+                   .alias("pareto")).sort("rank")
+
+
+def pareto(latency: np.ndarray, cost: np.ndarray) -> pl.Series:
+    """True for points no other point beats on both latency and cost (lower is better)."""
+    front = []
+    for i in range(len(latency)):
+        dominated = ((latency <= latency[i]) & (cost <= cost[i])
+                     & ((latency < latency[i]) | (cost < cost[i]))).any()
+        front.append(not dominated)
+    return pl.Series("pareto", front)
+
+
+def find_trace(con: duckdb.DuckDBPyConnection, ident: str) -> pl.DataFrame:
+    """Spans of the trace with id ``ident``, or of the request with id ``ident``."""
+    ident = ident.strip()
+    spans_cols = table_columns(con, t.SPANS)
+    by_request = (f"OR {c.TRACE_ID} IN (SELECT {c.TRACE_ID} FROM {t.SPANS} "
+                  f"WHERE {c.GEN_AI_REQUEST_ID} = $id)" if c.GEN_AI_REQUEST_ID in spans_cols
+                  else "")
+    spans = run(con, f"""SELECT {c.TRACE_ID}, {c.SPAN_ID}, {c.PARENT_SPAN_ID}, {c.NAME},
+            {c.SERVICE_NAME}, {c.HOST_NAME}, {c.START_NS}, {c.END_NS}, {c.STATUS_CODE}
+        FROM {t.SPANS} WHERE {c.TRACE_ID} = lower($id)
+          OR {c.TRACE_ID} IN (SELECT {c.TRACE_ID} FROM {t.REQUESTS} WHERE {c.REQUEST_ID} = $id)
+          {by_request}
+        ORDER BY {c.START_NS}""", {"id": ident})
+    return spans
+
+
+def trace_requests(con: duckdb.DuckDBPyConnection, trace_id: str) -> pl.DataFrame:
+    """The requests (engine spans) of a trace with their phases."""
+    return run(con, f"""SELECT {c.REQUEST_ID}, {c.SPAN_ID}, {c.ARRIVAL_NS}, {c.QUEUE_S},
+            {c.PREFILL_S}, {c.DECODE_S}, {c.TTFT_S}, {c.E2E_S}, {c.INPUT_TOKENS},
+            {c.OUTPUT_TOKENS}, {c.MODEL}, {c.HOST_NAME}
+        FROM {t.REQUESTS} WHERE {c.TRACE_ID} = $id""", {"id": trace_id})
+
+
+def waterfall(spans: pl.DataFrame, reqs: pl.DataFrame) -> pl.DataFrame:
+    """Bars of the waterfall: every span, and inside each engine span its phases.
+
+    Returns rows ``label, kind (span|queue|prefill|decode), start_ms, duration_ms, depth``
+    with times relative to the trace start; phases are laid end to end from the engine
+    span's start (vLLM's arrival), as vLLM defines them.
+    """
+    if spans.is_empty():
+        return pl.DataFrame(schema={"label": pl.String, "kind": pl.String,
+                                    "start_ms": pl.Float64, "duration_ms": pl.Float64})
+    t0 = spans[c.START_NS].min()
+    rows = []
+    phases = {r[c.SPAN_ID]: r for r in reqs.iter_rows(named=True)}
+    for s in spans.iter_rows(named=True):
+        label = f"{s[c.NAME]} ({s[c.SERVICE_NAME]} @ {s[c.HOST_NAME]})"
+        start = (s[c.START_NS] - t0) / 1e6
+        rows.append((label, "span", start, (s[c.END_NS] - s[c.START_NS]) / 1e6))
+        req = phases.get(s[c.SPAN_ID])
+        if req is None:
+            continue
+        offset = start
+        for kind, col in (("queue", c.QUEUE_S), ("prefill", c.PREFILL_S),
+                          ("decode", c.DECODE_S)):
+            dur = (req[col] or 0.0) * 1e3
+            rows.append((label, kind, offset, dur))
+            offset += dur
+    return pl.DataFrame(rows, schema=["label", "kind", "start_ms", "duration_ms"], orient="row")
+
+
+def slow_requests(con: duckdb.DuckDBPyConnection, f: Filters, limit: int = 15) -> pl.DataFrame:
+    """The slowest requests in range and scope (starting points for the trace explorer)."""
+    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    params["n"] = limit
+    cols = ", ".join((c.REQUEST_ID, c.TRACE_ID, c.SERVICE_NAME, c.MODEL, c.HOST_NAME,
+                      c.ARRIVAL_NS, c.E2E_S, c.QUEUE_S, c.PREFILL_S, c.DECODE_S))
+    return run(con, f"SELECT {cols} FROM {t.REQUESTS} WHERE {clause} "
+                    f"ORDER BY {c.E2E_S} DESC LIMIT $n", params)

@@ -1,0 +1,203 @@
+"""Queries behind the incident detail page: context, phases, dimensions, signals, requests.
+
+The incident's scope is its ``service_name``/``model``/``host_name`` (``*`` or empty means
+all). Its baseline period is the stretch just before it, of four times its length (at least
+30 minutes), so "before" and "during" are compared on the same fleet.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from dashboard.filters import table_columns
+from dashboard.queries import baseline_rows, run
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+
+NS = 1_000_000_000
+MIN_BASELINE_NS = 30 * 60 * NS
+PHASES = (c.QUEUE_S, c.PREFILL_S, c.DECODE_S, c.OVERHEAD_S)
+
+
+def incident(con: duckdb.DuckDBPyConnection, incident_id: str) -> dict[str, Any] | None:
+    """One incident as a dict, or ``None``."""
+    frame = run(con, f"SELECT * FROM {t.INCIDENTS} WHERE {c.INCIDENT_ID} = $id",
+                {"id": incident_id})
+    return frame.row(0, named=True) if frame.height else None
+
+
+def periods(inc: dict[str, Any]) -> dict[str, int]:
+    """Start/end of the incident, its baseline period and the context shown around it."""
+    start, end = int(inc[c.START_NS]), int(inc[c.END_NS] or inc[c.START_NS])
+    span = max(end - start, 60 * NS)
+    base = max(4 * span, MIN_BASELINE_NS)
+    return {"base_start": start - base, "start": start, "end": end,
+            "ctx_start": start - base, "ctx_end": end + max(span, 10 * 60 * NS)}
+
+
+def _scope(inc: dict[str, Any], *, with_host: bool = True) -> tuple[str, dict[str, Any]]:
+    """Clause matching the incident's service/model/host (wildcards skipped)."""
+    clauses, params = ["TRUE"], {}
+    keys = (c.SERVICE_NAME, c.MODEL, c.HOST_NAME) if with_host else (c.SERVICE_NAME, c.MODEL)
+    for key in keys:
+        value = inc.get(key)
+        if value and value != t.FLEET_WIDE:
+            clauses.append(f"{key} = $s_{key}")
+            params[f"s_{key}"] = value
+    return " AND ".join(clauses), params
+
+
+def metric_context(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
+    """The incident metric per window around the incident, with its baseline band."""
+    p = periods(inc)
+    metric = inc[c.METRIC]
+    host = inc.get(c.HOST_NAME) or t.FLEET_WIDE
+    value = f'avg("{metric}")' if metric in _window_columns(con) else "NULL::DOUBLE"
+    scope, params = _scope({**inc, c.HOST_NAME: host})
+    params.update({"a": p["ctx_start"], "b": p["ctx_end"], "m": metric})
+    sql = f"""
+        WITH v AS (SELECT {c.WINDOW_START_NS} AS {c.TS_NS}, {value} AS value FROM {t.WINDOWS}
+                   WHERE {scope} AND {c.WINDOW_START_NS} BETWEEN $a AND $b GROUP BY 1),
+             b AS (SELECT {c.TS_NS}, avg({c.EXPECTED}) AS {c.EXPECTED}, avg({c.LOWER}) AS
+                   {c.LOWER}, avg({c.UPPER}) AS {c.UPPER} FROM ({baseline_rows(con)})
+                   WHERE {scope} AND {c.METRIC} = $m AND {c.TS_NS} BETWEEN $a AND $b GROUP BY 1)
+        SELECT * FROM v FULL JOIN b USING ({c.TS_NS}) ORDER BY {c.TS_NS}"""
+    return run(con, sql, params)
+
+
+def _window_columns(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return table_columns(con, t.WINDOWS)
+
+
+def phase_breakdown(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
+    """Mean time per phase during the incident and before it; excess and its share."""
+    p = periods(inc)
+    scope, params = _scope(inc)
+    params.update({"b0": p["base_start"], "s": p["start"], "e": p["end"]})
+    means = ", ".join(f"avg({ph}) AS {ph}" for ph in PHASES)
+    sql = f"""SELECT {c.ARRIVAL_NS} >= $s AS during, count(*) AS n, {means} FROM {t.REQUESTS}
+              WHERE {scope} AND {c.ARRIVAL_NS} >= $b0 AND {c.ARRIVAL_NS} < $e GROUP BY 1"""
+    frame = run(con, sql, params)
+    rows = {r["during"]: r for r in frame.iter_rows(named=True)}
+    if True not in rows:
+        return pl.DataFrame(schema={"phase": pl.String, "baseline_s": pl.Float64,
+                                    "incident_s": pl.Float64, "excess_s": pl.Float64,
+                                    "share": pl.Float64})
+    base = rows.get(False, {ph: 0.0 for ph in PHASES})
+    out = pl.DataFrame({
+        "phase": [ph.removesuffix("_s") for ph in PHASES],
+        "baseline_s": [base[ph] or 0.0 for ph in PHASES],
+        "incident_s": [rows[True][ph] or 0.0 for ph in PHASES],
+    }).with_columns((pl.col("incident_s") - pl.col("baseline_s")).alias("excess_s"))
+    positive = out["excess_s"].clip(lower_bound=0).sum()
+    return out.with_columns(
+        (pl.col("excess_s").clip(lower_bound=0) / (positive or 1.0)).alias("share"))
+
+
+def dimension_compare(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
+    """Share of each dimension value among slow incident requests versus the baseline.
+
+    A request is slow when its e2e exceeds the baseline period's p90. ``lift`` > 1 means the
+    value is over-represented among slow requests (BubbleUp-style).
+    """
+    p = periods(inc)
+    scope, params = _scope(inc, with_host=False)
+    params.update({"b0": p["base_start"], "s": p["start"], "e": p["end"]})
+    present = table_columns(con, t.REQUESTS)
+    dims = [d for d in (c.HOST_NAME, c.INSTANCE_ID, c.REGION, c.GPU_MODEL) if d in present]
+    bucket = (f"CASE WHEN {c.INPUT_TOKENS} < 256 THEN '<256' WHEN {c.INPUT_TOKENS} < 1024 "
+              f"THEN '256-1k' WHEN {c.INPUT_TOKENS} < 4096 THEN '1k-4k' ELSE '4k+' END")
+    parts = [f"SELECT '{d}' AS dimension, {d}::VARCHAR AS value, slow, during FROM r"
+             for d in dims]
+    parts.append(f"SELECT 'prompt_tokens' AS dimension, {bucket} AS value, slow, during FROM r")
+    sql = f"""
+        WITH base AS (SELECT quantile_cont({c.E2E_S}, 0.9) AS p90 FROM {t.REQUESTS}
+                      WHERE {scope} AND {c.ARRIVAL_NS} >= $b0 AND {c.ARRIVAL_NS} < $s),
+             r AS (SELECT *, {c.ARRIVAL_NS} >= $s AS during,
+                          {c.E2E_S} > (SELECT p90 FROM base) AS slow FROM {t.REQUESTS}
+                   WHERE {scope} AND {c.ARRIVAL_NS} >= $b0 AND {c.ARRIVAL_NS} < $e),
+             d AS ({' UNION ALL '.join(parts)}),
+             n AS (SELECT dimension, value,
+                          count(*) FILTER (WHERE during AND slow) AS slow_incident,
+                          count(*) FILTER (WHERE NOT during) AS baseline
+                   FROM d GROUP BY ALL),
+             s AS (SELECT *, slow_incident / nullif(sum(slow_incident)
+                                 OVER (PARTITION BY dimension), 0) AS share_slow,
+                          baseline / nullif(sum(baseline) OVER (PARTITION BY dimension), 0)
+                              AS share_base FROM n)
+        SELECT *, share_slow / nullif(share_base, 0) AS lift FROM s
+        ORDER BY lift DESC NULLS LAST, slow_incident DESC"""
+    return run(con, sql, params)
+
+
+def signals(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
+    """Engine and GPU signals per window around the incident on its host(s)."""
+    p = periods(inc)
+    scope, params = _scope(inc)
+    params.update({"a": p["ctx_start"], "b": p["ctx_end"], "fleet": t.FLEET_WIDE})
+    host_scope, host_params = _scope({c.HOST_NAME: inc.get(c.HOST_NAME)})
+    params.update(host_params)
+    sql = f"""
+        WITH w AS (SELECT {c.WINDOW_START_NS} AS {c.TS_NS}, sum({c.RPS}) AS arrivals_rps,
+                          max({c.KV_CACHE_USAGE_MAX}) AS kv_usage_max,
+                          sum({c.PREEMPTIONS}) AS preemptions,
+                          avg({c.PREFIX_HIT_RATE}) AS prefix_hit_rate,
+                          max(({c.WINDOW_S})::BIGINT) AS w_s
+                   FROM {t.WINDOWS} WHERE {scope} AND {c.HOST_NAME} <> $fleet
+                   AND {c.WINDOW_START_NS} BETWEEN $a AND $b GROUP BY 1),
+             ws AS (SELECT coalesce(max(w_s), 60) AS w_s FROM w),
+             g AS (SELECT ({c.TS_NS} // ((SELECT w_s FROM ws) * 1000000000))
+                          * ((SELECT w_s FROM ws) * 1000000000) AS {c.TS_NS},
+                          avg({c.SM_CLOCK_MHZ}) AS sm_clock_mhz,
+                          bit_or({c.CLOCKS_EVENT_REASONS}) AS throttle_reasons,
+                          avg({c.POWER_W}) AS power_w, avg({c.POWER_LIMIT_W}) AS power_limit_w,
+                          max({c.TEMP_C}) AS temp_c_max
+                   FROM {t.GPU_SAMPLES} WHERE {host_scope} AND {c.TS_NS} BETWEEN $a AND $b
+                   GROUP BY 1)
+        SELECT * EXCLUDE (w_s) FROM w FULL JOIN g USING ({c.TS_NS}) ORDER BY {c.TS_NS}"""
+    return run(con, sql, params)
+
+
+def slowest_requests(con: duckdb.DuckDBPyConnection, inc: dict[str, Any],
+                     limit: int = 20) -> pl.DataFrame:
+    """The slowest requests of the incident, with their phases."""
+    p = periods(inc)
+    scope, params = _scope(inc)
+    params.update({"s": p["start"], "e": p["end"], "n": limit})
+    cols = ", ".join((c.REQUEST_ID, c.TRACE_ID, c.HOST_NAME, c.ARRIVAL_NS, c.E2E_S, c.TTFT_S,
+                      *PHASES, c.INPUT_TOKENS, c.OUTPUT_TOKENS))
+    return run(con, f"""SELECT {cols} FROM {t.REQUESTS} WHERE {scope}
+        AND {c.ARRIVAL_NS} >= $s AND {c.ARRIVAL_NS} < $e ORDER BY {c.E2E_S} DESC LIMIT $n""",
+               params)
+
+
+def report_markdown(inc: dict[str, Any], causes: pl.DataFrame, phases: pl.DataFrame) -> str:
+    """A self-contained Markdown report of the incident for export."""
+    lines = [f"# Incident {inc[c.INCIDENT_ID]}", "",
+             f"- metric: {inc[c.METRIC]} (peak {inc[c.PEAK]:.4g}, expected {inc[c.EXPECTED]:.4g})",
+             f"- scope: service={inc[c.SERVICE_NAME]} model={inc[c.MODEL]} "
+             f"host={inc[c.HOST_NAME]}",
+             f"- window: {inc[c.START_NS]} .. {inc[c.END_NS]} (ns, UTC)",
+             f"- severity: {inc[c.SEVERITY]} (detector {inc[c.DETECTOR]})", "", "## Causes", ""]
+    for row in causes.iter_rows(named=True):
+        lines.append(f"{row[c.RANK]}. **{row[c.CAUSE]}** on {row[c.SUBJECT]} "
+                     f"(score {row[c.SCORE]:.2f}, {100 * (row[c.SHARE_OF_EXCESS] or 0):.0f}% "
+                     f"of excess): {row[c.SUMMARY]}")
+        lines.append(f"   evidence: `{json.dumps(_evidence(row[c.EVIDENCE]))}`")
+    lines += ["", "## Phase breakdown", "", "| phase | baseline s | incident s | excess s |",
+              "|---|---|---|---|"]
+    for row in phases.iter_rows(named=True):
+        lines.append(f"| {row['phase']} | {row['baseline_s']:.4f} | {row['incident_s']:.4f} "
+                     f"| {row['excess_s']:+.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _evidence(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return text

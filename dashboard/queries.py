@@ -1,0 +1,196 @@
+"""Read-only queries behind the overview, incidents and baselines pages.
+
+Each function takes a DuckDB connection (from :func:`pipeline.storage.connect`) and
+:class:`~dashboard.filters.Filters` and returns a small Polars frame. They read the
+pre-aggregated ``windows`` table (never per-request rows) so a page stays fast on a day of a
+large fleet. Streamlit caching lives in :mod:`dashboard.data`, not here, so the benchmark and
+tests call these directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from dashboard.filters import Filters, table_columns, where
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+
+#: The headline latency columns of the overview: (label, windows column).
+HEADLINE = tuple(
+    (f"{metric.upper()} {suffix}", c.percentile_column(metric, suffix))
+    for metric in ("ttft", "tpot", "e2e") for suffix in ("p50", "p99")
+)
+#: Rate columns summed over series; every other value column is a request-weighted mean.
+RATES = (c.RPS, c.OUTPUT_TOK_S, c.POWER_W, c.REQUESTS, c.INPUT_TOKENS, c.OUTPUT_TOKENS,
+         c.ENERGY_J, c.PREEMPTIONS)
+WEIGHTED = (*(col for _, col in HEADLINE), c.ERROR_RATE, c.KV_CACHE_USAGE_MEAN,
+            c.PREFIX_HIT_RATE, c.percentile_column("queue", "p99"))
+
+
+def run(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pl.DataFrame:
+    """Execute ``sql`` with bound ``params`` on a fresh cursor (safe across threads)."""
+    cursor = con.cursor()
+    try:
+        return cursor.sql(sql, params=params or None).pl()
+    finally:
+        cursor.close()
+
+
+def extent(con: duckdb.DuckDBPyConnection) -> tuple[int | None, int | None]:
+    """First window start and last window end in the data (ns), or ``(None, None)``."""
+    row = con.cursor().execute(
+        f"SELECT min({c.WINDOW_START_NS}), max({c.WINDOW_START_NS} + {c.WINDOW_S} * 1e9)"
+        f" FROM {t.WINDOWS}").fetchall()[0]
+    return (int(row[0]), int(row[1])) if row[0] is not None else (None, None)
+
+
+def options(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Distinct services, models, hosts and regions to offer in the filters."""
+    out: dict[str, list[str]] = {}
+    for column in (c.SERVICE_NAME, c.MODEL, c.HOST_NAME):
+        rows = con.cursor().execute(
+            f"SELECT DISTINCT {column} FROM {t.WINDOWS} WHERE {column} <> $fleet ORDER BY 1",
+            {"fleet": t.FLEET_WIDE}).fetchall()
+        out[column] = [r[0] for r in rows if r[0] is not None]
+    out[c.REGION] = []
+    if c.REGION in table_columns(con, t.REQUESTS):
+        rows = con.cursor().execute(
+            f"SELECT DISTINCT {c.REGION} FROM {t.REQUESTS} ORDER BY 1").fetchall()
+        out[c.REGION] = [r[0] for r in rows if r[0] is not None]
+    return out
+
+
+def _window_rows(con: duckdb.DuckDBPyConnection, f: Filters) -> tuple[str, dict[str, Any]]:
+    """WHERE clause for the ``windows`` rows matching ``f`` at the finest window size.
+
+    Without a host filter the fleet-wide rows (host ``*``) are used, else the host rows.
+    """
+    clause, params = where(con, f, time_col=c.WINDOW_START_NS)
+    params["fleet"] = t.FLEET_WIDE
+    size = f"{c.WINDOW_S} = (SELECT min({c.WINDOW_S}) FROM {t.WINDOWS})"
+    return f"{clause} AND {_level(f)} AND {size}", params
+
+
+def _level(f: Filters) -> str:
+    """Rows of one level only: per host (host filter set) or per service/model, never the
+    all-fleet rollups (service or model ``*``), so sums count every request once."""
+    host = f"{c.HOST_NAME} <> $fleet" if f.by_host else f"{c.HOST_NAME} = $fleet"
+    return f"{host} AND {c.SERVICE_NAME} <> $fleet AND {c.MODEL} <> $fleet"
+
+
+def _combine(group: str) -> str:
+    sums = [f"sum({col}) AS {col}" for col in RATES]
+    means = [f"sum({col} * {c.REQUESTS}) / nullif(sum({c.REQUESTS}), 0) AS {col}"
+             for col in WEIGHTED]
+    jpt = f"sum({c.ENERGY_J}) / nullif(sum({c.OUTPUT_TOKENS}), 0) AS {c.J_PER_TOKEN}"
+    return f"SELECT {group}, {', '.join(sums + means)}, {jpt}"
+
+
+def fleet_series(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """One row per window: rates summed, latency percentiles request-weighted, J/token."""
+    clause, params = _window_rows(con, f)
+    return run(con, f"{_combine(c.WINDOW_START_NS)} FROM {t.WINDOWS} WHERE {clause} "
+                    f"GROUP BY 1 ORDER BY 1", params)
+
+
+def host_ranking(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Hosts ranked by trouble: incidents in range, then p99 e2e against the fleet median."""
+    clause, params = where(con, f, time_col=c.WINDOW_START_NS)
+    params["fleet"] = t.FLEET_WIDE
+    e2e = c.percentile_column("e2e", "p99")
+    inc_clause, inc_params = where(con, f, time_col=c.START_NS, end_col=c.END_NS, prefix="i_")
+    params.update(inc_params)
+    sql = f"""
+        WITH h AS ({_combine(c.HOST_NAME)} FROM {t.WINDOWS}
+                   WHERE {clause} AND {c.HOST_NAME} <> $fleet GROUP BY 1),
+             i AS (SELECT {c.HOST_NAME}, count(*) AS incidents FROM {t.INCIDENTS}
+                   WHERE {inc_clause} GROUP BY 1)
+        SELECT h.{c.HOST_NAME}, coalesce(i.incidents, 0) AS incidents,
+               h.{e2e}, h.{e2e} / nullif(median(h.{e2e}) OVER (), 0) AS e2e_vs_fleet,
+               h.{c.KV_CACHE_USAGE_MEAN}, h.{c.ERROR_RATE}, h.{c.RPS}, h.{c.J_PER_TOKEN}
+        FROM h LEFT JOIN i USING ({c.HOST_NAME})
+        ORDER BY incidents DESC, e2e_vs_fleet DESC NULLS LAST"""
+    return run(con, sql, params)
+
+
+def baseline_rows(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL of the baselines normalised to ``metric, service, model, host, ts, band`` columns.
+
+    Analytics writes those as columns beside the series name; when they are absent they are
+    parsed from the name, ``metric{service_name=a,model=b,host_name=c}`` (missing keys are
+    the fleet-wide ``*``).
+    """
+    cols = table_columns(con, t.BASELINES)
+    select = [c.METRIC if c.METRIC in cols else f"split_part({c.SERIES}, '{{', 1) AS {c.METRIC}"]
+    for key in (c.SERVICE_NAME, c.MODEL, c.HOST_NAME):
+        parsed = (f"coalesce(nullif(regexp_extract({c.SERIES}, '[{{,]{key}=([^,}}]*)', 1), ''),"
+                  f" '{t.FLEET_WIDE}') AS {key}")
+        select.append(key if key in cols else parsed)
+    return (f"SELECT {c.SERIES}, {', '.join(select)}, {c.TS_NS}, {c.EXPECTED}, {c.LOWER}, "
+            f"{c.UPPER}, {c.METHOD} FROM {t.BASELINES}")
+
+
+def fleet_band(con: duckdb.DuckDBPyConnection, f: Filters, metric: str) -> pl.DataFrame:
+    """The baseline band of ``metric`` for the rows :func:`fleet_series` shows."""
+    clause, params = where(con, f, time_col=c.TS_NS)
+    params["fleet"] = t.FLEET_WIDE
+    params["metric"] = metric
+    agg = "sum" if metric in RATES else "avg"
+    sql = f"""SELECT {c.TS_NS}, {agg}({c.EXPECTED}) AS {c.EXPECTED},
+                     {agg}({c.LOWER}) AS {c.LOWER}, {agg}({c.UPPER}) AS {c.UPPER}
+              FROM ({baseline_rows(con)}) WHERE {clause} AND {_level(f)}
+              AND {c.METRIC} = $metric
+              GROUP BY 1 ORDER BY 1"""
+    return run(con, sql, params)
+
+
+def incidents(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Incidents overlapping the range in scope, newest first, with their top cause."""
+    clause, params = where(con, f, time_col=c.START_NS, end_col=c.END_NS)
+    sql = f"""
+        SELECT i.*, top.{c.CAUSE}, top.{c.SUBJECT}, top.{c.SUMMARY}, top.{c.SHARE_OF_EXCESS}
+        FROM (SELECT * FROM {t.INCIDENTS} WHERE {clause}) i
+        LEFT JOIN (SELECT * FROM {t.CAUSES} WHERE {c.RANK} = 1) top USING ({c.INCIDENT_ID})
+        ORDER BY i.{c.START_NS} DESC"""
+    return run(con, sql, params)
+
+
+def causes(con: duckdb.DuckDBPyConnection, incident_id: str) -> pl.DataFrame:
+    """The ranked causes of one incident."""
+    return run(con, f"SELECT * FROM {t.CAUSES} WHERE {c.INCIDENT_ID} = $id ORDER BY {c.RANK}",
+               {"id": incident_id})
+
+
+def baseline_series(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """The distinct baseline series in scope with their method."""
+    clause, params = where(con, f, time_col=c.TS_NS)
+    return run(con, f"SELECT {c.SERIES}, {c.METRIC}, {c.SERVICE_NAME}, {c.MODEL}, {c.HOST_NAME},"
+                    f" {c.METHOD}, count(*) AS points FROM ({baseline_rows(con)}) "
+                    f"WHERE {clause} GROUP BY ALL ORDER BY 1, {c.METHOD}", params)
+
+
+def baseline_with_actual(
+    con: duckdb.DuckDBPyConnection, f: Filters, series: str, method: str
+) -> pl.DataFrame:
+    """One series' band joined with the observed window values; ``anomaly`` marks breaches."""
+    clause, params = where(con, f, time_col=c.TS_NS, dims=())
+    params.update({"series": series, "method": method})
+    band = run(con, f"SELECT * FROM ({baseline_rows(con)}) WHERE {clause} "
+                    f"AND {c.SERIES} = $series AND {c.METHOD} = $method ORDER BY {c.TS_NS}",
+               params)
+    if band.is_empty():
+        return band
+    first = band.row(0, named=True)
+    metric = first[c.METRIC]
+    if metric not in table_columns(con, t.WINDOWS):
+        return band.with_columns(pl.lit(None, pl.Float64).alias("actual"),
+                                 pl.lit(False).alias("anomaly"))
+    actual = run(con, f"""SELECT {c.WINDOW_START_NS} AS {c.TS_NS}, avg("{metric}") AS actual
+        FROM {t.WINDOWS} WHERE {c.SERVICE_NAME} = $s AND {c.MODEL} = $m AND {c.HOST_NAME} = $h
+        GROUP BY 1""", {"s": first[c.SERVICE_NAME], "m": first[c.MODEL], "h": first[c.HOST_NAME]})
+    return band.join(actual, on=c.TS_NS, how="left").with_columns(
+        ((pl.col("actual") > pl.col(c.UPPER)) | (pl.col("actual") < pl.col(c.LOWER)))
+        .fill_null(False).alias("anomaly"))

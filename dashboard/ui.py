@@ -1,0 +1,115 @@
+"""Shared rendering: the sidebar (time range, filters, auto-refresh) and chart builders."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import plotly.graph_objects as go
+import polars as pl
+import streamlit as st
+
+from dashboard import data
+from dashboard.filters import Filters
+from pipeline.schema import columns as c
+
+NS = 1_000_000_000
+RANGES = {"Last 15 min": 900, "Last 1 h": 3600, "Last 6 h": 6 * 3600, "Last 24 h": 86400,
+          "Last 7 d": 7 * 86400, "All data": None}
+FILTER_KEYS = {"services": c.SERVICE_NAME, "models": c.MODEL, "hosts": c.HOST_NAME,
+               "regions": c.REGION}
+PHASE_COLOURS = {"queue": "#e45756", "prefill": "#f58518", "decode": "#4c78a8",
+                 "overhead": "#bab0ac", "span": "#9ecae9"}
+
+
+def to_datetime(ns: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ns / NS, tz=dt.UTC)
+
+
+def with_time(frame: pl.DataFrame, column: str, alias: str = "time") -> pl.DataFrame:
+    """Add a UTC datetime column from an int64-ns column."""
+    return frame.with_columns(pl.from_epoch(pl.col(column), time_unit="ns").alias(alias))
+
+
+def sidebar() -> Filters:
+    """Render the time range picker, dimension filters and refresh controls; return filters."""
+    lo, hi = data.load("extent")
+    opts = data.load("options")
+    with st.sidebar:
+        st.caption(f"Data: `{data.data_dir().root}`")
+        choice = st.selectbox("Time range", [*RANGES, "Custom"], index=len(RANGES) - 1,
+                              key="f_range", help="Relative to the newest data.")
+        start = end = None
+        if lo is not None and hi is not None:
+            if choice == "Custom":
+                picked = st.slider("From / to (UTC)", min_value=to_datetime(lo),
+                                   max_value=to_datetime(hi),
+                                   value=(to_datetime(lo), to_datetime(hi)), key="f_custom",
+                                   format="MM-DD HH:mm")
+                start, end = int(picked[0].timestamp() * NS), int(picked[1].timestamp() * NS)
+            elif RANGES[choice] is not None:
+                start, end = max(lo, hi - RANGES[choice] * NS), hi
+        picks = {}
+        for name, column in FILTER_KEYS.items():
+            values = opts.get(column, [])
+            picks[name] = tuple(st.multiselect(name.capitalize(), values, key=f"f_{name}",
+                                               disabled=not values))
+        _refresh_controls()
+    return Filters(start, end, **picks)
+
+
+def _refresh_controls() -> None:
+    interval = data.config().auto_refresh_s
+    cols = st.columns(2)
+    if cols[0].button("Refresh", key="refresh", help="Read the data directory again now."):
+        data.clear()
+    if interval and cols[1].toggle("Auto", key="auto_refresh",
+                                   help=f"Reload every {interval} s for live use."):
+        st.session_state["_last_run"] = time.monotonic()
+
+        @st.fragment(run_every=interval)
+        def _tick() -> None:
+            # The fragment also runs within each full run; only a timer tick reruns the app.
+            if time.monotonic() - st.session_state.get("_last_run", 0) >= interval * 0.9:
+                st.rerun()
+
+        _tick()
+
+
+def band_chart(frame: pl.DataFrame, value: str, title: str, *, band: pl.DataFrame | None = None,
+               shade: tuple[int, int] | None = None, height: int = 260) -> go.Figure:
+    """A time series with an optional baseline band (lower..upper, expected dashed)."""
+    fig = go.Figure()
+    if band is not None and band.height:
+        bt = with_time(band, c.TS_NS)
+        x = bt["time"].to_list()
+        fig.add_trace(go.Scatter(x=x, y=bt[c.UPPER].to_list(), line={"width": 0},
+                                 showlegend=False, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=x, y=bt[c.LOWER].to_list(), fill="tonexty",
+                                 fillcolor="rgba(76,120,168,0.18)", line={"width": 0},
+                                 name="baseline band"))
+        fig.add_trace(go.Scatter(x=x, y=bt[c.EXPECTED].to_list(), name="expected",
+                                 line={"dash": "dot", "color": "#4c78a8"}))
+    if frame.height:
+        fig.add_trace(go.Scatter(x=frame["time"].to_list(), y=frame[value].to_list(),
+                                 name=title, line={"color": "#222"}))
+    if shade is not None:
+        fig.add_vrect(x0=to_datetime(shade[0]), x1=to_datetime(shade[1]),
+                      fillcolor="rgba(228,87,86,0.2)", line_width=0)
+    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def lines(frame: pl.DataFrame, y: str, by: str, title: str, height: int = 280) -> go.Figure:
+    """One line per value of ``by``."""
+    fig = go.Figure()
+    for (key,), part in frame.sort("time").group_by(by, maintain_order=True):
+        fig.add_trace(go.Scatter(x=part["time"].to_list(), y=part[y].to_list(), name=str(key),
+                                 mode="lines"))
+    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    return fig
+
+
+def empty_note(what: str) -> None:
+    st.info(f"No {what} in this range and scope yet.")

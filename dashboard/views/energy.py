@@ -1,0 +1,30 @@
+"""Energy: J/token by model and host over time, power against limits, per-request energy."""
+
+import streamlit as st
+
+from dashboard import data, ui
+from pipeline.schema import columns as c
+
+f = st.session_state["filters"]
+st.title("Energy")
+by_model = data.load("energy_by", f, c.MODEL)
+if by_model.is_empty():
+    ui.empty_note("windows")
+    st.stop()
+by_model = ui.with_time(by_model, c.WINDOW_START_NS)
+by_host = ui.with_time(data.load("energy_by", f, c.HOST_NAME), c.WINDOW_START_NS)
+total_j = by_model[c.ENERGY_J].sum()
+tokens = by_model[c.OUTPUT_TOKENS].sum()
+cols = st.columns(3)
+cols[0].metric("Energy", f"{total_j / 3.6e6:,.2f} kWh")
+cols[1].metric("Output tokens", f"{int(tokens):,}")
+cols[2].metric("J/token", f"{total_j / tokens:.2f}" if tokens else "n/a")
+left, right = st.columns(2)
+left.plotly_chart(ui.lines(by_model, c.J_PER_TOKEN, c.MODEL, "J/token by model"),
+                  key="energy_model")
+right.plotly_chart(ui.lines(by_host, c.POWER_W, c.HOST_NAME, "Power by host (W)"),
+                   key="energy_host")
+st.subheader("Power against limit")
+st.dataframe(data.load("power_vs_limit", f), hide_index=True, key="energy_power")
+st.subheader("Per-request energy")
+st.dataframe(data.load("request_energy", f), hide_index=True, key="energy_requests")

@@ -1,0 +1,105 @@
+"""Incident detail: the spike, its phases, where it concentrates, what the signals did, why."""
+
+import json
+
+import plotly.graph_objects as go
+import polars as pl
+import streamlit as st
+
+from dashboard import data, ui
+from dashboard.incident import periods, report_markdown
+from pipeline.schema import columns as c
+
+f = st.session_state["filters"]
+st.title("Incident detail")
+listed = data.load("incidents", f)
+wanted = st.query_params.get("id")
+ids = listed[c.INCIDENT_ID].to_list() if listed.height else []
+if wanted and wanted not in ids:
+    ids.insert(0, wanted)
+if not ids:
+    ui.empty_note("incidents")
+    st.stop()
+incident_id = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted else 0,
+                           key="detail_pick")
+inc = data.load("incident", incident_id)
+if inc is None:
+    st.warning(f"No incident with id {incident_id!r}.")
+    st.stop()
+
+p = periods(inc)
+causes = data.load("causes", incident_id)
+phases = data.load("phase_breakdown", inc)
+top = causes.row(0, named=True) if causes.height else None
+st.subheader(top[c.SUMMARY] if top else f"{inc[c.METRIC]} above its baseline")
+cols = st.columns(5)
+cols[0].metric("Severity", inc[c.SEVERITY])
+cols[1].metric("Metric", inc[c.METRIC])
+cols[2].metric("Peak", f"{inc[c.PEAK]:.3g}",
+               f"{100 * (inc[c.PEAK] / inc[c.EXPECTED] - 1):+.0f}%" if inc[c.EXPECTED] else None,
+               delta_color="inverse")
+cols[3].metric("Duration", f"{(p['end'] - p['start']) / 6e10:.1f} min")
+cols[4].metric("Scope", f"{inc[c.HOST_NAME]}", f"{inc[c.SERVICE_NAME]} / {inc[c.MODEL]}",
+               delta_color="off")
+
+context = ui.with_time(data.load("metric_context", inc), c.TS_NS)
+band = context.select(c.TS_NS, c.EXPECTED, c.LOWER, c.UPPER).drop_nulls(c.EXPECTED)
+st.plotly_chart(ui.band_chart(context.drop_nulls("value"), "value", inc[c.METRIC], band=band,
+                              shade=(p["start"], p["end"]), height=320), key="detail_metric")
+
+left, right = st.columns(2)
+left.subheader("Ranked causes")
+if causes.height:
+    left.dataframe(causes.select(c.RANK, c.CAUSE, c.SUBJECT, c.SCORE, c.SHARE_OF_EXCESS,
+                                 c.SUMMARY), hide_index=True, key="detail_causes")
+    for row in causes.iter_rows(named=True):
+        with left.expander(f"Evidence: {row[c.CAUSE]} ({row[c.SUBJECT]})"):
+            try:
+                st.json(json.loads(row[c.EVIDENCE] or "{}"))
+            except json.JSONDecodeError:
+                st.code(row[c.EVIDENCE])
+else:
+    left.info("No causes computed for this incident yet.")
+right.subheader("Where the excess latency went")
+if phases.height:
+    fig = go.Figure()
+    for col, name in (("baseline_s", "before"), ("incident_s", "during")):
+        fig.add_trace(go.Bar(x=phases["phase"].to_list(), y=phases[col].to_list(), name=name))
+    fig.update_layout(barmode="group", height=280, yaxis_title="mean seconds per request",
+                      margin={"l": 10, "r": 10, "t": 30, "b": 10})
+    right.plotly_chart(fig, key="detail_phases")
+    right.dataframe(phases, hide_index=True, key="detail_phase_table")
+else:
+    right.info("No requests in the incident window.")
+
+st.subheader("Dimensions: incident versus baseline")
+st.caption("Share of slow requests (e2e above the baseline p90) during the incident against "
+           "the share of all requests before it; lift > 1 means over-represented.")
+dims = data.load("dimension_compare", inc)
+st.dataframe(dims.head(30), hide_index=True, key="detail_dims")
+
+st.subheader("Correlated signals")
+signals = ui.with_time(data.load("signals", inc), c.TS_NS)
+names = [col for col in ("arrivals_rps", "kv_usage_max", c.PREEMPTIONS, c.PREFIX_HIT_RATE,
+                         c.SM_CLOCK_MHZ, "throttle_reasons", c.POWER_W, c.POWER_LIMIT_W)
+         if col in signals.columns and signals[col].null_count() < signals.height]
+for i in range(0, len(names), 4):
+    cols = st.columns(4)
+    for slot, name in zip(cols, names[i:i + 4], strict=False):
+        slot.plotly_chart(ui.band_chart(signals.drop_nulls(name), name, name,
+                                        shade=(p["start"], p["end"]), height=220),
+                          key=f"signal_{name}")
+
+st.subheader("Slowest requests")
+slow = data.load("slowest_requests", inc)
+st.dataframe(
+    slow.with_columns(pl.format("trace?id={}", c.TRACE_ID).alias("trace")),
+    hide_index=True, key="detail_slowest",
+    column_config={"trace": st.column_config.LinkColumn("trace", display_text="waterfall")},
+)
+if slow.height:
+    st.page_link("views/trace.py", label="Trace of the slowest request",
+                 query_params={"id": slow[c.TRACE_ID][0]}, icon=":material/account_tree:")
+st.download_button("Export report (Markdown)", report_markdown(inc, causes, phases),
+                   file_name=f"incident-{incident_id}.md", mime="text/markdown",
+                   key="detail_export")

@@ -1,0 +1,45 @@
+"""KV cache: usage and headroom per instance, preemptions, prefix hits, and the latency link."""
+
+import plotly.graph_objects as go
+import polars as pl
+import streamlit as st
+
+from dashboard import data, ui
+from dashboard.explore import kv_summary
+from pipeline.schema import columns as c
+
+f = st.session_state["filters"]
+st.title("KV cache")
+frame = data.load("kv_instances", f)
+if frame.is_empty():
+    ui.empty_note("engine samples")
+    st.stop()
+frame = ui.with_time(frame, c.TS_NS)
+summary = kv_summary(frame)
+cols = st.columns(4)
+cols[0].metric("Instances", summary.height)
+cols[1].metric("Peak KV usage", f"{100 * summary['kv_usage_peak'].max():.0f}%")
+cols[2].metric("Preemptions", f"{int(summary['preemptions'].sum()):,}")
+hit = summary[c.PREFIX_HIT_RATE].mean()
+cols[3].metric("Prefix hit rate", "n/a" if hit is None else f"{100 * hit:.0f}%")
+
+top = summary.head(8)[c.INSTANCE_ID].to_list()
+busy = frame.filter(pl.col(c.INSTANCE_ID).is_in(top))
+left, right = st.columns(2)
+left.plotly_chart(ui.lines(busy, "kv_usage", c.INSTANCE_ID,
+                           "KV usage, 8 fullest instances"), key="kv_usage")
+right.plotly_chart(ui.lines(busy, "preemptions", c.INSTANCE_ID, "Preemptions per window"),
+                   key="kv_preemptions")
+left.plotly_chart(ui.lines(busy.drop_nulls(c.PREFIX_HIT_RATE), c.PREFIX_HIT_RATE,
+                           c.INSTANCE_ID, "Prefix cache hit rate (tokens)"), key="kv_prefix")
+scatter = data.load("kv_vs_latency", f)
+queue = c.percentile_column("queue", "p99")
+fig = go.Figure(go.Scatter(x=scatter[c.KV_CACHE_USAGE_MEAN].to_list(),
+                           y=scatter[queue].to_list(), mode="markers",
+                           text=scatter[c.HOST_NAME].to_list(), marker={"opacity": 0.5}))
+fig.update_layout(title="Queue time p99 against KV usage (host windows)", height=280,
+                  xaxis_title="mean KV usage", yaxis_title="queue p99 (s)",
+                  margin={"l": 10, "r": 10, "t": 40, "b": 10})
+right.plotly_chart(fig, key="kv_scatter")
+st.subheader("Per instance")
+st.dataframe(summary, hide_index=True, key="kv_table")

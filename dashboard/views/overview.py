@@ -1,0 +1,82 @@
+"""Fleet overview: is the fleet healthy right now, and where is it not?"""
+
+import polars as pl
+import streamlit as st
+
+from dashboard import data, ui
+from dashboard.queries import HEADLINE
+from pipeline.schema import columns as c
+
+RECENT_WINDOWS = 5
+
+f = st.session_state["filters"]
+st.title("Fleet overview")
+series = data.load("fleet_series", f)
+if series.is_empty():
+    ui.empty_note("windows")
+    st.stop()
+series = ui.with_time(series, c.WINDOW_START_NS)
+recent = series.tail(RECENT_WINDOWS)
+older = series.slice(max(series.height - 2 * RECENT_WINDOWS, 0), RECENT_WINDOWS)
+st.caption(f"Last {RECENT_WINDOWS} windows against their baseline (or, without one, the "
+           f"{RECENT_WINDOWS} before). Range: {series['time'].min()} to {series['time'].max()}"
+           " UTC.")
+
+
+def _mean(frame: pl.DataFrame, col: str) -> float | None:
+    value = frame[col].mean() if frame.height else None
+    return float(value) if value is not None else None
+
+
+def _expected(col: str) -> float | None:
+    band = data.load("fleet_band", f, col)
+    start = recent[c.WINDOW_START_NS].min()
+    band = band.filter(pl.col(c.TS_NS) >= start) if band.height else band
+    return _mean(band, c.EXPECTED) if band.height else _mean(older, col)
+
+
+def _metric(slot, label: str, col: str, scale: float, unit: str, inverse: bool) -> None:  # noqa: ANN001
+    now, expected = _mean(recent, col), _expected(col)
+    value = "n/a" if now is None else f"{now * scale:,.1f} {unit}"
+    delta = None if now is None or not expected else f"{100 * (now / expected - 1):+.0f}%"
+    slot.metric(label, value, delta, delta_color="inverse" if inverse else "normal",
+                help=None if expected is None else f"expected {expected * scale:,.1f} {unit}")
+
+
+row = st.columns(4)
+_metric(row[0], "Requests/s", c.RPS, 1, "req/s", False)
+_metric(row[1], "Output tokens/s", c.OUTPUT_TOK_S, 1, "tok/s", False)
+_metric(row[2], "Energy per token", c.J_PER_TOKEN, 1, "J/tok", True)
+_metric(row[3], "Error rate", c.ERROR_RATE, 100, "%", True)
+row = st.columns(len(HEADLINE))
+for slot, (label, col) in zip(row, HEADLINE, strict=True):
+    _metric(slot, label, col, 1000, "ms", True)
+
+incidents = data.load("incidents", f)
+last_end = int(series[c.WINDOW_START_NS].max())
+active = incidents.filter(pl.col(c.END_NS).fill_null(last_end) >= last_end - 5 * 60 * 10**9)
+left, right = st.columns([2, 3])
+left.subheader(f"Active incidents: {active.height}")
+left.caption(f"{incidents.height} incident(s) in range; active = still open in the last 5 min.")
+shown = ui.with_time(incidents.head(20), c.START_NS, "started")
+left.dataframe(
+    shown.select("started", c.SEVERITY, c.METRIC, c.HOST_NAME, c.CAUSE, c.SUMMARY,
+                 pl.format("incident?id={}", c.INCIDENT_ID).alias("open")),
+    hide_index=True, key="overview_incidents",
+    column_config={"open": st.column_config.LinkColumn("open", display_text="open")},
+)
+right.subheader("Hosts ranked by trouble")
+hosts = data.load("host_ranking", f)
+right.dataframe(hosts, hide_index=True, key="overview_hosts", column_config={
+    "e2e_vs_fleet": st.column_config.NumberColumn("p99 e2e / fleet median", format="%.2f"),
+})
+
+charts = [(c.RPS, "Requests/s"), (c.OUTPUT_TOK_S, "Output tokens/s"),
+          (c.percentile_column("ttft", "p99"), "TTFT p99 (s)"),
+          (c.percentile_column("e2e", "p99"), "E2E p99 (s)"),
+          (c.percentile_column("tpot", "p99"), "TPOT p99 (s)"), (c.J_PER_TOKEN, "J/token")]
+for i in range(0, len(charts), 2):
+    cols = st.columns(2)
+    for slot, (col, title) in zip(cols, charts[i:i + 2], strict=True):
+        band = data.load("fleet_band", f, col)
+        slot.plotly_chart(ui.band_chart(series, col, title, band=band), key=f"chart_{col}")

@@ -1,0 +1,49 @@
+"""Trace explorer: a trace's spans as a waterfall, with queue/prefill/decode inside the engine."""
+
+import plotly.graph_objects as go
+import polars as pl
+import streamlit as st
+
+from dashboard import data, ui
+from dashboard.explore import waterfall
+from pipeline.schema import columns as c
+
+f = st.session_state["filters"]
+st.title("Trace explorer")
+ident = st.text_input("Trace id or request id", value=st.query_params.get("id", ""),
+                      key="trace_lookup").strip()
+if not ident:
+    st.caption("Slowest requests in range; open one or paste an id above.")
+    slow = data.load("slow_requests", f)
+    st.dataframe(slow.with_columns(pl.format("trace?id={}", c.TRACE_ID).alias("open")),
+                 hide_index=True, key="trace_slowest",
+                 column_config={"open": st.column_config.LinkColumn("open",
+                                                                    display_text="waterfall")})
+    st.stop()
+spans = data.load("find_trace", ident)
+if spans.is_empty():
+    st.warning(f"No trace or request with id {ident!r}.")
+    st.stop()
+trace_id = spans[c.TRACE_ID][0]
+reqs = data.load("trace_requests", trace_id)
+bars = waterfall(spans, reqs)
+fig = go.Figure()
+for kind, part in bars.group_by("kind", maintain_order=True):
+    name = kind[0]
+    fig.add_trace(go.Bar(y=part["label"].to_list(), x=part["duration_ms"].to_list(),
+                         base=part["start_ms"].to_list(), orientation="h", name=name,
+                         marker={"color": ui.PHASE_COLOURS.get(name, "#999")},
+                         width=0.8 if name == "span" else 0.4))
+fig.update_layout(barmode="overlay", height=120 + 40 * spans.height,
+                  xaxis_title="ms since trace start", yaxis={"autorange": "reversed"},
+                  title=f"Trace {trace_id}", margin={"l": 10, "r": 10, "t": 40, "b": 10})
+st.plotly_chart(fig, key="trace_waterfall")
+cols = st.columns(4)
+if reqs.height:
+    r = reqs.row(0, named=True)
+    cols[0].metric("E2E", f"{1000 * r[c.E2E_S]:.0f} ms")
+    cols[1].metric("Queue", f"{1000 * r[c.QUEUE_S]:.0f} ms")
+    cols[2].metric("Prefill", f"{1000 * r[c.PREFILL_S]:.0f} ms")
+    cols[3].metric("Decode", f"{1000 * r[c.DECODE_S]:.0f} ms")
+st.dataframe(spans, hide_index=True, key="trace_spans")
+st.dataframe(reqs, hide_index=True, key="trace_requests")

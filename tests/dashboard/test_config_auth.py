@@ -1,0 +1,93 @@
+"""The [dashboard] config is closed by default; passwords are checked against scrypt hashes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dashboard.auth import hash_password, verify_password
+from dashboard.config import DashboardConfig, is_loopback, load_dashboard_config
+from pipeline.schema.settings import ConfigError
+
+
+def test_defaults_bind_loopback_without_auth() -> None:
+    cfg = load_dashboard_config(None, environ={})
+    assert cfg.address == "127.0.0.1" and cfg.auth == "none"
+    assert cfg.sql_row_cap == 1000
+
+
+def test_fleetlens_config_has_the_dashboard_section(tmp_path) -> None:
+    from fleetlens.config import load_config
+
+    path = tmp_path / "fleetlens.toml"
+    path.write_text('[dashboard]\nport = 9000\nsql_row_cap = 50\n')
+    cfg = load_config(path, environ={})
+    assert cfg.dashboard.port == 9000 and cfg.dashboard.sql_row_cap == 50
+
+
+def test_public_address_requires_auth(tmp_path) -> None:
+    path = tmp_path / "fleetlens.toml"
+    path.write_text('[dashboard]\naddress = "0.0.0.0"\n')
+    with pytest.raises(ConfigError, match="dashboard.auth"):
+        load_dashboard_config(path, environ={})
+    ok = load_dashboard_config(path, environ={"FLEETLENS_DASHBOARD__AUTH": "oidc"})
+    assert ok.auth == "oidc"
+
+
+@pytest.mark.parametrize("text,field", [
+    ('auth = "basic"', "auth"), ("port = 0", "port"), ("sql_row_cap = 0", "sql_row_cap"),
+    ('password_hash = "plain"', "password_hash"), ("prot = 1", "prot"),
+])
+def test_bad_values_name_the_field(tmp_path, text: str, field: str) -> None:
+    path = tmp_path / "fleetlens.toml"
+    path.write_text(f"[dashboard]\n{text}\n")
+    with pytest.raises(ConfigError, match=f"dashboard.{field}"):
+        load_dashboard_config(path, environ={})
+
+
+def test_loopback_detection() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1")
+    assert not is_loopback("example.com")
+
+
+def test_password_hash_round_trip() -> None:
+    stored = hash_password("s3cret")
+    cfg = DashboardConfig(auth="password", password_hash=stored)
+    assert verify_password("s3cret", cfg, environ={})
+    assert not verify_password("s3cret ", cfg, environ={})
+    assert hash_password("s3cret") != stored  # salted
+
+
+def test_password_from_environment_and_closed_without_one() -> None:
+    cfg = DashboardConfig(auth="password")
+    assert verify_password("pw", cfg, environ={"FLEETLENS_DASHBOARD_PASSWORD": "pw"})
+    assert not verify_password("", cfg, environ={})
+    assert not verify_password("anything", cfg, environ={})
+
+
+def test_password_login_gates_every_page(demo_data, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboard.conftest import APP
+
+    monkeypatch.setenv("FLEETLENS_DATA", str(demo_data[0].root))
+    monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
+    monkeypatch.setenv("FLEETLENS_DASHBOARD__AUTH", "password")
+    monkeypatch.setenv("FLEETLENS_DASHBOARD_PASSWORD", "hunter2")
+    from dashboard import data
+
+    data.config.clear()
+    try:
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.run()
+        assert not at.exception
+        assert not at.metric and not at.get("plotly_chart")  # nothing rendered before login
+        at.text_input(key="password").input("wrong")
+        at.button[0].click().run()
+        assert at.error and not at.metric
+        at.text_input(key="password").input("hunter2")
+        at.button[0].click().run()
+        assert not at.exception
+        assert any(m.label == "Requests/s" for m in at.metric)
+    finally:
+        data.config.clear()

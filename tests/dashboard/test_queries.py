@@ -1,0 +1,131 @@
+"""Filters are bound parameters: values full of SQL metacharacters select exactly what a
+reference Polars filter selects, and never change the query."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from dashboard import explore, incident, queries
+from dashboard.filters import Filters, where
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+from pipeline.storage import DataDir, connect, scan, write_parquet_atomic
+from tests.dashboard.synth import SERVICES
+
+HOSTILE = [
+    SERVICES[1],
+    "'; DROP TABLE requests; --",
+    "x' OR '1'='1",
+    '"; select 1; --',
+    "$p_service_name",
+    "\\'",
+    "%_*?",
+    "naïve ☃ \x00",
+]
+
+
+@pytest.fixture(scope="module")
+def con(demo_data):
+    return connect(demo_data[0])
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_service_filter_matches_polars_reference(con, demo_data, value: str) -> None:
+    root = demo_data[0]
+    f = Filters(services=(value,))
+    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    plain, _ = where(con, Filters(services=("plain",)), time_col=c.ARRIVAL_NS)
+    assert clause == plain  # the value never reaches the SQL text
+    assert [value] in params.values()
+    got = queries.run(con, f"SELECT {c.REQUEST_ID} FROM {t.REQUESTS} WHERE {clause}", params)
+    ref = scan(root, t.REQUESTS).filter(pl.col(c.SERVICE_NAME) == value).collect()
+    assert sorted(got[c.REQUEST_ID]) == sorted(ref[c.REQUEST_ID])
+    assert queries.run(con, f"SELECT count(*) AS n FROM {t.REQUESTS}", {})["n"][0] > 0
+
+
+def test_combined_filters_match_polars_reference(con, demo_data) -> None:
+    root, fleet = demo_data
+    start = fleet.start_ns + 1800 * 10**9
+    end = start + 3600 * 10**9
+    f = Filters(start, end, services=(SERVICES[1], "o'x"), models=("qwen-7b",),
+                regions=("us-east",))
+    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    got = queries.run(con, f"SELECT {c.REQUEST_ID} FROM {t.REQUESTS} WHERE {clause}", params)
+    ref = scan(root, t.REQUESTS).filter(
+        pl.col(c.ARRIVAL_NS).is_between(start, end, closed="left")
+        & pl.col(c.SERVICE_NAME).is_in([SERVICES[1], "o'x"])
+        & (pl.col(c.MODEL) == "qwen-7b") & (pl.col(c.REGION) == "us-east")).collect()
+    assert ref.height > 0
+    assert sorted(got[c.REQUEST_ID]) == sorted(ref[c.REQUEST_ID])
+
+
+def test_unknown_region_matches_nothing(con) -> None:
+    f = Filters(regions=("' OR 1=1 --",))
+    assert queries.fleet_series(con, f).is_empty()
+    assert queries.incidents(con, f).is_empty()
+
+
+def test_fleet_series_sums_service_rows_once(con, demo_data) -> None:
+    series = queries.fleet_series(con, Filters())
+    requests = scan(demo_data[0], t.REQUESTS).select(pl.len()).collect().item()
+    assert series[c.REQUESTS].sum() == requests
+    by_host = queries.fleet_series(con, Filters(hosts=tuple(f"gpu-host-{i:02d}" for i in range(4))))
+    assert by_host[c.REQUESTS].sum() == requests
+
+
+def test_incident_queries_on_hostile_ids(con) -> None:
+    assert incident.incident(con, "' OR '1'='1") is None
+    assert queries.causes(con, "x' OR 1=1 --").is_empty()
+    assert explore.find_trace(con, "' OR 1=1 --").is_empty()
+
+
+def test_baseline_series_parsed_when_columns_absent(tmp_path) -> None:
+    root = DataDir(tmp_path / "d")
+    frame = pl.DataFrame({
+        c.SERIES: ["e2e_p99_s{service_name=a,model=m,host_name=h1}", "rps{service_name=a}"],
+        c.TS_NS: [1, 2], c.EXPECTED: [1.0, 2.0], c.LOWER: [0.5, 1.0], c.UPPER: [2.0, 3.0],
+        c.METHOD: ["rolling", "prophet"],
+    })
+    write_parquet_atomic(frame, root.derived(t.BASELINES) / "b.parquet")
+    got = queries.baseline_series(connect(root), Filters())
+    assert got.select(c.METRIC, c.SERVICE_NAME, c.MODEL, c.HOST_NAME).rows() == [
+        ("e2e_p99_s", "a", "m", "h1"), ("rps", "a", t.FLEET_WIDE, t.FLEET_WIDE)]
+
+
+def test_empty_data_dir_gives_empty_frames(tmp_path) -> None:
+    con = connect(DataDir(tmp_path / "empty"))
+    f = Filters()
+    assert queries.extent(con) == (None, None)
+    assert queries.fleet_series(con, f).is_empty()
+    assert queries.incidents(con, f).is_empty()
+    assert explore.kv_instances(con, f).is_empty()
+    assert explore.leaderboard(explore.leaderboard_windows(con, f)).is_empty()
+
+
+def test_leaderboard_ranks_and_pareto(con) -> None:
+    board = explore.leaderboard(explore.leaderboard_windows(con, Filters()))
+    assert board.height == 2
+    assert sorted(board["rank"]) == [1, 2]
+    assert (board["rank_lo"] <= board["rank"]).all() and (board["rank"] <= board["rank_hi"]).all()
+    assert board["pareto"].any()
+
+
+def test_pareto_front() -> None:
+    import numpy as np
+
+    front = explore.pareto(np.array([1.0, 2.0, 3.0, 1.5]), np.array([3.0, 1.0, 2.0, 3.5]))
+    assert front.to_list() == [True, True, False, False]
+
+
+def test_waterfall_puts_phases_inside_the_engine_span(con, demo_data) -> None:
+    req = scan(demo_data[0], t.REQUESTS).head(1).collect().row(0, named=True)
+    spans = explore.find_trace(con, req[c.TRACE_ID])
+    bars = explore.waterfall(spans, explore.trace_requests(con, req[c.TRACE_ID]))
+    engine = bars.filter(pl.col("kind") == "span").sort("start_ms")[-1].row(0, named=True)
+    phases = bars.filter(pl.col("kind") != "span")
+    assert phases["kind"].to_list() == ["queue", "prefill", "decode"]
+    assert phases["start_ms"][0] == pytest.approx(engine["start_ms"])
+    total = phases["duration_ms"].sum()
+    assert total == pytest.approx(1000 * (req[c.QUEUE_S] + req[c.PREFILL_S] + req[c.DECODE_S]))
+    assert total <= engine["duration_ms"] + 1e-6
