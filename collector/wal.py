@@ -84,6 +84,7 @@ class Wal:
         self._seq = 0  # frames written
         self._synced = 0  # frames durable
         self._segment = 0
+        self._in_segment = 0  # frames in the current file
         self._sealed: list[Path] = []
         self.bytes_written = 0
         self.fsyncs = 0
@@ -119,6 +120,7 @@ class Wal:
                 raise
             self.bytes_written += len(frame)
             self._seq += 1
+            self._in_segment += 1
             return self._seq
 
     def sync(self, seq: int) -> None:
@@ -148,6 +150,7 @@ class Wal:
             os.close(self._fd)
             self._sealed.append(self._path)
             self._segment += 1
+            self._in_segment = 0
             self._fd = self._open_segment()
 
     def rotate(self) -> list[Path]:
@@ -157,7 +160,7 @@ class Wal:
         the frames whose rows are about to be published.
         """
         with self._sync_lock, self._write_lock:
-            if self._seq or self._sealed:
+            if self._in_segment:
                 self._roll()
             sealed, self._sealed = self._sealed, []
             return sealed

@@ -1,0 +1,115 @@
+"""The write-ahead log: framing, torn tails, group commit, orphan locking."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+import pytest
+
+from collector.wal import FAULT_DISK_FULL_ENV, Wal, orphan_dirs, read_segment, remove_dir, segments
+
+
+def _fill(wal: Wal, count: int, rng: random.Random) -> list[bytes]:
+    payloads = [rng.randbytes(rng.randint(0, 300)) for _ in range(count)]
+    for i, payload in enumerate(payloads):
+        wal.sync(wal.append(1 + i % 3, 1000 + i, payload))
+    return payloads
+
+
+def test_frames_round_trip(tmp_path) -> None:
+    wal = Wal(tmp_path / "wal", "w1")
+    payloads = _fill(wal, 50, random.Random(1))
+    wal.close()
+    result = read_segment(segments(tmp_path / "wal" / "w1")[0])
+    assert result.torn_bytes == 0
+    assert [r.payload for r in result.records] == payloads
+    assert [r.received_ns for r in result.records] == list(range(1000, 1050))
+    assert [r.signal for r in result.records] == [1 + i % 3 for i in range(50)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_truncation_at_any_offset_keeps_every_complete_frame(tmp_path, seed) -> None:
+    rng = random.Random(seed)
+    wal = Wal(tmp_path / "wal", "w1")
+    payloads = _fill(wal, 30, rng)
+    wal.close()
+    path = segments(tmp_path / "wal" / "w1")[0]
+    data = path.read_bytes()
+    cut = rng.randrange(len(data))
+    path.write_bytes(data[:cut])
+    result = read_segment(path)
+    kept = len(result.records)
+    assert [r.payload for r in result.records] == payloads[:kept]
+    # Every frame that ended before the cut is kept; what is after it is reported as torn.
+    frame_ends = []
+    end = 0
+    for p in payloads:
+        end += 8 + 9 + len(p)
+        frame_ends.append(end)
+    assert kept == sum(1 for e in frame_ends if e <= cut)
+    assert result.torn_bytes == cut - (frame_ends[kept - 1] if kept else 0)
+
+
+def test_a_flipped_bit_ends_the_readable_part(tmp_path) -> None:
+    wal = Wal(tmp_path / "wal", "w1")
+    payloads = _fill(wal, 10, random.Random(2))
+    wal.close()
+    path = segments(tmp_path / "wal" / "w1")[0]
+    data = bytearray(path.read_bytes())
+    offset = 8 + 9 + len(payloads[0]) + 8 + 3  # inside the second frame's body
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    result = read_segment(path)
+    assert len(result.records) == 1 and result.torn_bytes > 0
+
+
+def test_group_commit_shares_fsyncs_between_threads(tmp_path) -> None:
+    wal = Wal(tmp_path / "wal", "w1")
+    barrier = threading.Barrier(8)
+
+    def writer() -> None:
+        barrier.wait()
+        for i in range(40):
+            wal.sync(wal.append(1, i, b"x" * 200))
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 0 < wal.fsyncs < 320
+    wal.close()
+    assert len(read_segment(segments(tmp_path / "wal" / "w1")[0]).records) == 320
+
+
+def test_rotate_seals_files_and_live_dirs_are_not_orphans(tmp_path) -> None:
+    root = tmp_path / "wal"
+    wal = Wal(root, "live")
+    wal.sync(wal.append(1, 1, b"a"))
+    sealed = wal.rotate()
+    assert len(sealed) == 1 and read_segment(sealed[0]).records[0].payload == b"a"
+    assert wal.rotate() == []  # nothing new was written
+    assert list(orphan_dirs(root)) == []  # locked by a live writer
+    wal.close()  # lock released: now it is an orphan
+    found = list(orphan_dirs(root))
+    assert [d.name for d, _ in found] == ["live"]
+    remove_dir(*found[0])
+    assert not (root / "live").exists()
+
+
+def test_injected_disk_full_fails_append_and_sync(tmp_path, monkeypatch) -> None:
+    flag = tmp_path / "full"
+    monkeypatch.setenv(FAULT_DISK_FULL_ENV, str(flag))
+    wal = Wal(tmp_path / "wal", "w1")
+    wal.sync(wal.append(1, 1, b"ok"))
+    flag.touch()
+    with pytest.raises(OSError):
+        wal.append(1, 2, b"refused")
+    os.unlink(flag)
+    wal.sync(wal.append(1, 3, b"again"))
+    wal.close()
+    files = segments(tmp_path / "wal" / "w1")
+    payloads = [r.payload for p in files for r in read_segment(p).records]
+    assert payloads == [b"ok", b"again"]
