@@ -1,1 +1,20 @@
-"""A virtual vLLM-like fleet that emits real OTLP telemetry with injected incidents."""
+"""A virtual vLLM-like fleet that emits real OTLP telemetry with injected incidents.
+
+    from simulator import run
+    result = run("simulator/scenarios/quick.toml", "127.0.0.1:4317", seed=7)
+    result.ground_truth["incidents"]
+"""
+
+from simulator.run import Progress, RunResult, otlp_exporters, run
+from simulator.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+
+__all__ = [
+    "Progress",
+    "RunResult",
+    "Scenario",
+    "ScenarioError",
+    "load_scenario",
+    "otlp_exporters",
+    "parse_scenario",
+    "run",
+]

@@ -1,0 +1,157 @@
+"""Injected incidents: each kind changes a mechanism of the model, never an output number.
+
+Mechanism per kind (what ``magnitude`` means):
+
+- traffic_surge: the service's arrival rate x magnitude.
+- long_prompts: the service's prompt lengths x magnitude.
+- prefix_cache_drop: on a host, the engines' prefix cache is emptied and bypassed; on a
+  service, a share (magnitude) of requests carries a per-request prefix (template change).
+- kv_cache_pressure: a share (magnitude) of the engines' KV blocks is taken away.
+- thermal_throttle: GPU inlet temperature + magnitude C; the thermal controller lowers clocks.
+- power_cap: GPU power limit = magnitude x TDP; the power controller lowers clocks.
+- slow_gpu: the GPU delivers magnitude x its bandwidth and FLOP/s at a normal clock.
+- network_overhead: + magnitude s each way between gateway and engine.
+- collective_stall: tensor-parallel all-reduces magnitude x slower.
+- engine_overhead: + magnitude s of CPU per engine step and per request in the API server.
+
+The ground truth names each incident's ``cause``, ``subject`` and window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.schema import columns as c
+from pipeline.schema.causes import Cause, subject
+from simulator.arrivals import Stream
+from simulator.engine import Instance
+from simulator.power import INLET_C, GpuState
+from simulator.scenario import Incident, Scenario
+
+
+@dataclass
+class Targets:
+    """What an incident touches."""
+
+    streams: list[Stream]
+    instances: list[Instance]
+    gpus: list[GpuState]
+
+
+class Injector:
+    """Applies the incidents active at each tick to the fleet's objects."""
+
+    def __init__(self, scenario: Scenario, streams: list[Stream], instances: list[Instance],
+                 gpus: list[GpuState]) -> None:
+        self.scenario, self.streams, self.instances, self.gpus = (
+            scenario, streams, instances, gpus)
+        self.active: tuple[int, ...] = ()
+        self.targets = [self._targets(i) for i in scenario.incidents]
+        #: extra one-way network delay per instance id (network_overhead)
+        self.net_delay: dict[str, float] = {}
+
+    def _targets(self, incident: Incident) -> Targets:
+        streams = [s for s in self.streams if s.w.service == incident.service]
+        instances = [
+            inst for inst in self.instances
+            if (not incident.host or inst.host == incident.host)
+            and (not incident.service or inst.deployment.service == incident.service)
+            and (incident.gpu < 0 or any(g.index == incident.gpu for g in inst.gpus))
+        ]
+        gpus = [g for g in self.gpus
+                if (incident.host and g.host == incident.host)
+                and (incident.gpu < 0 or g.index == incident.gpu)]
+        if incident.service and not incident.host:
+            gpus = [g for inst in instances for g in inst.gpus]
+        return Targets(streams, instances, gpus)
+
+    def update(self, t: float) -> bool:
+        """Apply what is active at virtual time ``t``; True when the set changed."""
+        active = tuple(i for i, x in enumerate(self.scenario.incidents)
+                       if x.start_s <= t < x.end_s)
+        if active == self.active:
+            return False
+        started = set(active) - set(self.active)
+        self.active = active
+        self._reset()
+        for i in active:
+            self._apply(self.scenario.incidents[i], self.targets[i], i in started)
+        for inst in self.instances:
+            inst.retune()
+        return True
+
+    def _reset(self) -> None:
+        for s in self.streams:
+            s.rate_multiplier, s.prompt_multiplier, s.prefix_break_share = 1.0, 1.0, 0.0
+        for inst in self.instances:
+            inst.extra_overhead_s, inst.link_slowdown, inst.prefix_cache_off = 0.0, 1.0, False
+            inst.pool.reserved = 0
+            inst.blocked = False
+        for g in self.gpus:
+            g.perf, g.power_limit_w, g.inlet_c = 1.0, g.spec.tdp_w, INLET_C
+        self.net_delay = {}
+
+    def _apply(self, x: Incident, t: Targets, started: bool) -> None:
+        m, kind = x.magnitude, Cause(x.kind)
+        if kind is Cause.TRAFFIC_SURGE:
+            for s in t.streams:
+                s.rate_multiplier *= m
+        elif kind is Cause.LONG_PROMPTS:
+            for s in t.streams:
+                s.prompt_multiplier *= m
+        elif kind is Cause.PREFIX_CACHE_DROP:
+            if x.host:
+                for inst in t.instances:
+                    inst.prefix_cache_off = True
+                    if started:
+                        inst.pool.evict_all()
+            for s in t.streams if not x.host else ():
+                s.prefix_break_share = max(s.prefix_break_share, m)
+        elif kind is Cause.KV_CACHE_PRESSURE:
+            for inst in t.instances:
+                inst.pool.reserved = max(inst.pool.reserved, int(inst.pool.total * m))
+        elif kind is Cause.THERMAL_THROTTLE:
+            for g in t.gpus:
+                g.inlet_c += m
+        elif kind is Cause.POWER_CAP:
+            for g in t.gpus:
+                g.power_limit_w = min(g.power_limit_w, g.spec.tdp_w * m)
+        elif kind is Cause.SLOW_GPU:
+            for g in t.gpus:
+                g.perf *= m
+        elif kind is Cause.NETWORK_OVERHEAD:
+            for inst in t.instances:
+                self.net_delay[inst.id] = self.net_delay.get(inst.id, 0.0) + m
+        elif kind is Cause.COLLECTIVE_STALL:
+            for inst in t.instances:
+                inst.link_slowdown *= m
+        elif kind is Cause.ENGINE_OVERHEAD:
+            for inst in t.instances:
+                inst.extra_overhead_s += m
+
+    def ground_truth(self, seed: int) -> dict:
+        """Every injected incident with cause, subject and window (ns), plus seed and hash."""
+        sc = self.scenario
+        items = []
+        for x, t in zip(sc.incidents, self.targets, strict=True):
+            if x.host and x.gpu >= 0:
+                subj = subject(c.GPU_UUID, t.gpus[0].uuid)
+            elif x.host:
+                subj = subject(c.HOST_NAME, x.host)
+            else:
+                subj = subject(c.SERVICE_NAME, x.service)
+            items.append({
+                "cause": x.kind, "subject": subj,
+                c.START_NS: sc.start_ns + round(x.start_s * 1e9),
+                c.END_NS: sc.start_ns + round(x.end_s * 1e9),
+                "magnitude": x.magnitude,
+                c.SERVICE_NAME: x.service or None,
+                c.HOST_NAME: x.host or None,
+                c.GPU_UUID: t.gpus[0].uuid if x.gpu >= 0 else None,
+                "hosts": sorted({g.host for g in t.gpus} | {i.host for i in t.instances}),
+                "instances": sorted(i.id for i in t.instances),
+                "gpus": sorted(g.uuid for g in t.gpus),
+            })
+        return {"scenario": sc.name, "scenario_sha256": sc.sha256, "seed": seed,
+                c.START_NS: sc.start_ns, c.END_NS: sc.start_ns + round(sc.duration_s * 1e9),
+                "incidents": items}

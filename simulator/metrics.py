@@ -1,0 +1,131 @@
+"""GPU and engine metrics exactly as the fleetlens agent emits them (docs/telemetry.md).
+
+Per host one resource (``service.name=fleetlens-agent``, ``host.name`` and the host's
+dimensions) with two scopes: the hw.* / gpu.* metrics with point attributes ``hw.id``,
+``hw.name``, ``hw.type=gpu``, ``gpu.index``; and the engine metrics the agent scrapes from
+vLLM's ``/metrics`` with ``fleetlens.instance_id`` and ``model_name``, plus the instance -> GPU
+mapping gauge. Counters are cumulative monotonic sums from the fleet's start.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from pipeline.schema import attributes as a
+from simulator.engine import Instance
+from simulator.power import GpuState
+
+AGENT_SERVICE = "fleetlens-agent"
+GPU_SCOPE = InstrumentationScope("fleetlens.agent.gpu")
+ENGINE_SCOPE = InstrumentationScope("fleetlens.agent.engine")
+_CUMULATIVE = AggregationTemporality.CUMULATIVE
+
+#: name -> (unit, is_counter); units and kinds as the agent's instruments.
+GPU_METRICS = {
+    a.HW_POWER: ("W", False), a.HW_ENERGY: ("J", True), a.HW_GPU_UTILIZATION: ("1", False),
+    a.HW_GPU_MEMORY_UTILIZATION: ("1", False), a.HW_GPU_MEMORY_USAGE: ("By", False),
+    a.HW_GPU_MEMORY_LIMIT: ("By", False), a.HW_TEMPERATURE: ("Cel", False),
+    a.GPU_CLOCK_SM: ("MHz", False), a.GPU_POWER_LIMIT: ("W", False),
+    a.GPU_CLOCKS_EVENT_REASONS: ("1", False),
+}
+ENGINE_METRICS = {
+    a.ENGINE_KV_CACHE_USAGE: ("1", False), a.ENGINE_NUM_RUNNING: ("{request}", False),
+    a.ENGINE_NUM_WAITING: ("{request}", False), a.ENGINE_PREEMPTIONS: ("{preemption}", True),
+    a.ENGINE_PREFIX_CACHE_QUERIES: ("{token}", True),
+    a.ENGINE_PREFIX_CACHE_HITS: ("{token}", True), a.ENGINE_PROMPT_TOKENS: ("{token}", True),
+    a.ENGINE_GENERATION_TOKENS: ("{token}", True),
+}
+
+
+def agent_resource(host: str, dims: dict[str, str]) -> Resource:
+    """The agent's resource on ``host``."""
+    return Resource({**dims, a.SERVICE_NAME: AGENT_SERVICE, a.HOST_NAME: host})
+
+
+class Sampler:
+    """Turns the fleet's state into one agent collection per host at each sample time."""
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self._last: dict[str, tuple[float, float]] = {}  # uuid -> (busy_s, mem_busy_s)
+
+    def gpu_values(self, g: GpuState, interval_s: float) -> dict[str, float]:
+        """The sampled values of one GPU over the last ``interval_s``."""
+        busy0, mem0 = self._last.get(g.uuid, (0.0, 0.0))
+        self._last[g.uuid] = (g.busy_s, g.mem_busy_s)
+        util = min((g.busy_s - busy0) / interval_s, 1.0)
+        return {
+            a.HW_POWER: g.last_power_w, a.HW_ENERGY: g.energy_j, a.HW_GPU_UTILIZATION: util,
+            a.HW_GPU_MEMORY_UTILIZATION: min((g.mem_busy_s - mem0) / interval_s, 1.0),
+            a.HW_GPU_MEMORY_USAGE: g.memory_used_bytes,
+            a.HW_GPU_MEMORY_LIMIT: g.spec.memory_gb * 1e9, a.HW_TEMPERATURE: g.temp_c,
+            a.GPU_CLOCK_SM: g.clock_mhz(util > 0), a.GPU_POWER_LIMIT: g.power_limit_w,
+            a.GPU_CLOCKS_EVENT_REASONS: g.reasons,
+        }
+
+    def collect(self, ts_ns: int, t: float, interval_s: float, resource: Resource,
+                gpus: list[GpuState], instances: list[Instance]) -> tuple[ResourceMetrics, int]:
+        """One host's collection at ``ts_ns`` (virtual offset ``t``); returns it and its
+        number of data points."""
+        start = self.start_ns
+        gpu_points: dict[str, list[NumberDataPoint]] = {name: [] for name in GPU_METRICS}
+        for g in gpus:
+            attrs = {a.HW_ID: g.uuid, a.HW_NAME: g.spec.name, a.HW_TYPE: a.HW_TYPE_GPU,
+                     a.GPU_INDEX: g.index}
+            for name, value in self.gpu_values(g, interval_s).items():
+                counter = GPU_METRICS[name][1]
+                gpu_points[name].append(
+                    NumberDataPoint(attrs, start if counter else 0, ts_ns, value))
+        engine_points: dict[str, list[NumberDataPoint]] = {name: [] for name in ENGINE_METRICS}
+        mapping = []
+        for inst in instances:
+            attrs = {a.ENGINE_INSTANCE: inst.id, a.ENGINE_MODEL_NAME: inst.deployment.model.name}
+            values = {
+                a.ENGINE_KV_CACHE_USAGE: inst.pool.usage,
+                a.ENGINE_NUM_RUNNING: len(inst.running),
+                a.ENGINE_NUM_WAITING: inst.num_waiting(t),
+                a.ENGINE_PREEMPTIONS: inst.preemptions,
+                a.ENGINE_PREFIX_CACHE_QUERIES: inst.prefix_queries,
+                a.ENGINE_PREFIX_CACHE_HITS: inst.prefix_hits,
+                a.ENGINE_PROMPT_TOKENS: inst.prompt_tokens,
+                a.ENGINE_GENERATION_TOKENS: inst.generation_tokens,
+            }
+            for name, value in values.items():
+                counter = ENGINE_METRICS[name][1]
+                engine_points[name].append(
+                    NumberDataPoint(attrs, start if counter else 0, ts_ns, value))
+            mapping += [NumberDataPoint({a.ENGINE_INSTANCE: inst.id, a.HW_ID: g.uuid}, 0, ts_ns, 1)
+                        for g in inst.gpus]
+        scopes = [ScopeMetrics(GPU_SCOPE, _metrics(GPU_METRICS, gpu_points), "")]
+        if instances:
+            engine = _metrics(ENGINE_METRICS, engine_points)
+            engine.append(Metric(a.ENGINE_INSTANCE_GPUS, "1 for each GPU serving an instance",
+                                 "1", Gauge(mapping)))
+            scopes.append(ScopeMetrics(ENGINE_SCOPE, engine, ""))
+        points = len(gpus) * len(GPU_METRICS) + len(instances) * len(ENGINE_METRICS) + len(mapping)
+        return ResourceMetrics(resource, scopes, ""), points
+
+
+def _metrics(spec: dict[str, tuple[str, bool]], points: dict[str, list[NumberDataPoint]]
+             ) -> list[Metric]:
+    out = []
+    for name, (unit, counter) in spec.items():
+        data = (Sum(points[name], _CUMULATIVE, True) if counter else Gauge(points[name]))
+        out.append(Metric(name, "", unit, data))
+    return out
+
+
+def metrics_data(resource_metrics: list[ResourceMetrics]) -> MetricsData:
+    """Wrap per-host collections into one export."""
+    return MetricsData(resource_metrics)

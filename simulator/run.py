@@ -1,0 +1,171 @@
+"""The simulation loop on a virtual clock, and the Python API :func:`run`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from simulator.fleet import Fleet
+from simulator.metrics import Sampler, metrics_data
+from simulator.scenario import Scenario, load_scenario
+from simulator.telemetry import ExportCounts, Exporter, gateway_span, llm_request_span
+
+
+@dataclass
+class Progress:
+    """Where a run is; passed to the ``on_progress`` callback after every tick."""
+
+    sim_s: float = 0.0
+    end_s: float = 0.0
+    requests: int = 0
+    finished: int = 0
+    spans: int = 0
+    points: int = 0
+
+
+@dataclass
+class RunResult:
+    """What a run did. ``ground_truth`` is the JSON document of injected incidents."""
+
+    seed: int
+    sim_s: float
+    wall_s: float
+    requests: int
+    finished: int
+    unfinished: int
+    rejected: int
+    spans: int
+    points: int
+    exported: ExportCounts
+    ground_truth: dict = field(repr=False)
+
+
+def otlp_exporters(endpoint: str, insecure: bool = True, timeout_s: float = 30.0
+                   ) -> tuple[SpanExporter, MetricExporter]:
+    """The real OTLP/gRPC exporters of the OpenTelemetry SDK."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return (OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
+            OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s))
+
+
+def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317", *,
+        seed: int | None = None, speed: float | None = None,
+        exporters: tuple[SpanExporter, MetricExporter] | None = None,
+        ground_truth_path: str | Path | None = None,
+        on_progress: Callable[[Progress], None] | None = None) -> RunResult:
+    """Simulate a scenario and send its telemetry.
+
+    Args:
+        scenario: a :class:`Scenario` or the path of a TOML scenario file.
+        endpoint: OTLP/gRPC ``host:port`` of the collector (ignored with ``exporters``).
+        seed: random seed; default the scenario's ``[fleet].seed``.
+        speed: simulated seconds per wall second; ``None`` runs as fast as it can.
+        exporters: a (span exporter, metric exporter) pair to use instead of OTLP/gRPC.
+        ground_truth_path: where to write the ground-truth JSON.
+        on_progress: called after every tick with a :class:`Progress`.
+
+    Returns:
+        counts of requests, spans and points, and the ground truth.
+    """
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    seed = scenario.seed if seed is None else seed
+    fleet = Fleet(scenario, seed)
+    truth = fleet.injector.ground_truth(seed)
+    if ground_truth_path is not None:
+        Path(ground_truth_path).write_text(json.dumps(truth, indent=2) + "\n")
+    span_exporter, metric_exporter = exporters or otlp_exporters(endpoint or "127.0.0.1:4317")
+    exporter = Exporter(span_exporter, metric_exporter)
+    try:
+        progress = _loop(scenario, fleet, exporter, speed, on_progress)
+    finally:
+        counts = exporter.close()
+    wall = progress.wall_s
+    unfinished = sum(len(i.pending) + len(i.waiting) + len(i.running) for i in fleet.instances)
+    return RunResult(seed, progress.p.sim_s, wall, progress.p.requests, progress.p.finished,
+                     unfinished, fleet.rejected, progress.p.spans, progress.p.points, counts,
+                     truth)
+
+
+@dataclass
+class _Outcome:
+    p: Progress
+    wall_s: float
+
+
+def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
+          on_progress: Callable[[Progress], None] | None) -> _Outcome:
+    tick = sc.tick_s
+    end = sc.duration_s + sc.drain_s
+    ticks_per_sample = max(1, round(sc.sample_interval_s / tick))
+    sampler = Sampler(sc.start_ns)
+    p = Progress(end_s=end)
+    wall0 = time.perf_counter()
+    assigned = {id(g) for inst in fleet.instances for g in inst.gpus}
+    spare = [g for g in fleet.gpus if id(g) not in assigned]
+    i = 0
+    while True:
+        t0, t1 = i * tick, (i + 1) * tick
+        fleet.injector.update(t0)
+        p.requests += fleet.arrive(t0, t1)
+        for inst in fleet.instances:
+            inst.advance(t1)
+        for g in spare:
+            g.idle(tick)
+        retune = {id(g) for g in fleet.gpus if g.control(tick)}
+        for inst in fleet.instances:
+            if any(id(g) in retune for g in inst.gpus):
+                inst.retune()
+            if inst.finished:
+                p.spans += _emit(fleet, inst, exporter)
+                p.finished += len(inst.finished)
+                inst.finished = []
+        i += 1
+        if i % ticks_per_sample == 0:
+            p.points += _sample(fleet, sampler, exporter, sc.start_ns, t1, tick * ticks_per_sample)
+        p.sim_s = t1
+        if speed:
+            exporter.flush()
+            ahead = wall0 + t1 / speed - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
+        if on_progress is not None:
+            on_progress(p)
+        if t1 >= end - 1e-9 or (t1 >= sc.duration_s and fleet.idle()
+                                and i % ticks_per_sample == 0):
+            return _Outcome(p, time.perf_counter() - wall0)
+
+
+def _emit(fleet: Fleet, inst, exporter: Exporter) -> int:
+    start = fleet.scenario.start_ns
+    resource = fleet.resources[inst.id]
+    model = inst.deployment.model.name
+    spans = []
+    for r in inst.finished:
+        spans.append(llm_request_span(r, resource, start))
+        if r.gateway_span_id:
+            gw = fleet.gateways[r.gateway]
+            spans.append(gateway_span(r, gw, start, model, inst.host, inst.id))
+    exporter.spans(spans)
+    return len(spans)
+
+
+def _sample(fleet: Fleet, sampler: Sampler, exporter: Exporter, start_ns: int, t: float,
+            interval: float) -> int:
+    ts = start_ns + round(t * 1e9)
+    collected, points = [], 0
+    for host in fleet.scenario.hosts:
+        rm, n = sampler.collect(ts, t, interval, fleet.agents[host.name],
+                                fleet.host_gpus[host.name], fleet.host_instances[host.name])
+        collected.append(rm)
+        points += n
+    exporter.metrics(metrics_data(collected), points)
+    return points
