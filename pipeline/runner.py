@@ -200,6 +200,8 @@ class Pipeline:
         gpu = read_hours(self.dd, t.GPU_SAMPLES, range(
             hour_of(e_lo - self.gap_ns), e_hi + self.gap_ns, HOUR_NS)).filter(
             pl.col(c.TS_NS).is_between(e_lo - self.gap_ns, e_hi + self.gap_ns))
+        if c.ENERGY_DELTA_J not in gpu.columns:  # no partition at all: the bare contract frame
+            gpu = gpu.with_columns(pl.lit(None, pl.Float64).alias(c.ENERGY_DELTA_J))
         gpu = gpu.sort([c.HOST_NAME, c.GPU_UUID, c.TS_NS])
         arrival_hours = sorted({hour_of(int(x)) for x in everyone[c.ARRIVAL_NS].unique()})
         mapping = pl.concat([

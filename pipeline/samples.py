@@ -51,6 +51,8 @@ UNIT_FACTORS: dict[str, float] = {
     "Cel": 1.0, "s": 1.0,
 }
 
+_DELTA = "delta"
+_ENERGY_DELTA = "__energy_delta"
 _UUID, _NAME, _INDEX, _INSTANCE, _MODEL_LABEL = (
     "__hw_id", "__hw_name", "__gpu_index", "__instance", "__model_label")
 
@@ -83,9 +85,10 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
 
     Input: ``metric_points`` (deduplicated or not; other metrics are ignored). Output:
     ``gpu_samples`` sorted by (host_name, gpu_uuid, ts_ns), plus ``mem_total_bytes`` and
-    ``energy_delta_j``: the GPU's energy since its previous sample, from the counter (a drop
-    means the counter restarted: the delta is then the new value) else the trapezoid of power;
-    null for a GPU's first sample or across a gap longer than ``max_gap_s``.
+    ``energy_delta_j``: the GPU's energy since its previous sample: the point's value for an
+    energy sum with delta temporality, else the counter's increase (a drop means the counter
+    restarted: the increase is then the new value), else the trapezoid of power; null for a
+    GPU's first sample or across a gap longer than ``max_gap_s``.
     """
     gpu = dedup_points(points.filter(pl.col(c.METRIC_NAME).is_in(list(GPU_METRICS))))
     gpu = extract_keys_distinct(gpu, c.ATTRIBUTES, {
@@ -94,7 +97,12 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
     })
     gpu = gpu.with_columns(normalised_value().alias(c.VALUE),
                            pl.col(_UUID).fill_null("").alias(c.GPU_UUID))
-    wide = _wide(gpu, [c.HOST_NAME, c.GPU_UUID, c.TS_NS], GPU_METRICS)
+    # An energy sum with delta temporality already holds the energy since the last point.
+    is_delta = (pl.col(c.METRIC_NAME) == a.HW_ENERGY) & (pl.col(c.TEMPORALITY) == _DELTA)
+    gpu = gpu.with_columns(pl.when(is_delta).then(pl.lit(_ENERGY_DELTA))
+                           .otherwise(pl.col(c.METRIC_NAME)).alias(c.METRIC_NAME))
+    wide = _wide(gpu, [c.HOST_NAME, c.GPU_UUID, c.TS_NS],
+                 {**GPU_METRICS, _ENERGY_DELTA: _ENERGY_DELTA})
     labels = gpu.group_by(c.HOST_NAME, c.GPU_UUID).agg(
         pl.col(_NAME).drop_nulls().max().fill_null("").alias(c.GPU_MODEL),
         pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX),
@@ -105,7 +113,8 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
     dt_s = (pl.col(c.TS_NS) - pl.col(c.TS_NS).shift(1).over(by_gpu)) / _NS
     counter = counter_increase(pl.col(c.ENERGY_J), by_gpu)
     trapezoid = (pl.col(c.POWER_W) + pl.col(c.POWER_W).shift(1).over(by_gpu)) / 2 * dt_s
-    delta = pl.when(dt_s <= max_gap_s).then(pl.coalesce(counter, trapezoid))
+    delta = pl.coalesce(
+        pl.col(_ENERGY_DELTA), pl.when(dt_s <= max_gap_s).then(pl.coalesce(counter, trapezoid)))
     wide = wide.with_columns(delta.alias(c.ENERGY_DELTA_J))
     columns = [*t.table(t.GPU_SAMPLES).columns, c.MEM_TOTAL_BYTES, c.ENERGY_DELTA_J]
     return wide.select(columns)
