@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from analytics.config import AnalyticsConfig
 from collector.agent.config import AgentConfig
 from collector.config import CollectorConfig
 from dashboard.config import DashboardConfig
@@ -32,6 +33,7 @@ class FleetlensConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig)
 
     def validate(self) -> None:
         require(bool(self.data_dir), "data_dir", "must not be empty")

@@ -1,0 +1,99 @@
+"""One analysis pass over in-memory or on-disk tables: baselines, incidents, causes.
+
+``analyse`` is pure (tables in, frames out); :mod:`analytics.runner` reads and writes the
+data directory around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import polars as pl
+
+from analytics.attribution import Tables, attribute_all
+from analytics.baselines import rolling_baseline, to_baselines_table
+from analytics.config import AnalyticsConfig
+from analytics.detect import detect
+from analytics.merge import incidents_frame, merge_anomalies
+from analytics.series import LEVEL_HOST, pick_window_s, request_series, window_series
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+
+#: Client-side network series built from `requests` when gateway spans give ``network_s``.
+NETWORK_METRICS = ("network_p50_s", "network_p99_s")
+
+
+@dataclass
+class Analysis:
+    """What one pass produced."""
+
+    window_s: int | None
+    banded: pl.DataFrame
+    baselines: pl.DataFrame
+    anomalies: pl.DataFrame
+    incidents: pl.DataFrame
+    causes: pl.DataFrame
+
+
+def hosts_by_service(series: pl.DataFrame) -> dict[tuple[str, str], int]:
+    """Number of distinct hosts with host-level series per (service, model)."""
+    counts = (series.filter(pl.col(c.LEVEL) == LEVEL_HOST)
+              .group_by(c.SERVICE_NAME, c.MODEL).agg(pl.col(c.HOST_NAME).n_unique()))
+    return {(s, m): n for s, m, n in counts.iter_rows()}
+
+
+def network_series(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame | None:
+    """Per-host and per-service network percentiles when requests carry ``network_s``."""
+    if c.NETWORK_S not in requests.collect_schema().names():
+        return None
+    gateway = requests.filter(pl.col(c.NETWORK_S).is_not_null())
+    if gateway.select(pl.len()).collect().item() == 0:
+        return None
+    per_host = request_series(gateway, [c.SERVICE_NAME, c.MODEL, c.HOST_NAME], window_s,
+                              list(NETWORK_METRICS))
+    per_service = request_series(gateway, [c.SERVICE_NAME, c.MODEL], window_s,
+                                 list(NETWORK_METRICS))
+    return pl.concat([per_host, per_service])
+
+
+def banded_series(tables: Tables, config: AnalyticsConfig,
+                  window_s: int) -> pl.DataFrame:
+    """Every series of the windows (and network series) with its rolling band."""
+    metrics = list(dict.fromkeys([*config.detect_metrics, *config.signal_metrics]))
+    parts = [window_series(tables.windows, metrics, window_s)]
+    net = network_series(tables.requests, window_s)
+    if net is not None:
+        parts.append(net)
+    if config.group_by:
+        parts.append(request_series(tables.requests, list(config.group_by), window_s,
+                                    [m for m in config.detect_metrics
+                                     if not m.startswith("network")]))
+    return rolling_baseline(pl.concat(parts, how="vertical_relaxed"), config).collect()
+
+
+def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) -> Analysis:
+    """Baselines, detection and attribution over ``tables``.
+
+    Detection looks at ``config.detect_metrics`` plus the network series; every other series
+    only gets a baseline.
+    """
+    window_s = pick_window_s(tables.windows, config.window_s)
+    if window_s is None:
+        empty = t.table(t.BASELINES).empty()
+        return Analysis(None, empty, empty, pl.DataFrame(), incidents_frame([]),
+                        t.table(t.CAUSES).empty())
+    banded = banded_series(tables, config, window_s)
+    detect_cfg = config
+    if NETWORK_METRICS[0] not in config.detect_metrics:
+        detect_cfg = dataclasses.replace(
+            config, detect_metrics=(*config.detect_metrics, *NETWORK_METRICS))
+    anomalies = detect(banded, detect_cfg, window_s)
+    # Grouped request series (config.group_by) are baselined, not merged into incidents.
+    anomalies = anomalies.filter(
+        pl.col(c.SERIES).str.contains(c.SERVICE_NAME + "=", literal=True))
+    incidents = merge_anomalies(anomalies, hosts_by_service(banded), config)
+    causes = (attribute_all(tables, incidents, config, window_s) if attribute
+              else t.table(t.CAUSES).empty())
+    return Analysis(window_s, banded, to_baselines_table(banded), anomalies, incidents,
+                    causes)

@@ -1,0 +1,129 @@
+"""Rank the causes of an incident and write them as `causes` rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import polars as pl
+
+from analytics.attribution import rules, rules_hw
+from analytics.attribution.context import IncidentContext, Tables, load_context
+from analytics.attribution.dimensions import compare_dimensions
+from analytics.attribution.phases import PHASES, phase_split
+from analytics.attribution.rules import Candidate, Facts
+from analytics.attribution.signals import collect_signals
+from analytics.config import AnalyticsConfig
+from pipeline.schema import Cause, validate
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+from pipeline.schema.causes import subject as fmt_subject
+
+RULES = (
+    rules.traffic_surge, rules.kv_pressure, rules.prefix_drop, rules.long_prompts,
+    rules_hw.thermal_throttle, rules_hw.power_cap, rules_hw.slow_gpu,
+    rules_hw.collective_stall, rules_hw.network_overhead, rules_hw.engine_overhead,
+)
+#: Candidates scoring below this are not reported (no evidence for them).
+MIN_SCORE = 0.02
+#: When nothing scores, the dominant phase suggests a cause (reported with a low score).
+_PHASE_FALLBACK = {
+    "queue": Cause.TRAFFIC_SURGE, "prefill": Cause.LONG_PROMPTS, "decode": Cause.SLOW_GPU,
+    "overhead": Cause.NETWORK_OVERHEAD,
+}
+
+
+def _facts(ctx: IncidentContext, config: AnalyticsConfig) -> Facts:
+    scoped_inc, scoped_base = ctx.requests_inc, ctx.requests_base
+    if ctx.host:
+        scoped_inc = scoped_inc.filter(pl.col(c.HOST_NAME) == ctx.host)
+        scoped_base = scoped_base.filter(pl.col(c.HOST_NAME) == ctx.host)
+    phases = phase_split(scoped_inc, scoped_base)
+    findings = compare_dimensions(ctx.requests_inc, ctx.requests_base,
+                                  ctx.incident[c.METRIC], list(config.dimensions))
+    return Facts(ctx, phases, findings, collect_signals(ctx))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 6) if math.isfinite(value) else None
+    return value
+
+
+def _evidence(facts: Facts, cand: Candidate) -> str:
+    phases = facts.phases
+    top = [
+        {"dimension": f.dimension, "value": f.value, "lift": f.lift,
+         c.SHARE_OF_EXCESS: f.share_of_excess}
+        for f in facts.findings[:5]
+    ]
+    body = {
+        "phases": {p: {"excess_ms": phases.excess_s[p] * 1000, "share": phases.share[p]}
+                   for p in PHASES},
+        "requests": {"incident": phases.incident_requests,
+                     "baseline": phases.baseline_requests},
+        "e2e_mean_s": {"baseline": phases.e2e_mean_s[0], "incident": phases.e2e_mean_s[1]},
+        "signals": cand.evidence,
+        "top_dimensions": top,
+    }
+    return json.dumps(_jsonable(body), sort_keys=True)
+
+
+def rank_candidates(facts: Facts) -> list[Candidate]:
+    """Every rule's candidate with enough evidence, best first (a phase fallback if none)."""
+    found = [rule(facts) for rule in RULES]
+    kept = sorted((x for x in found if x.score >= MIN_SCORE),
+                  key=lambda x: (-x.score, x.cause))
+    if kept:
+        return kept
+    phase = facts.phases.dominant()
+    subject = fmt_subject("phase", phase)
+    if facts.findings and facts.findings[0].score > 0:
+        top = facts.findings[0]
+        subject = fmt_subject(top.dimension, top.value)
+    return [Candidate(
+        _PHASE_FALLBACK[phase], subject, 0.01, facts.share(phase),
+        f"{phase} time +{facts.ms(phase):.0f} ms ({facts.share(phase):.0%} of excess); "
+        "no engine or GPU signal explains it",
+        {"fallback": "dominant phase"},
+    )]
+
+
+def attribute(ctx: IncidentContext, config: AnalyticsConfig) -> pl.DataFrame:
+    """Stage: one incident's context -> its `causes` rows.
+
+    Output grain: one row per ranked cause (rank 1 = most likely). Invariants: ranks are
+    1..n without gaps; ``cause`` is in the vocabulary; ``evidence`` is a JSON object.
+    """
+    facts = _facts(ctx, config)
+    ranked = rank_candidates(facts)
+    rows = []
+    for rank, cand in enumerate(ranked, start=1):
+        share = cand.share_of_excess
+        key, _, val = cand.subject.partition("=")
+        within = facts.excess_share(key, val) if not ctx.host and key != c.SERVICE_NAME else None
+        if within is not None:
+            share *= within  # a host's cause explains only that host's part of the excess
+        rows.append({
+            c.INCIDENT_ID: ctx.incident[c.INCIDENT_ID], c.RANK: rank, c.CAUSE: str(cand.cause),
+            c.SUBJECT: cand.subject, c.SCORE: round(float(cand.score), 6),
+            c.SHARE_OF_EXCESS: round(float(share), 6), c.EVIDENCE: _evidence(facts, cand),
+            c.SUMMARY: cand.summary,
+        })
+    return validate(pl.DataFrame(rows, schema=t.table(t.CAUSES).schema), t.CAUSES)
+
+
+def attribute_all(tables: Tables, incidents: pl.DataFrame, config: AnalyticsConfig,
+                  window_s: int) -> pl.DataFrame:
+    """Stage: `incidents` -> `causes` for every incident."""
+    parts = [t.table(t.CAUSES).empty()]
+    for incident in incidents.iter_rows(named=True):
+        ctx = load_context(tables, incident, window_s, config.attribution_lookback_s)
+        parts.append(attribute(ctx, config))
+    return pl.concat(parts)
+

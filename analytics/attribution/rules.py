@@ -1,0 +1,188 @@
+"""One scoring rule per cause of the vocabulary, over phases, dimensions and signals.
+
+Each rule returns a :class:`Candidate` with a strength in [0, 1] from its own signal (KV
+usage and preemptions, clocks and throttle bits, arrivals...), weighted by how much of the
+excess lies in the phases that cause would slow down. Rules that share a symptom discount
+each other: a traffic surge also fills the KV cache, so KV pressure with a surge counts less.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from analytics.attribution.context import IncidentContext
+from analytics.attribution.dimensions import Finding
+from analytics.attribution.phases import PhaseSplit
+from analytics.attribution.signals import Signals, delta, ratio, value
+from pipeline.schema import Cause
+from pipeline.schema import columns as c
+from pipeline.schema.causes import subject as fmt_subject
+
+
+def clip01(x: float) -> float:
+    return 0.0 if x != x else max(0.0, min(1.0, x))  # NaN -> 0
+
+
+@dataclass
+class Candidate:
+    """One ranked cause before it becomes a `causes` row."""
+
+    cause: str
+    subject: str
+    score: float
+    share_of_excess: float
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Facts:
+    """The three analyses of one incident."""
+
+    ctx: IncidentContext
+    phases: PhaseSplit
+    findings: list[Finding]
+    signals: Signals
+
+    @property
+    def service(self) -> str:
+        return self.ctx.incident[c.SERVICE_NAME]
+
+    def service_subject(self) -> str:
+        return fmt_subject(c.SERVICE_NAME, self.service)
+
+    def hosts(self) -> list[str]:
+        """Hosts a host-bound cause may be on: the incident's, or every host of the scope."""
+        return [self.ctx.host] if self.ctx.host else sorted(self.signals.hosts)
+
+    def gpus(self) -> list[str]:
+        hosts = set(self.hosts())
+        return sorted(g for g, h in self.signals.gpu_host.items() if h in hosts)
+
+    def ms(self, phase: str) -> float:
+        return self.phases.excess_s.get(phase, 0.0) * 1000
+
+    def share(self, *phases: str) -> float:
+        return min(1.0, sum(self.phases.share.get(p, 0.0) for p in phases))
+
+    def excess_share(self, dimension: str, value_: str) -> float | None:
+        for f in self.findings:
+            if f.dimension == dimension and f.value == value_:
+                return f.share_of_excess
+        return None
+
+
+def place(facts: Facts, strengths: dict[str, float]) -> tuple[str, float]:
+    """Subject for a per-host strength map: the host, or the service when it is spread."""
+    if not strengths:
+        return facts.service_subject(), 0.0
+    best = max(strengths, key=strengths.__getitem__)
+    top = strengths[best]
+    if facts.ctx.host:
+        return fmt_subject(c.HOST_NAME, best), top
+    strong = [h for h, s in strengths.items() if s >= 0.5 * top and top > 0]
+    if len(strong) >= 2 and len(strong) >= 0.5 * len(strengths):
+        return facts.service_subject(), top
+    return fmt_subject(c.HOST_NAME, best), top
+
+
+def gpu_place(facts: Facts, strengths: dict[str, float]) -> tuple[str, float, str | None]:
+    """Subject for a per-GPU strength map: one GPU, its whole host, or the service."""
+    if not strengths:
+        return facts.service_subject(), 0.0, None
+    best = max(strengths, key=strengths.__getitem__)
+    top = strengths[best]
+    host = facts.signals.gpu_host.get(best)
+    strong = [g for g, s in strengths.items() if top > 0 and s >= 0.5 * top]
+    strong_hosts = {facts.signals.gpu_host.get(g) for g in strong}
+    if len(strong_hosts) > 1 and not facts.ctx.host:
+        by_host = {h: max(strengths[g] for g in strong if facts.signals.gpu_host.get(g) == h)
+                   for h in strong_hosts if h}
+        subject, _ = place(facts, by_host)
+        return subject, top, host
+    on_host = [g for g, h in facts.signals.gpu_host.items() if h == host]
+    if host and len(on_host) > 1 and set(on_host) <= set(strong):
+        return fmt_subject(c.HOST_NAME, host), top, host
+    return fmt_subject(c.GPU_UUID, best), top, host
+
+
+def _where(subject: str) -> str:
+    return subject.split("=", 1)[1] if "=" in subject else subject
+
+
+def traffic_surge(f: Facts) -> Candidate:
+    rps = f.signals.scope.get("rps")
+    r = ratio(rps)
+    strength = clip01((r - 1.25) / 1.0)
+    waiting = sum(value(v.get("waiting")) for v in f.signals.hosts.values())
+    return Candidate(
+        Cause.TRAFFIC_SURGE, f.service_subject(),
+        strength * (0.4 + 0.6 * f.share("queue", "prefill")), f.share("queue"),
+        f"arrivals x{r:.1f} ({value(rps, 0):.1f} -> {value(rps):.1f} req/s) on "
+        f"{f.service}; queue time +{f.ms('queue'):.0f} ms ({f.share('queue'):.0%} of excess), "
+        f"{waiting:.0f} requests waiting",
+        {"rps": rps, "rps_ratio": r, "waiting": waiting},
+    )
+
+
+def surge_strength(f: Facts) -> float:
+    return clip01((ratio(f.signals.scope.get("rps")) - 1.25) / 1.0)
+
+
+def kv_pressure(f: Facts) -> Candidate:
+    per_host = {}
+    for h in f.hosts():
+        s = f.signals.hosts.get(h, {})
+        kv_term = clip01((value(s.get("kv_max")) - 0.9) / 0.08)
+        pre_term = clip01((delta(s.get("preempt_per_min")) - 0.5) / 5.0)
+        per_host[h] = 0.35 * kv_term + 0.65 * pre_term if pre_term > 0 else 0.3 * kv_term
+    subject, strength = place(f, per_host)
+    host = max(per_host, key=per_host.__getitem__) if per_host else ""
+    s = f.signals.hosts.get(host, {})
+    damp = 1 - 0.6 * surge_strength(f)
+    return Candidate(
+        Cause.KV_CACHE_PRESSURE, subject,
+        strength * damp * (0.4 + 0.6 * f.share("queue", "decode")), f.share("queue", "decode"),
+        f"queue time +{f.ms('queue'):.0f} ms, decode +{f.ms('decode'):.0f} ms "
+        f"({f.share('queue', 'decode'):.0%} of excess) on {_where(subject)}: KV cache "
+        f"{value(s.get('kv_max')):.0%} full, {value(s.get('preempt_per_min')):.0f} "
+        "preemptions/min",
+        {"kv_max": s.get("kv_max"), "kv_mean": s.get("kv_mean"),
+         "preempt_per_min": s.get("preempt_per_min"), "per_host_strength": per_host},
+    )
+
+
+def prefix_drop(f: Facts) -> Candidate:
+    per_host = {}
+    for h in f.hosts():
+        hit = f.signals.hosts.get(h, {}).get(c.PREFIX_HIT_RATE)
+        base = value(hit, 0)
+        per_host[h] = clip01((base - value(hit) - 0.05) / 0.25) if base >= 0.1 else 0.0
+    cached = f.signals.scope.get("cached_ratio")
+    from_requests = clip01((value(cached, 0) - value(cached) - 0.05) / 0.25)
+    subject, strength = place(f, per_host)
+    if from_requests > strength:
+        strength = from_requests
+    host = max(per_host, key=per_host.__getitem__) if per_host else ""
+    hit = f.signals.hosts.get(host, {}).get(c.PREFIX_HIT_RATE)
+    return Candidate(
+        Cause.PREFIX_CACHE_DROP, subject,
+        strength * (0.4 + 0.6 * f.share("prefill", "queue")), f.share("prefill"),
+        f"prefill +{f.ms('prefill'):.0f} ms ({f.share('prefill'):.0%} of excess) on "
+        f"{_where(subject)}: prefix cache hit rate {value(hit, 0):.0%} -> {value(hit):.0%}",
+        {c.PREFIX_HIT_RATE: hit, "cached_ratio": cached, "per_host_strength": per_host},
+    )
+
+
+def long_prompts(f: Facts) -> Candidate:
+    tokens = f.signals.scope.get(c.INPUT_TOKENS)
+    r = ratio(tokens)
+    strength = clip01((r - 1.3) / 1.2)
+    return Candidate(
+        Cause.LONG_PROMPTS, f.service_subject(),
+        strength * (0.4 + 0.6 * f.share("prefill", "queue")), f.share("prefill", "queue"),
+        f"prompts {value(tokens, 0):.0f} -> {value(tokens):.0f} tokens (x{r:.1f}) on "
+        f"{f.service}; prefill +{f.ms('prefill'):.0f} ms, queue +{f.ms('queue'):.0f} ms",
+        {c.INPUT_TOKENS: tokens, "input_ratio": r},
+    )

@@ -1,0 +1,137 @@
+"""Analytics configuration (the ``[analytics]`` table of ``fleetlens.toml``).
+
+Metric names here are ``windows`` column names (``e2e_p99_s``, ``rps``, ...); config modules
+may spell them (tests/test_import_rules.py exempts ``config.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.schema.settings import ConfigError, require
+
+_WINDOW_METRICS = (
+    "ttft", "tpot", "e2e", "queue", "prefill", "decode", "network",
+)
+_SEVERITIES = ("minor", "major", "critical")
+
+
+def _default_weights() -> dict[str, float]:
+    # Lower is better for latency and energy, higher for throughput (see leaderboard.py).
+    return {
+        "ttft_p99_s": 1.0, "tpot_p99_s": 1.0, "e2e_p99_s": 1.0,
+        "tok_s_per_gpu": 1.0, "j_per_token": 1.0,
+    }
+
+
+def _default_sla() -> dict[str, float]:
+    return {"ttft_p99_s": 0.5, "tpot_p99_s": 0.05}
+
+
+@dataclass(frozen=True)
+class AnalyticsConfig:
+    """Baselines, detection, attribution, webhooks and leaderboard settings."""
+
+    #: Window size (s) of the `windows` rows analysed; the smallest present is used if absent.
+    window_s: int = 60
+    #: `windows` columns that incidents are detected on (latency percentiles).
+    detect_metrics: tuple[str, ...] = (
+        "e2e_p99_s", "ttft_p99_s", "tpot_p99_s", "e2e_p50_s", "ttft_p50_s",
+    )
+    #: More `windows` columns that get baselines (signals shown beside incidents).
+    signal_metrics: tuple[str, ...] = (
+        "rps", "queue_p99_s", "kv_cache_usage_max", "prefix_hit_rate", "j_per_token",
+    )
+    #: Rolling baseline: windows looked back (the current window is excluded).
+    rolling_windows: int = 60
+    #: Fewest earlier windows before a series gets a band (no band, no breach).
+    rolling_min_windows: int = 30
+    #: Band half-width in robust standard deviations (1.4826 x MAD).
+    band_k: float = 4.0
+    #: Band half-width at least this share of the expected value (flat series stay quiet).
+    band_min_rel: float = 0.15
+    #: A breach needs this many consecutive windows above the band.
+    consecutive: int = 3
+    #: Windows with fewer requests than this are not judged (noisy tails).
+    min_requests: int = 20
+    #: SLO rules, e.g. "p99(e2e) > 850 ms" or "p99(ttft) > 200 ms for 10 s".
+    slo_rules: tuple[str, ...] = ()
+    #: Anomalies of one scope closer than this merge into one incident.
+    merge_gap_s: int = 180
+    #: A service-level incident replaces host incidents when at least this share of the
+    #: service's hosts breach together (a fleet-wide cause, not a host fault).
+    host_share_for_service: float = 0.5
+    #: Peak/expected ratios for severity "major" and "critical" (below: "minor").
+    severity_major: float = 1.8
+    severity_critical: float = 3.0
+    #: Baseline period before an incident used by attribution, in seconds.
+    attribution_lookback_s: int = 1800
+    #: Dimensions compared BubbleUp-style when present as `requests` columns.
+    dimensions: tuple[str, ...] = (
+        "host_name", "gpu_uuid", "instance_id", "model", "region", "device_type", "gpu_model",
+        "lora",
+    )
+    #: Dimensions to group extra request-level baselines by (e.g. ["region", "model"]).
+    group_by: tuple[str, ...] = ()
+    #: Prophet baselines (optional dependency) for series with enough history.
+    prophet: bool = False
+    prophet_min_history_s: int = 2 * 86400
+    prophet_refit_s: int = 86400
+    prophet_uncertainty_samples: int = 50
+    prophet_interval_width: float = 0.99
+    prophet_workers: int = 2
+    #: POST each new incident as JSON to these http(s) URLs.
+    webhooks: tuple[str, ...] = ()
+    webhook_timeout_s: float = 5.0
+    #: Leaderboard: score weights per column, SLA (column -> max), bootstrap resamples.
+    leaderboard_weights: dict[str, float] = field(default_factory=_default_weights)
+    sla: dict[str, float] = field(default_factory=_default_sla)
+    bootstrap_samples: int = 200
+    #: GPU HBM bandwidth (GB/s) per gpu_model for memory-bandwidth utilisation; merged
+    #: over built-in figures for common GPUs.
+    hbm_gbps: dict[str, float] = field(default_factory=dict)
+    #: Model shapes for KV capacity and bandwidth estimates: model -> "params_b,layers,
+    #: kv_heads,head_dim,dtype_bytes" (e.g. "8,32,8,128,2").
+    model_shapes: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        require(self.window_s > 0, "window_s", "must be positive")
+        require(bool(self.detect_metrics), "detect_metrics", "must name at least one metric")
+        require(self.rolling_windows >= 3, "rolling_windows", "must be at least 3")
+        require(1 <= self.rolling_min_windows <= self.rolling_windows, "rolling_min_windows",
+                "must be between 1 and rolling_windows")
+        require(self.band_k > 0, "band_k", "must be positive")
+        require(self.band_min_rel >= 0, "band_min_rel", "must not be negative")
+        require(self.consecutive >= 1, "consecutive", "must be at least 1")
+        require(self.min_requests >= 0, "min_requests", "must not be negative")
+        require(0 < self.host_share_for_service <= 1, "host_share_for_service",
+                "must be in (0, 1]")
+        require(1 < self.severity_major <= self.severity_critical, "severity_major",
+                "must be above 1 and at most severity_critical")
+        require(self.attribution_lookback_s > 0, "attribution_lookback_s", "must be positive")
+        require(self.prophet_workers >= 1, "prophet_workers", "must be at least 1")
+        require(0 < self.prophet_interval_width < 1, "prophet_interval_width",
+                "must be in (0, 1)")
+        require(self.webhook_timeout_s > 0, "webhook_timeout_s", "must be positive")
+        require(self.bootstrap_samples >= 10, "bootstrap_samples", "must be at least 10")
+        for url in self.webhooks:
+            require(url.startswith(("http://", "https://")), "webhooks",
+                    f"{url!r} is not an http(s) URL")
+        for name in self.detect_metrics:
+            base = name.split("_")[0]
+            require(base in _WINDOW_METRICS and name.endswith("_s"), "detect_metrics",
+                    f"{name!r} is not a latency percentile column such as e2e_p99_s")
+        from analytics.slo import parse_rule
+
+        for rule in self.slo_rules:
+            try:
+                parse_rule(rule)
+            except ValueError as exc:
+                raise ConfigError(f"slo_rules: {exc}") from None
+        for model, shape in self.model_shapes.items():
+            parts = str(shape).split(",")
+            require(len(parts) == 5, "model_shapes",
+                    f"{model}: expected 'params_b,layers,kv_heads,head_dim,dtype_bytes'")
+
+
+SEVERITIES = _SEVERITIES

@@ -1,0 +1,114 @@
+"""Detectors: band breaches for k consecutive windows, and SLO rules.
+
+Both turn a banded series frame (:func:`analytics.baselines.rolling_baseline`) into
+*anomalies*: one row per run of consecutive bad windows of one series. Merging anomalies
+across levels into incidents is :mod:`analytics.merge`.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analytics.config import AnalyticsConfig
+from analytics.slo import SloRule, parse_rule
+from pipeline.schema import columns as c
+
+DETECTOR_BAND = "band"
+_RUN = "_run"
+_BAD = "_bad"
+_SCOPE = [c.SERIES, c.METRIC, c.SERVICE_NAME, c.MODEL, c.HOST_NAME, c.LEVEL]
+#: Columns of an anomalies frame.
+ANOMALY_COLUMNS = [*_SCOPE, c.START_NS, c.END_NS, c.PEAK, c.EXPECTED, c.DETECTED_NS,
+                   c.DETECTOR, c.REQUESTS]
+
+
+def _runs(frame: pl.LazyFrame, bad: pl.Expr, min_len: int, window_s: int,
+          detector: str) -> pl.LazyFrame:
+    """Runs of at least ``min_len`` consecutive windows (no gap) where ``bad`` holds."""
+    step = window_s * 1_000_000_000
+    flagged = frame.sort(c.SERIES, c.TS_NS).with_columns(bad.fill_null(False).alias(_BAD))
+    boundary = (
+        (pl.col(_BAD) != pl.col(_BAD).shift(1)).fill_null(True)
+        | ((pl.col(c.TS_NS) - pl.col(c.TS_NS).shift(1)) != step).fill_null(True)
+    )
+    flagged = flagged.with_columns(boundary.cum_sum().over(c.SERIES).alias(_RUN))
+    runs = (
+        flagged.filter(pl.col(_BAD))
+        .group_by([*_SCOPE, _RUN])
+        .agg(
+            pl.col(c.TS_NS).min().alias(c.START_NS),
+            (pl.col(c.TS_NS).max() + step).alias(c.END_NS),
+            pl.col(c.VALUE).max().alias(c.PEAK),
+            pl.col(c.EXPECTED).sort_by(c.VALUE).last().alias(c.EXPECTED),
+            # The run is reported once its min_len-th window has closed.
+            (pl.col(c.TS_NS).sort().get(min_len - 1, null_on_oob=True) + step)
+            .alias(c.DETECTED_NS),
+            pl.col(c.REQUESTS).sum().alias(c.REQUESTS),
+            pl.len().alias("_len"),
+        )
+        .filter(pl.col("_len") >= min_len)
+        .with_columns(pl.lit(detector).alias(c.DETECTOR))
+    )
+    return runs.select(ANOMALY_COLUMNS)
+
+
+def band_breaches(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
+                  window_s: int) -> pl.LazyFrame:
+    """Stage: banded series -> anomalies where the value stays above the band.
+
+    Input: banded series frame. Output grain: one row per run of at least
+    ``config.consecutive`` consecutive windows above ``upper`` for a series in
+    ``config.detect_metrics``, judged only where the window has ``min_requests`` requests.
+    Latency only gets worse upwards, so only the upper band counts.
+    """
+    frame = banded.lazy().filter(pl.col(c.METRIC).is_in(list(config.detect_metrics)))
+    bad = (
+        (pl.col(c.REQUESTS) >= config.min_requests)
+        & pl.col(c.UPPER).is_not_null()
+        & (pl.col(c.VALUE) > pl.col(c.UPPER))
+    )
+    return _runs(frame, bad, config.consecutive, window_s, DETECTOR_BAND)
+
+
+def slo_breaches(banded: pl.LazyFrame | pl.DataFrame, rules: list[SloRule] | tuple[str, ...],
+                 window_s: int, min_requests: int = 1) -> pl.LazyFrame:
+    """Stage: series -> anomalies where an SLO rule is broken for its duration.
+
+    Input: a series frame (band columns optional). Output: anomalies with detector
+    ``slo:<rule text>``; ``expected`` is the rule's threshold.
+    """
+    parsed = [parse_rule(r) if isinstance(r, str) else r for r in rules]
+    frame = banded.lazy()
+    if c.EXPECTED not in frame.collect_schema().names():
+        frame = frame.with_columns(pl.lit(None, pl.Float64).alias(c.EXPECTED))
+    parts = []
+    for rule in parsed:
+        over = (pl.col(c.VALUE) >= rule.threshold_s) if rule.inclusive else (
+            pl.col(c.VALUE) > rule.threshold_s)
+        bad = (pl.col(c.REQUESTS) >= min_requests) & over
+        scoped = frame.filter(pl.col(c.METRIC) == rule.column).with_columns(
+            pl.lit(rule.threshold_s).alias(c.EXPECTED))
+        parts.append(_runs(scoped, bad, rule.windows_needed(window_s), window_s,
+                           f"slo:{rule.text}"))
+    if not parts:
+        return empty_anomalies().lazy()
+    return pl.concat(parts)
+
+
+def empty_anomalies() -> pl.DataFrame:
+    """An anomalies frame with no rows."""
+    schema = {name: pl.String for name in _SCOPE}
+    schema.update({c.START_NS: pl.Int64, c.END_NS: pl.Int64, c.PEAK: pl.Float64,
+                   c.EXPECTED: pl.Float64, c.DETECTED_NS: pl.Int64, c.DETECTOR: pl.String,
+                   c.REQUESTS: pl.Int64})
+    return pl.DataFrame(schema=schema)
+
+
+def detect(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
+           window_s: int) -> pl.DataFrame:
+    """All anomalies of both detectors, collected and sorted by start."""
+    parts = [band_breaches(banded, config, window_s)]
+    if config.slo_rules:
+        parts.append(slo_breaches(banded, config.slo_rules, window_s, config.min_requests))
+    out = pl.concat(parts).collect()
+    return out.with_columns(pl.col(c.REQUESTS).cast(pl.Int64)).sort(c.START_NS, c.SERIES)
