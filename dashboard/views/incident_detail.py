@@ -62,10 +62,11 @@ else:
     left.info("No causes computed for this incident yet.")
 right.subheader("Where the excess latency went")
 if phases.height:
-    fig = go.Figure()
-    for col, name in (("baseline_s", "before"), ("incident_s", "during")):
-        fig.add_trace(go.Bar(x=phases["phase"].to_list(), y=phases[col].to_list(), name=name))
-    fig.update_layout(barmode="group", height=280, yaxis_title="mean seconds per request",
+    fig = go.Figure(go.Bar(
+        x=phases["phase"].to_list(), y=(phases["excess_s"] * 1000).to_list(),
+        marker={"color": [ui.PHASE_COLOURS.get(ph, "#999") for ph in phases["phase"]]},
+        text=[f"{100 * share:.0f}%" for share in phases["share"]], textposition="outside"))
+    fig.update_layout(height=280, yaxis_title="excess ms per request (during - before)",
                       margin={"l": 10, "r": 10, "t": 30, "b": 10})
     right.plotly_chart(fig, key="detail_phases")
     right.dataframe(phases, hide_index=True, key="detail_phase_table")

@@ -16,11 +16,13 @@ if series.is_empty():
     ui.empty_note("windows")
     st.stop()
 series = ui.with_time(series, c.WINDOW_START_NS)
-recent = series.tail(RECENT_WINDOWS)
-older = series.slice(max(series.height - 2 * RECENT_WINDOWS, 0), RECENT_WINDOWS)
-st.caption(f"Last {RECENT_WINDOWS} windows against their baseline (or, without one, the "
-           f"{RECENT_WINDOWS} before). Range: {series['time'].min()} to {series['time'].max()}"
-           " UTC.")
+# The newest window may still be filling, so the headline uses the complete ones before it.
+complete = series.head(series.height - 1) if series.height > RECENT_WINDOWS + 1 else series
+recent = complete.tail(RECENT_WINDOWS)
+older = complete.slice(max(complete.height - 2 * RECENT_WINDOWS, 0), RECENT_WINDOWS)
+st.caption(f"Last {RECENT_WINDOWS} complete windows against their baseline (or, without one, "
+           f"the {RECENT_WINDOWS} before). Range: {series['time'].min()} to "
+           f"{series['time'].max()} UTC.")
 
 
 def _mean(frame: pl.DataFrame, col: str) -> float | None:
