@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("dashboard.cli:dashboard", "Serve the web dashboard (Streamlit, 127.0.0.1)."),
     "simulate": ("simulator.cli:simulate", "Simulate a vLLM fleet with incidents, send OTLP."),
     "pipeline": ("pipeline.cli:pipeline", "Raw telemetry to requests, windows and energy."),
+    "compact": ("pipeline.cli:compact", "Merge small raw segments; apply retention."),
     "collector": ("collector.cli:collector", "Receive OTLP (gRPC and HTTP) into raw Parquet."),
 }
 

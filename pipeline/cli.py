@@ -115,3 +115,37 @@ def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
                f"in {summary.seconds:.2f} s; rows written: {written or 'none'}")
     for host, delay in summary.export_delay_s.items():
         click.echo(f"  host {host}: median export delay {delay:.3f} s")
+
+
+@click.command()
+@click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
+              help=_DATA_DIR_HELP)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
+@click.option("--dry-run", is_flag=True, help="Only print what would be merged or deleted.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_json: bool) -> None:
+    """Merge small raw segments into one file per hour and apply retention.
+
+    Raw data (and the per-request/per-sample tables) are kept pipeline.raw_retention_days,
+    windows pipeline.windows_retention_days. Safe to run beside the collector and the
+    pipeline: only hours older than pipeline.compact_min_age_s are merged.
+    """
+    from pipeline.compact import compact as run_compact
+    from pipeline.storage import DataDir
+
+    try:
+        cfg = load_pipeline_config(config_file)
+    except ConfigError as exc:
+        raise click.ClickException(f"invalid configuration: {exc}") from None
+    summary = run_compact(DataDir.from_env(data_dir), cfg, dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), sort_keys=True))
+        return
+    for line in summary.details:
+        click.echo(line)
+    verb = "would merge" if dry_run else "merged"
+    click.echo(f"{verb} {summary.merged_files} segments into {summary.written_files} files "
+               f"({summary.bytes_before} -> {summary.bytes_after} bytes); expired "
+               f"{summary.expired_raw_hours} raw hours, {summary.expired_derived_files} "
+               f"derived partitions")

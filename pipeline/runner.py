@@ -255,7 +255,9 @@ class Pipeline:
         self._each(hours, "normalize", lambda h: self._phase1(state, h, summary))
         self._each(hours, "energy+windows", lambda h: self._phase2(h, dirty, summary))
         if full or not state.segments:
-            self._clear_orphans(dirty)
+            oldest = min((hour_of(s.min_ns) for s in state.segments.values() if s.rows),
+                         default=None)
+            self._clear_orphans(dirty, oldest)
         state.save(self.dd)
         summary.seconds = round(time.perf_counter() - began, 3)
         return summary
@@ -266,10 +268,11 @@ class Pipeline:
             work(hour)
         self.progress(phase, len(hours), len(hours))
 
-    def _clear_orphans(self, keep: Iterable[int]) -> None:
-        """After a full run, remove derived partitions of hours that have no raw data left."""
+    def _clear_orphans(self, keep: Iterable[int], oldest: int | None) -> None:
+        """After a full run, remove derived partitions of hours with no raw data left (hours
+        before the oldest raw data are retention's business and stay)."""
         keep = set(keep)
         for table in OUTPUTS:
             for hour in existing_hours(self.dd, table):
-                if hour not in keep:
+                if hour not in keep and oldest is not None and hour >= oldest:
                     publish(self.dd, table, hour, t.table(table).empty())

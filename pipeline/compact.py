@@ -1,0 +1,134 @@
+"""Compaction and retention of the data directory (``fleetlens compact``).
+
+* Compaction: in every raw hour partition older than ``compact_min_age_s`` (writers have moved
+  on), the segments smaller than ``compact_below_bytes`` are merged into one file. The merged
+  file is published atomically *before* the small ones are deleted, so a crash in between only
+  leaves rows twice, which the pipeline removes (it deduplicates spans and metric points on
+  their keys). When every merged segment had been processed, the pipeline state learns the new
+  file as processed, so no hour is recomputed for it.
+* Retention: raw hours older than ``raw_retention_days`` are deleted with the per-request and
+  per-sample derived tables of those hours; ``windows`` and ``gpu_window_energy`` are kept for
+  ``windows_retention_days``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import PipelineConfig
+from pipeline.partitions import HOUR_NS, NS, existing_hours, partition_file
+from pipeline.schema import tables as t
+from pipeline.state import PipelineState, Segment
+from pipeline.storage import DataDir, parquet_files, write_parquet_atomic
+
+_DAY_NS = 24 * HOUR_NS
+#: Derived tables kept as long as the windows; the others follow the raw retention.
+ROLLUPS = (t.WINDOWS, t.GPU_WINDOW_ENERGY)
+PER_ROW = (t.REQUESTS, t.REQUEST_ENERGY, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS)
+
+
+@dataclass
+class CompactSummary:
+    """What one ``fleetlens compact`` did."""
+
+    merged_files: int = 0
+    written_files: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    expired_raw_hours: int = 0
+    expired_derived_files: int = 0
+    details: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _hour_ns(folder: Path) -> int | None:
+    """Start of the hour of a ``date=D/hour=H`` folder, or None for anything else."""
+    day, hour = folder.parent.name.partition("=")[2], folder.name.partition("=")[2]
+    try:
+        moment = dt.datetime.strptime(f"{day} {hour}", "%Y-%m-%d %H").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return int(moment.timestamp()) * NS
+
+
+def _hour_folders(root: Path) -> list[tuple[Path, int]]:
+    out = []
+    for folder in sorted(p for p in root.glob("date=*/hour=*") if p.is_dir()):
+        hour = _hour_ns(folder)
+        if hour is not None:
+            out.append((folder, hour))
+    return out
+
+
+def _merge(dd: DataDir, folder: Path, files: list[Path], state: PipelineState,
+           summary: CompactSummary) -> None:
+    names = "\n".join(p.name for p in files)
+    target = folder / f"compact-{hashlib.sha256(names.encode()).hexdigest()[:16]}.parquet"
+    tables = [pq.read_table(p) for p in files]
+    merged = pa.concat_tables(tables, promote_options="permissive")
+    write_parquet_atomic(merged, target)
+    rels = [str(p.relative_to(dd.root)) for p in files]
+    known = [state.segments.get(r) for r in rels]
+    summary.bytes_before += sum(p.stat().st_size for p in files)
+    for path in files:
+        path.unlink()
+        state.segments.pop(str(path.relative_to(dd.root)), None)
+    if all(known):
+        segs = [s for s in known if s is not None]
+        state.segments[str(target.relative_to(dd.root))] = Segment(
+            segs[0].signal, target.stat().st_size, min(s.min_ns for s in segs),
+            max(s.max_ns for s in segs), sum(s.rows for s in segs))
+    summary.merged_files += len(files)
+    summary.written_files += 1
+    summary.bytes_after += target.stat().st_size
+    summary.details.append(f"{folder.relative_to(dd.root)}: {len(files)} files -> 1")
+
+
+def compact(dd: DataDir, cfg: PipelineConfig, *, now_ns: int | None = None,
+            dry_run: bool = False) -> CompactSummary:
+    """Compact small raw segments and apply retention; returns what was (or would be) done."""
+    now = now_ns if now_ns is not None else time.time_ns()
+    summary = CompactSummary()
+    state = PipelineState.load(dd)
+    raw_cutoff = now - cfg.raw_retention_days * _DAY_NS
+    for signal in t.RAW_SIGNALS:
+        for folder, hour in _hour_folders(dd.raw(signal)):
+            if hour + HOUR_NS <= raw_cutoff:
+                summary.expired_raw_hours += 1
+                summary.details.append(f"expire {folder.relative_to(dd.root)}")
+                if not dry_run:
+                    for path in parquet_files(folder):
+                        state.segments.pop(str(path.relative_to(dd.root)), None)
+                    shutil.rmtree(folder)
+                continue
+            if hour + HOUR_NS + cfg.compact_min_age_s * NS > now:
+                continue
+            small = [p for p in parquet_files(folder) if p.stat().st_size < cfg.compact_below_bytes]
+            if len(small) < 2:
+                continue
+            if dry_run:
+                summary.details.append(f"{folder.relative_to(dd.root)}: {len(small)} files -> 1")
+                summary.merged_files += len(small)
+                continue
+            _merge(dd, folder, small, state, summary)
+    win_cutoff = now - cfg.windows_retention_days * _DAY_NS
+    for tables, cutoff in ((PER_ROW, raw_cutoff), (ROLLUPS, win_cutoff)):
+        for table in tables:
+            for hour in existing_hours(dd, table):
+                if hour + HOUR_NS <= cutoff:
+                    summary.expired_derived_files += 1
+                    if not dry_run:
+                        partition_file(dd, table, hour).unlink(missing_ok=True)
+    if not dry_run and state.fingerprint:
+        state.save(dd)
+    return summary

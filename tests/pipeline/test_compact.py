@@ -1,0 +1,91 @@
+"""Compaction keeps every row and the pipeline's outputs; retention expires old hours."""
+
+from __future__ import annotations
+
+import hashlib
+
+from click.testing import CliRunner
+
+from fleetlens.cli import cli
+from pipeline.compact import compact
+from pipeline.config import PipelineConfig
+from pipeline.runner import OUTPUTS, Pipeline
+from pipeline.storage import DataDir, connect, parquet_files
+from tests.pipeline.fleet import make_fleet, write_batches
+from tests.pipeline.rawdata import HOUR_NS, NS, T0
+
+
+def _digest(dd: DataDir) -> dict[str, str]:
+    return {str(p.relative_to(dd.root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for table in OUTPUTS for p in parquet_files(dd.derived(table))}
+
+
+def _counts(dd: DataDir) -> tuple[int, int]:
+    con = connect(dd)
+    return (con.sql("select count(*) from spans").fetchall()[0][0],
+            con.sql("select count(*) from metric_points").fetchall()[0][0])
+
+
+def test_compaction_merges_small_segments_without_changing_outputs(tmp_path) -> None:
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=3, seconds=400))
+    job = Pipeline(dd, PipelineConfig())
+    job.run_once()
+    before_files = len(list(parquet_files(dd.root / "raw")))
+    before_rows, before_outputs = _counts(dd), _digest(dd)
+    now = T0 + 10 * HOUR_NS
+    summary = compact(dd, PipelineConfig(), now_ns=now)
+    assert summary.merged_files == before_files and summary.written_files == 2
+    assert len(list(parquet_files(dd.root / "raw"))) == 2  # one per signal and hour
+    assert _counts(dd) == before_rows
+    # the state knows the merged files: nothing to recompute, outputs unchanged
+    assert job.run_once().dirty_hours == 0
+    assert job.run_once(full=True).new_segments == 2
+    assert _digest(dd) == before_outputs
+
+
+def test_young_hours_are_left_alone_and_dry_run_changes_nothing(tmp_path) -> None:
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=3, seconds=400))
+    files = sorted(parquet_files(dd.root / "raw"))
+    assert compact(dd, PipelineConfig(), now_ns=T0 + HOUR_NS).merged_files == 0
+    dry = compact(dd, PipelineConfig(), now_ns=T0 + 10 * HOUR_NS, dry_run=True)
+    assert dry.merged_files == len(files)
+    assert sorted(parquet_files(dd.root / "raw")) == files
+
+
+def test_retention_expires_raw_and_derived_hours(tmp_path) -> None:
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=3, seconds=400))
+    Pipeline(dd, PipelineConfig()).run_once()
+    cfg = PipelineConfig(raw_retention_days=1, windows_retention_days=3)
+    two_days_later = T0 + 2 * 24 * HOUR_NS + 2 * HOUR_NS
+    summary = compact(dd, cfg, now_ns=two_days_later)
+    assert summary.expired_raw_hours == 2
+    assert list(parquet_files(dd.root / "raw")) == []
+    con = connect(dd)
+    assert con.sql("select count(*) from requests").fetchall()[0][0] == 0
+    assert con.sql("select count(*) from windows").fetchall()[0][0] > 0  # kept 3 days
+    # a full rerun over no raw data keeps the windows that retention kept
+    Pipeline(dd, cfg).run_once(full=True)
+    assert connect(dd).sql("select count(*) from windows").fetchall()[0][0] > 0
+    compact(dd, cfg, now_ns=two_days_later + 2 * 24 * HOUR_NS)
+    assert connect(dd).sql("select count(*) from windows").fetchall()[0][0] == 0
+
+
+def test_cli_pipeline_then_compact(tmp_path) -> None:
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=4, seconds=120))
+    runner = CliRunner()
+    out = runner.invoke(cli, ["pipeline", "--data-dir", str(dd.root), "--no-progress"])
+    assert out.exit_code == 0, out.output
+    assert "8 new segments" in out.output and "requests" in out.output
+    again = runner.invoke(cli, ["pipeline", "--data-dir", str(dd.root), "--window-s", "10"])
+    assert again.exit_code == 0 and "hours recomputed" in again.output  # new window: full run
+    rows = connect(dd).sql("select distinct window_s from windows").fetchall()
+    assert rows == [(10,)]
+    bad = runner.invoke(cli, ["pipeline", "--data-dir", str(dd.root), "--window-s", "7"])
+    assert bad.exit_code != 0 and "window_s" in bad.output
+    dry = runner.invoke(cli, ["compact", "--data-dir", str(dd.root), "--dry-run"])
+    assert dry.exit_code == 0 and "would merge 0 segments" in dry.output
+    assert NS > 0
