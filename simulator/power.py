@@ -29,7 +29,7 @@ THERMAL_TAU_S = 20.0
 
 def activity(compute_share: float, memory_share: float) -> float:
     """Switching activity of a kernel from its compute and memory shares of the roofline."""
-    return min(1.0, 0.3 + 0.5 * compute_share + 0.4 * memory_share)
+    return min(1.0, 0.35 + 0.5 * compute_share + 0.45 * memory_share)
 
 
 class GpuState:

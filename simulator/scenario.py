@@ -117,7 +117,7 @@ DEFAULT_MAGNITUDE: dict[str, float] = {
     "kv_cache_pressure": 0.85,  # share of KV blocks taken away
     "prefix_cache_drop": 1.0,  # share of requests whose shared prefix changed
     "long_prompts": 4.0,  # prompt-length multiplier
-    "thermal_throttle": 35.0,  # inlet temperature rise, Celsius
+    "thermal_throttle": 40.0,  # inlet temperature rise, Celsius
     "power_cap": 0.45,  # power limit as a share of TDP
     "slow_gpu": 0.5,  # share of bandwidth and FLOP/s the GPU still delivers
     "network_overhead": 0.25,  # extra one-way gateway -> engine delay, seconds
