@@ -244,12 +244,24 @@ class RunningCollector:
                 self.process.wait()
         return self.process.returncode
 
-    def kill(self) -> None:
-        """SIGKILL the collector (a crash)."""
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL the collector and its workers at once (a crash), and wait until they are gone.
+
+        The collector runs in its own process group (its PID is the group id), so this
+        reaches only the processes this helper started.
+        """
         self.close_channel()
-        if self.process.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
         self.process.wait()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"collector process group {self.pid} still alive after SIGKILL")
 
 
 def wait_for_port(address: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
@@ -297,7 +309,7 @@ def running_collector(data_dir: str | os.PathLike[str], *, config: Mapping[str, 
     environment.update(env or {})
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                   env=environment)
+                                   env=environment, start_new_session=True)
     tokens = settings.get("auth_tokens") or [None]
     running = RunningCollector(process, data, grpc_address, http_address, log_path,
                                token=tokens[0], channel_credentials=channel_credentials)
