@@ -69,16 +69,25 @@ def _valid_id(raw: bytes, size: int, optional: bool = False) -> bool:
 @st.composite
 def hostile_span(draw):
     now = time.time_ns()
-    start_offset, duration = draw(offsets), draw(st.integers(-5, 5))
+    # Half the spans are well-formed apart from their attribute values, so both outcomes
+    # (accepted and rejected) are exercised often.
+    tame = draw(st.booleans())
+    start_offset = draw(st.integers(-SKEW_S + 60, 0) if tame else offsets)
+    duration = draw(st.integers(0, 5) if tame else st.integers(-5, 5))
     start = 0 if start_offset is None else max(0, now + start_offset * NS)
     end = max(0, start + duration * NS)
     attrs = draw(st.dictionaries(st.text(max_size=10), values, max_size=40))
-    deep = draw(st.integers(0, 30))
+    deep = draw(st.integers(0, 16 if tame else 30))
     if deep:
         attrs["deep"] = _nest("x", deep)
-    trace_id, span_id = draw(ids), draw(ids)
+    if tame:
+        trace_id, span_id = draw(st.binary(min_size=16, max_size=16)), b"\x05" * 8
+        trace_id = trace_id if any(trace_id) else b"\x01" * 16
+    else:
+        trace_id, span_id = draw(ids), draw(ids)
     parent = draw(st.sampled_from([b"", bytes(8), b"\x01" * 8, b"\x02" * 3]))
-    link = draw(st.one_of(st.none(), st.tuples(ids, ids)))
+    parent = b"" if tame else parent
+    link = None if tame else draw(st.one_of(st.none(), st.tuples(ids, ids)))
     span = trace_pb2.Span(trace_id=trace_id, span_id=span_id, parent_span_id=parent,
                           name=draw(st.text(max_size=50)), kind=draw(st.integers(0, 5)),
                           start_time_unix_nano=start, end_time_unix_nano=end,
