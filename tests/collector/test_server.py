@@ -1,0 +1,118 @@
+"""The collector process: workers sharing the ports, self-telemetry, health, SIGTERM drain,
+cardinality cap, loopback-only defaults and config errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from collector.cli import load
+from collector.config import LOOPBACK, CollectorConfig
+from collector.decode_common import OVERFLOW_NAME
+from collector.signals import SPANS
+from collector.testing import running_collector, vllm_trace_request
+from pipeline.schema import columns as c
+from pipeline.storage import DataDir, parquet_files, scan
+
+pytestmark = pytest.mark.e2e
+
+
+def _metrics(col) -> dict[str, float]:
+    with urllib.request.urlopen(f"{col.http_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_two_workers_share_the_ports_and_drain_on_sigterm(tmp_path) -> None:
+    data = tmp_path / "data"
+    sent = 0
+    with running_collector(data, workers=2, config={"flush_interval_s": 60.0}) as col:
+        assert len(_children(col.pid)) >= 2
+        for i in range(24):  # a new connection each time: the kernel spreads them
+            channel = grpc.insecure_channel(col.grpc_address,
+                                            options=[("grpc.use_local_subchannel_pool", 1)])
+            call = channel.unary_unary(SPANS.grpc_method,
+                                       request_serializer=lambda m: m.SerializeToString(),
+                                       response_deserializer=SPANS.response.FromString)
+            call(vllm_trace_request(25, seed=i), timeout=30)
+            channel.close()
+            sent += 25
+        health = health_pb2_grpc.HealthStub(col.channel())
+        status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        metrics = _metrics(col)
+        assert metrics["fleetlens_collector_received_spans_total"] == sent
+        assert metrics['fleetlens_collector_export_seconds_bucket{le="+Inf"}'] == 24
+        assert metrics["fleetlens_collector_flushed_rows_total"] == 0  # 60 s flush interval
+        assert col.stop() == 0  # SIGTERM: drains and publishes what is buffered
+    assert scan(DataDir(data), "spans").collect().height == sent
+    writers = {p.name.rsplit("-", 1)[0] for p in parquet_files(data / "raw")}
+    assert len(writers) == 2
+    assert not list((data / "wal").rglob("*.wal"))
+
+
+def test_cardinality_cap_puts_new_service_names_in_the_overflow_bucket(tmp_path) -> None:
+    data = tmp_path / "data"
+    with running_collector(data, config={"max_names_per_window": 3}) as col:
+        for i in range(10):
+            col.export(vllm_trace_request(2, service_name=f"svc-{i}", host_name="h"))
+        # host "h" took one of the 3 slots; svc-0 and svc-1 the others
+        assert _metrics(col)["fleetlens_collector_overflow_names_total"] == 8
+        col.stop()
+    names = scan(DataDir(data), "spans").select(c.SERVICE_NAME).collect()
+    assert sorted(set(names[c.SERVICE_NAME])) == [OVERFLOW_NAME, "svc-0", "svc-1"]
+    assert names.height == 20
+
+
+#: 127.0.0.1 as /proc/net/tcp writes it, and as an IPv4-mapped IPv6 address in tcp6.
+LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":
+                found.add(address)
+    return found
+
+
+def test_defaults_are_loopback_and_listeners_bind_only_loopback(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("FLEETLENS_CONFIG", "FLEETLENS_COLLECTOR__GRPC_ADDRESS",
+                 "FLEETLENS_COLLECTOR__HTTP_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    config, _ = load(None, {})
+    assert config == CollectorConfig()
+    assert config.grpc_address.startswith(f"{LOOPBACK}:")
+    assert config.http_address.startswith(f"{LOOPBACK}:")
+    with running_collector(tmp_path / "data") as col:
+        for address in (col.grpc_address, col.http_address):
+            found = _listening(int(address.rpartition(":")[2]))
+            assert found and found <= LOOPBACK_HEX, found
+        col.stop()
+
+
+def test_a_bad_config_is_a_clear_error(tmp_path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[collector]\nflush_rowz = 10\n')
+    out = subprocess.run([sys.executable, "-m", "fleetlens", "collector", "--config", str(bad),
+                          "--data-dir", str(tmp_path / "d")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "collector.flush_rowz: unknown key; did you mean 'flush_rows'?" in out.stderr
