@@ -34,6 +34,8 @@ class AnalyticsConfig:
 
     #: Window size (s) of the `windows` rows analysed; the smallest present is used if absent.
     window_s: int = 60
+    #: Each run re-analyses this much of the most recent data (bounded work in follow mode).
+    history_s: int = 2 * 86400
     #: `windows` columns that incidents are detected on (latency percentiles).
     detect_metrics: tuple[str, ...] = (
         "e2e_p99_s", "ttft_p99_s", "tpot_p99_s", "e2e_p50_s", "ttft_p50_s",
@@ -77,7 +79,11 @@ class AnalyticsConfig:
     prophet: bool = False
     prophet_min_history_s: int = 2 * 86400
     prophet_refit_s: int = 86400
-    prophet_uncertainty_samples: int = 50
+    prophet_uncertainty_samples: int = 20
+    #: Series are resampled to this step before fitting (5 min: 0.1-0.2 s per series).
+    prophet_step_s: int = 300
+    #: Levels whose detect_metrics series get Prophet (host series are many and noisy).
+    prophet_levels: tuple[str, ...] = ("service", "fleet")
     prophet_interval_width: float = 0.99
     prophet_workers: int = 2
     #: POST each new incident as JSON to these http(s) URLs.
@@ -96,6 +102,7 @@ class AnalyticsConfig:
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
+        require(self.history_s >= 3600, "history_s", "must be at least 3600")
         require(bool(self.detect_metrics), "detect_metrics", "must name at least one metric")
         require(self.rolling_windows >= 3, "rolling_windows", "must be at least 3")
         require(1 <= self.rolling_min_windows <= self.rolling_windows, "rolling_min_windows",
@@ -110,6 +117,12 @@ class AnalyticsConfig:
                 "must be above 1 and at most severity_critical")
         require(self.attribution_lookback_s > 0, "attribution_lookback_s", "must be positive")
         require(self.prophet_workers >= 1, "prophet_workers", "must be at least 1")
+        require(self.prophet_step_s > 0, "prophet_step_s", "must be positive")
+        require(self.prophet_uncertainty_samples >= 0, "prophet_uncertainty_samples",
+                "must not be negative")
+        for level in self.prophet_levels:
+            require(level in ("host", "service", "fleet"), "prophet_levels",
+                    f"{level!r} is not one of host, service, fleet")
         require(0 < self.prophet_interval_width < 1, "prophet_interval_width",
                 "must be in (0, 1)")
         require(self.webhook_timeout_s > 0, "webhook_timeout_s", "must be positive")

@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("pipeline.cli:pipeline", "Raw telemetry to requests, windows and energy."),
     "compact": ("pipeline.cli:compact", "Merge small raw segments; apply retention."),
     "collector": ("collector.cli:collector", "Receive OTLP (gRPC and HTTP) into raw Parquet."),
+    "analyze": ("analytics.cli:analyze", "Baselines, incidents and causes; post new incidents."),
+    "incidents": ("analytics.cli:incidents", "List incidents with severity and top cause."),
+    "explain": ("analytics.cli:explain", "Explain an incident: causes, evidence, provenance."),
+    "baselines": ("analytics.cli:baselines", "Show series against their baseline bands."),
 }
 
 

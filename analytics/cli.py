@@ -1,0 +1,195 @@
+"""``fleetlens analyze``, ``incidents``, ``explain`` and ``baselines``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import click
+
+from analytics.config import AnalyticsConfig
+from pipeline.schema.settings import (
+    DEFAULT_CONFIG_FILE,
+    ENV_CONFIG_FILE,
+    ConfigError,
+    build,
+    env_overrides,
+    merge,
+    read_toml,
+)
+
+NS = 1_000_000_000
+_DATA_DIR = click.option("--data-dir", "data_dir", type=click.Path(file_okay=False),
+                         default=None,
+                         help="Data directory [default: $FLEETLENS_DATA or ./fleetlens-data].")
+_CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                       default=None,
+                       help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
+
+
+def load_analytics_config(path: str | None) -> AnalyticsConfig:
+    """The ``[analytics]`` section: defaults, config file, then FLEETLENS_ANALYTICS__*."""
+    file = path or os.environ.get(ENV_CONFIG_FILE)
+    if not file and Path(DEFAULT_CONFIG_FILE).exists():
+        file = DEFAULT_CONFIG_FILE
+    data = read_toml(file) if file else {}
+    section = merge(dict(data.get("analytics", {})), env_overrides().get("analytics", {}))
+    try:
+        return build(AnalyticsConfig, section, "analytics")
+    except ConfigError as exc:
+        raise click.ClickException(f"invalid configuration: {exc}") from None
+
+
+def _root(data_dir: str | None):  # noqa: ANN202
+    from pipeline.storage import DataDir
+
+    return DataDir.from_env(data_dir)
+
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
+
+
+def parse_since(text: str, now_ns: int | None = None) -> int:
+    """``2h`` / ``30m`` / ``1d`` ago, an ISO-8601 time (UTC if no zone), or ns since epoch."""
+    import datetime as dt
+
+    now_ns = now_ns if now_ns is not None else time.time_ns()
+    match = _RELATIVE.match(text.strip())
+    if match:
+        scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+        return now_ns - int(float(match[1]) * scale * NS)
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use e.g. 2h, 30m, 2026-01-01T10:00Z or ns") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return int(moment.timestamp() * NS)
+
+
+@click.command()
+@_DATA_DIR
+@_CONFIG
+@click.option("--follow", is_flag=True, help="Keep running; post new incidents as they come.")
+@click.option("--interval", type=float, default=10.0, show_default=True,
+              help="Seconds between runs with --follow.")
+@click.option("--refit", is_flag=True, help="Refit Prophet baselines now (if enabled).")
+def analyze(data_dir: str | None, config_file: str | None, follow: bool, interval: float,
+            refit: bool) -> None:
+    """Compute baselines, incidents and ranked causes from the pipeline's tables.
+
+    New incidents are printed as JSON lines and posted to [analytics] webhooks.
+    """
+    from analytics.runner import run
+
+    config = load_analytics_config(config_file)
+    root = _root(data_dir)
+    while True:
+        result = run(root, config, echo=click.echo, refit_prophet=refit)
+        for error in result.post_errors:
+            click.echo(f"webhook failed (will retry): {error}", err=True)
+        click.echo(f"analytics: {result.analysis.incidents.height} incidents "
+                   f"({len(result.new_incidents)} new) in {result.seconds:.2f} s", err=True)
+        if not follow:
+            return
+        refit = False
+        time.sleep(interval)
+
+
+@click.command()
+@_DATA_DIR
+@_CONFIG
+@click.option("--since", default=None, help="Only incidents starting after: 2h, ISO time, ns.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.option("--refresh/--no-refresh", default=None,
+              help="Recompute from the data first [default: only if never computed].")
+def incidents(data_dir: str | None, config_file: str | None, since: str | None, fmt: str,
+              refresh: bool | None) -> None:
+    """List incidents with severity, scope and top cause, newest first."""
+    import polars as pl
+
+    from analytics.runner import read_table, run
+    from pipeline.schema import columns as c
+    from pipeline.schema import tables as t
+    from pipeline.storage import parquet_files
+
+    root = _root(data_dir)
+    never = next(parquet_files(root.table_dir(t.INCIDENTS)), None) is None
+    if refresh or (refresh is None and never):
+        run(root, load_analytics_config(config_file), notify=False)
+    table = read_table(root, t.INCIDENTS)
+    if since:
+        table = table.filter(pl.col(c.START_NS) >= parse_since(since))
+    top = read_table(root, t.CAUSES).filter(pl.col(c.RANK) == 1).select(
+        c.INCIDENT_ID, c.CAUSE, c.SUBJECT, c.SUMMARY)
+    table = table.join(top, on=c.INCIDENT_ID, how="left").sort(c.START_NS, descending=True)
+    if fmt == "json":
+        click.echo(json.dumps(table.to_dicts(), indent=2))
+        return
+    from analytics.cli_table import incidents_table
+
+    click.echo(incidents_table(table), nl=False)
+
+
+@click.command()
+@click.argument("ident", metavar="INCIDENT_ID")
+@_DATA_DIR
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "html"]),
+              default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the report to this file instead of stdout.")
+def explain(ident: str, data_dir: str | None, fmt: str, output: str | None) -> None:
+    """Explain incident INCIDENT_ID (or a unique prefix): causes, evidence, provenance."""
+    from analytics.report import UnknownIncident, build_report
+    from analytics.report_render import RENDERERS
+
+    try:
+        report = build_report(_root(data_dir), ident)
+    except UnknownIncident as exc:
+        raise click.ClickException(str(exc)) from None
+    text = RENDERERS[fmt](report)
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+@click.command()
+@_DATA_DIR
+@_CONFIG
+@click.option("--refit", is_flag=True, help="Recompute now and refit Prophet (if enabled).")
+@click.option("--series", "pattern", default=None, help="Only series containing this text.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+def baselines(data_dir: str | None, config_file: str | None, refit: bool, pattern: str | None,
+              fmt: str) -> None:
+    """Show each series' latest value against its baseline band (rolling and Prophet)."""
+    import polars as pl
+
+    from analytics.runner import read_table, run
+    from pipeline.schema import columns as c
+    from pipeline.schema import tables as t
+
+    root = _root(data_dir)
+    if refit:
+        result = run(root, load_analytics_config(config_file), notify=False,
+                     refit_prophet=True)
+        click.echo(f"recomputed {result.analysis.baselines[c.SERIES].n_unique()} series; "
+                   f"Prophet refitted {result.prophet_series}", err=True)
+    table = read_table(root, t.BASELINES)
+    if pattern:
+        table = table.filter(pl.col(c.SERIES).str.contains(pattern, literal=True))
+    latest = table.sort(c.TS_NS).group_by(c.SERIES, c.METHOD).last().sort(c.SERIES, c.METHOD)
+    if fmt == "json":
+        click.echo(json.dumps(latest.to_dicts(), indent=2))
+        return
+    from analytics.cli_table import baselines_table
+
+    click.echo(baselines_table(latest), nl=False)

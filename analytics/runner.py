@@ -1,0 +1,137 @@
+"""``analytics.run``: one analysis pass over a data directory, writing its tables.
+
+Reads `windows`, `requests`, `engine_samples`, `gpu_samples` (and the instance-to-GPU
+mapping), recomputes rolling baselines, incidents and causes over the last
+``history_s`` of data, publishes them atomically under ``derived/{baselines,incidents,
+causes}/date=YYYY-MM-DD/analytics.parquet``, writes a provenance record, refits Prophet
+baselines when due, and posts incidents not posted before to the configured webhooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from analytics.analyse import Analysis, analyse
+from analytics.attribution import Tables
+from analytics.config import AnalyticsConfig
+from analytics.provenance import provenance, write_json_atomic
+from analytics.webhook import notify_new
+from pipeline.schema import columns as c
+from pipeline.schema import tables as t
+from pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
+
+NS = 1_000_000_000
+FILE_NAME = "analytics.parquet"
+PROPHET_FILE = "prophet.parquet"
+
+
+@dataclass
+class RunResult:
+    """What one run did."""
+
+    analysis: Analysis
+    new_incidents: list[str] = field(default_factory=list)
+    posted: int = 0
+    post_errors: list[str] = field(default_factory=list)
+    prophet_series: int = 0
+    seconds: float = 0.0
+
+
+def state_dir(data_dir: DataDir) -> Path:
+    """Where analytics keeps its state (notified incidents, provenance, Prophet schedule)."""
+    return data_dir.state / "analytics"
+
+
+def _limit(tables: Tables, history_s: int) -> Tables:
+    """Only the last ``history_s`` of data (bounded work per run in follow mode)."""
+    last = tables.windows.select(pl.col(c.WINDOW_START_NS).max()).collect().item()
+    if last is None:
+        return tables
+    lo = int(last) - history_s * NS
+    return dataclasses.replace(
+        tables,
+        windows=tables.windows.filter(pl.col(c.WINDOW_START_NS) >= lo),
+        requests=tables.requests.filter(pl.col(c.ARRIVAL_NS) >= lo),
+        engine_samples=tables.engine_samples.filter(pl.col(c.TS_NS) >= lo),
+        gpu_samples=tables.gpu_samples.filter(pl.col(c.TS_NS) >= lo),
+    )
+
+
+def _date(ts_col: str) -> pl.Expr:
+    return pl.from_epoch(pl.col(ts_col), time_unit="ns").dt.strftime("%Y-%m-%d").alias(c.DATE)
+
+
+def publish(data_dir: DataDir, table: str, frame: pl.DataFrame, ts_col: str,
+            name: str = FILE_NAME, since_ns: int | None = None) -> int:
+    """Write ``frame`` as one file per UTC date; remove our stale files of dates it no
+    longer covers (at or after ``since_ns``). Returns the number of files written."""
+    written = set()
+    if frame.height:
+        for (day,), part in frame.with_columns(_date(ts_col)).group_by(c.DATE):
+            path = data_dir.partition_path(table, date=day) / name
+            write_parquet_atomic(part.drop(c.DATE).sort(ts_col), path)
+            written.add(path)
+    oldest_day = hour_partition(since_ns)[0] if since_ns is not None else None
+    for path in parquet_files(data_dir.table_dir(table)):
+        day = path.parent.name.partition("=")[2]
+        if path.name == name and path not in written and (
+                oldest_day is None or day >= oldest_day):
+            path.unlink()
+    return len(written)
+
+
+def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
+        notify: bool = True, echo: Callable[[str], None] | None = None,
+        refit_prophet: bool = False) -> RunResult:
+    """Analyse a data directory and publish `baselines`, `incidents` and `causes`.
+
+    Args:
+        data_dir: the data directory (path or :class:`DataDir`).
+        config: the ``[analytics]`` section (defaults if ``None``).
+        notify: post incidents not posted before to ``config.webhooks`` and ``echo``.
+        echo: called with one JSON line per new incident (e.g. ``click.echo``).
+        refit_prophet: refit Prophet baselines now even when not due.
+    """
+    started = time.perf_counter()
+    config = config or AnalyticsConfig()
+    root = data_dir if isinstance(data_dir, DataDir) else DataDir(data_dir)
+    tables = _limit(Tables.from_data_dir(root), config.history_s)
+    analysis = analyse(tables, config)
+    since = None
+    if analysis.banded.height:
+        since = int(analysis.banded[c.TS_NS].min())
+    publish(root, t.BASELINES, analysis.baselines, c.TS_NS, since_ns=since)
+    publish(root, t.INCIDENTS, analysis.incidents, c.START_NS, since_ns=since)
+    causes = analysis.causes.join(
+        analysis.incidents.select(c.INCIDENT_ID, c.START_NS), on=c.INCIDENT_ID, how="left")
+    publish(root, t.CAUSES, causes, c.START_NS, since_ns=since)
+    result = RunResult(analysis)
+    if config.prophet and analysis.window_s:
+        from analytics.prophet_baselines import refresh_prophet
+
+        result.prophet_series = refresh_prophet(root, analysis.banded, config,
+                                                force=refit_prophet)
+    write_json_atomic(state_dir(root) / "provenance.json", provenance(root, analysis))
+    if notify:
+        result.new_incidents, result.posted, result.post_errors = notify_new(
+            state_dir(root) / "notified.json", analysis.incidents, analysis.causes, config,
+            echo)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def read_table(data_dir: DataDir, table: str) -> pl.DataFrame:
+    """A derived analytics table as written by :func:`run` (empty contract frame if none)."""
+    files = [str(p) for p in parquet_files(data_dir.table_dir(table))]
+    if not files:
+        return t.table(table).empty()
+    return pl.read_parquet(files, missing_columns="insert")
+
+
+__all__ = ["RunResult", "publish", "read_table", "run", "state_dir"]
