@@ -44,10 +44,11 @@ class CollectorConfig:
     #: Largest request accepted after decompression.
     max_request_bytes: int = 64 * 1024 * 1024
     #: Rows buffered before a Parquet segment is published, and its maximum age.
-    flush_rows: int = 200_000
+    flush_rows: int = 25_000
     flush_interval_s: float = 5.0
-    #: Memory bound for buffered, not yet published data; above it Exports are refused.
-    max_buffered_bytes: int = 256 * 1024 * 1024
+    #: Memory bound (per worker) for buffered, not yet published rows; above it Exports are
+    #: refused with UNAVAILABLE + RetryInfo.
+    max_buffered_bytes: int = 96 * 1024 * 1024
     #: Accepted distance of timestamps from now.
     max_clock_skew_s: float = 7 * 24 * 3600.0
     max_attributes: int = 128

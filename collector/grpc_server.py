@@ -65,7 +65,7 @@ def _credentials(config: CollectorConfig) -> grpc.ServerCredentials | None:
         [pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
-def start_grpc(config: CollectorConfig, ingest: Ingest, threads: int = 16) -> grpc.Server:
+def start_grpc(config: CollectorConfig, ingest: Ingest, threads: int = 8) -> grpc.Server:
     """Start the gRPC server on ``config.grpc_address`` (SO_REUSEPORT on, so workers share it).
 
     Raises:

@@ -16,9 +16,17 @@ import time
 
 from collector.config import CollectorConfig
 from collector.telemetry import log, shared_array
-from collector.worker import run_worker
 
 RESTART_DELAY_S = 0.5
+#: glibc malloc arenas per worker: the default (8 per core) inflates RSS with gRPC's threads.
+MALLOC_ARENAS = "2"
+
+
+def _worker_main(*args: object) -> None:
+    # Imported here so the supervisor itself stays small (no Arrow, DuckDB or gRPC).
+    from collector.worker import run_worker
+
+    run_worker(*args)  # type: ignore[arg-type]
 
 
 def worker_count(config: CollectorConfig) -> int:
@@ -32,8 +40,9 @@ def run(config: CollectorConfig, root: str) -> None:
     """Serve until SIGTERM/SIGINT with ``worker_count(config)`` processes."""
     count = worker_count(config)
     if count == 1:
-        run_worker(config, root)
+        _worker_main(config, root)
         return
+    os.environ.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENAS)  # inherited by spawned workers
     context = multiprocessing.get_context("spawn")
     array = shared_array(count)
     stop = threading.Event()
@@ -41,7 +50,7 @@ def run(config: CollectorConfig, root: str) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
     def start(slot: int) -> multiprocessing.process.BaseProcess:
-        process = context.Process(target=run_worker, name=f"collector-worker-{slot}",
+        process = context.Process(target=_worker_main, name=f"collector-worker-{slot}",
                                   args=(config, root, slot, array, os.getpid()))
         process.start()
         return process

@@ -1,0 +1,215 @@
+"""Ingest benchmark: sustained spans/s, Export p50/p99 and collector RSS, durable mode.
+
+Load: vLLM-style ``llm_request`` spans (15 gen_ai.* attributes, about 690 bytes each) in
+512-span Export requests over OTLP/gRPC, from several client processes in closed loops (each
+waits for its acknowledgement, i.e. for the WAL fsync). The collector runs as
+``fleetlens collector`` with its default durable path (WAL + group commit, Parquet segments).
+
+    .venv/bin/python bench/ingest.py [--runs 3] [--seconds 15] [--clients 4] [--workers 2]
+
+Prints the median over runs. Peer: Arize Phoenix is measured when ``--phoenix PYTHON`` points
+at a Python with ``arize-phoenix`` installed (its own venv); otherwise it is reported as not
+measured. Hostile-input fuzzing at scale: ``FLEETLENS_HOSTILE_EXAMPLES=5000 pytest
+tests/collector/test_hostile.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SPANS_PER_REQUEST = 512
+DISTINCT_REQUESTS = 8
+
+
+def _client(address: str, seed: int, start_at: float, seconds: float, queue) -> None:
+    import grpc
+
+    from collector.signals import SPANS
+    from collector.testing import vllm_trace_request
+
+    # Pre-serialize a few distinct requests so the client spends its CPU on sending.
+    payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=seed * 100 + i).SerializeToString()
+                for i in range(DISTINCT_REQUESTS)]
+    channel = grpc.insecure_channel(address, options=[
+        ("grpc.max_send_message_length", 64 * 1024 * 1024)])
+    call = channel.unary_unary(SPANS.grpc_method, request_serializer=None,
+                               response_deserializer=SPANS.response.FromString)
+    latencies, refused, i = [], 0, 0
+    while time.time() < start_at:
+        time.sleep(0.005)
+    deadline = start_at + seconds
+    while time.time() < deadline:
+        began = time.perf_counter()
+        try:
+            call(payloads[i % DISTINCT_REQUESTS], timeout=30)
+            latencies.append(time.perf_counter() - began)
+        except grpc.RpcError:
+            refused += 1
+            time.sleep(0.01)
+        i += 1
+    channel.close()
+    queue.put((latencies, refused))
+
+
+def _memory_mib(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) of a process and all its descendants, MiB.
+
+    RSS counts shared library pages once per process; PSS splits them between the
+    processes that share them, so the PSS sum is what the collector as a whole uses.
+    """
+    rss = pss = 0
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                stack += [int(x) for x in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return rss / 1024, pss / 1024
+
+
+def _rss_mib(pid: int) -> float:
+    return _memory_mib(pid)[0]
+
+
+def run_once(clients: int, seconds: float, workers: int) -> dict[str, float]:
+    """One measured run against a fresh collector; returns its figures."""
+    from collector.testing import running_collector
+    from pipeline.schema import columns as c
+    from pipeline.storage import DataDir, scan
+
+    with tempfile.TemporaryDirectory(prefix="fleetlens-bench-") as tmp:
+        data = Path(tmp) / "data"
+        with running_collector(data, workers=workers) as col:
+            context = multiprocessing.get_context("spawn")
+            queue = context.Queue()
+            start_at = time.time() + 4.0  # clients build their requests first
+            procs = [context.Process(target=_client,
+                                     args=(col.grpc_address, k, start_at, seconds, queue))
+                     for k in range(clients)]
+            for proc in procs:
+                proc.start()
+            peak, stop = [0.0, 0.0], threading.Event()
+
+            def sample() -> None:
+                while not stop.wait(0.25):
+                    rss, pss = _memory_mib(col.pid)
+                    peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            results = [queue.get(timeout=seconds + 120) for _ in procs]
+            for proc in procs:
+                proc.join()
+            stop.set()
+            sampler.join()
+            col.stop()
+        latencies = sorted(x for lat, _ in results for x in lat)
+        acked = len(latencies) * SPANS_PER_REQUEST
+        stored = scan(DataDir(data), "spans").select(c.TRACE_ID).collect().height
+    q = statistics.quantiles(latencies, n=100)
+    return {"spans_per_s": acked / seconds, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
+            "rss_mib": peak[0], "pss_mib": peak[1], "refused": float(sum(r for _, r in results)),
+            "stored_equals_acked": float(stored == acked)}
+
+
+def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] | None:
+    """Same load against Arize Phoenix's OTLP gRPC receiver (run from its own venv)."""
+    from collector.testing import free_port, wait_for_port
+
+    port, http_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory(prefix="phoenix-bench-") as tmp:
+        env = {"PHOENIX_WORKING_DIR": tmp, "PHOENIX_GRPC_PORT": str(port),
+               "PHOENIX_PORT": str(http_port), "PHOENIX_HOST": "127.0.0.1",
+               "PATH": "/usr/bin:/bin"}
+        proc = subprocess.Popen([python, "-m", "phoenix.server.main", "serve"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(f"127.0.0.1:{port}", 120, proc)
+            context = multiprocessing.get_context("spawn")
+            queue = context.Queue()
+            start_at = time.time() + 4.0
+            procs = [context.Process(target=_client,
+                                     args=(f"127.0.0.1:{port}", k, start_at, seconds, queue))
+                     for k in range(clients)]
+            for p in procs:
+                p.start()
+            peak = 0.0
+            results = []
+            while len(results) < clients:
+                peak = max(peak, _rss_mib(proc.pid))
+                try:
+                    results.append(queue.get(timeout=0.25))
+                except Exception:  # queue.Empty: keep sampling RSS
+                    continue
+            for p in procs:
+                p.join()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    latencies = sorted(x for lat, _ in results for x in lat)
+    if len(latencies) < 2:
+        return None
+    q = statistics.quantiles(latencies, n=100)
+    return {"spans_per_s": len(latencies) * SPANS_PER_REQUEST / seconds,
+            "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "rss_mib": peak,
+            "refused": float(sum(r for _, r in results))}
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--phoenix", default=None,
+                        help="Python of a venv with arize-phoenix, to measure it as the peer")
+    args = parser.parse_args()
+    runs = [run_once(args.clients, args.seconds, args.workers) for _ in range(args.runs)]
+    for i, r in enumerate(runs):
+        print(f"run {i + 1}: {r['spans_per_s']:,.0f} spans/s, p50 {r['p50_ms']:.1f} ms, "
+              f"p99 {r['p99_ms']:.1f} ms, RSS {r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f}), "
+              f"refused {r['refused']:.0f}, "
+              f"stored == acked: {bool(r['stored_equals_acked'])}")
+    m = _median(runs)
+    print(f"fleetlens collector (median of {args.runs}, {args.clients} clients, "
+          f"{args.workers} workers, {SPANS_PER_REQUEST}-span requests, durable): "
+          f"{m['spans_per_s']:,.0f} spans/s, Export p50 {m['p50_ms']:.1f} ms, "
+          f"p99 {m['p99_ms']:.1f} ms, RSS {m['rss_mib']:.0f} MiB (PSS {m['pss_mib']:.0f} MiB)")
+    if not args.phoenix:
+        print("Arize Phoenix peer: not measured (pass --phoenix PYTHON of a venv with "
+              "arize-phoenix)")
+        return
+    peer = run_phoenix(args.phoenix, args.clients, args.seconds)
+    if peer is None:
+        print("Arize Phoenix peer: acknowledged nothing")
+        return
+    print(f"Arize Phoenix (same load): {peer['spans_per_s']:,.0f} spans/s acknowledged, "
+          f"p50 {peer['p50_ms']:.1f} ms, p99 {peer['p99_ms']:.1f} ms, RSS {peer['rss_mib']:.0f} "
+          f"MiB, refused {peer['refused']:.0f}")
+    print(f"ratio fleetlens / Phoenix: {m['spans_per_s'] / peer['spans_per_s']:.1f}x spans/s")
+
+
+if __name__ == "__main__":
+    main()
