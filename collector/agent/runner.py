@@ -131,7 +131,8 @@ class Agent:
     def engine_tick_with_mapping(self) -> None:
         """:meth:`engine_tick`, refreshing the mapping every ``mapping_interval_s``."""
         now = time.monotonic()
-        if now >= self._next_mapping:
+        # GPU indices and PIDs resolve only against samples: wait for the first ones.
+        if now >= self._next_mapping and (self.sampler is None or self.gpu_state.samples):
             self._next_mapping = now + self.config.mapping_interval_s
             self.refresh_mapping()
         self.engine_tick()

@@ -124,6 +124,18 @@ def test_mapping_from_nvml_pids(sink: OtlpSink, metrics_server) -> None:  # noqa
     assert agent.engine_state.mapping == {"gpu-host-1/vllm": (backend.read(2).uuid,)}
 
 
+def test_mapping_waits_for_the_first_gpu_samples(sink: OtlpSink, metrics_server) -> None:  # noqa: F811
+    server, _ = metrics_server
+    target = VllmTarget(url=f"http://127.0.0.1:{server.server_address[1]}", gpus=("0",))
+    backend = FakeGpuBackend(1)
+    agent = make_agent(sink, backend, [target])
+    agent.engine_tick_with_mapping()  # the engine loop may run before the GPU loop
+    assert agent.engine_state.mapping == {}
+    agent.gpu_tick()
+    agent.engine_tick_with_mapping()  # resolved at once, not after mapping_interval_s
+    assert agent.engine_state.mapping == {"gpu-host-1/vllm": (backend.read(0).uuid,)}
+
+
 def test_descendants_are_found() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
