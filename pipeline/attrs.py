@@ -62,13 +62,22 @@ def extract_keys_distinct(
 ) -> pl.DataFrame:
     """Like :func:`extract_keys`, parsing each distinct value of ``column`` once.
 
-    Use it on columns with few distinct values (resource maps, metric point attributes).
+    Use it on columns with few distinct values (resource maps, metric point attributes). The
+    distinct values are found through a categorical encoding and joined back on its integer
+    codes, which is several times faster than joining on the strings.
     """
     if not keys:
         return frame
-    distinct = frame.select(pl.col(column).unique()).drop_nulls()
-    parsed = extract_keys(distinct, column, keys)
-    return frame.join(parsed, on=column, how="left", nulls_equal=True, maintain_order="left")
+    frame = frame.with_columns(code(column).alias(_KEY_COLUMN))
+    distinct = frame.group_by(_KEY_COLUMN).agg(pl.col(column).first())
+    parsed = extract_keys(distinct, column, keys).drop(column)
+    return frame.join(parsed, on=_KEY_COLUMN, how="left", maintain_order="left").drop(
+        _KEY_COLUMN)
+
+
+def code(column: str) -> pl.Expr:
+    """An integer code per distinct string of ``column`` (valid within this process only)."""
+    return pl.col(column).cast(pl.Categorical).to_physical()
 
 
 def first_string_of_key(column: str, key: str) -> pl.Expr:

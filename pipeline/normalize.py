@@ -39,14 +39,12 @@ _GW_ID, _GW_DUR = "__gw_span_id", "__gw_dur_ns"
 
 
 def dedup_spans(spans: pl.DataFrame) -> pl.DataFrame:
-    """Drop repeated deliveries: one row per (trace_id, span_id), the first received.
+    """Drop repeated deliveries: one row per (trace_id, span_id), the first in input order.
 
-    Sorting first makes the kept row, and so the output, independent of file order.
+    Repeated deliveries carry the same span, so which copy survives does not matter; the input
+    order (segments sorted by path) is the same in every run over the same segments.
     """
-    return (
-        spans.sort([c.TRACE_ID, c.SPAN_ID, c.RECEIVED_NS], nulls_last=True)
-        .unique([c.TRACE_ID, c.SPAN_ID], keep="first", maintain_order=True)
-    )
+    return spans.unique([c.TRACE_ID, c.SPAN_ID], keep="first", maintain_order=True)
 
 
 def _span_keys() -> dict[str, tuple[str, pl.DataType]]:

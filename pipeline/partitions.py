@@ -11,7 +11,6 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.schema import conform
 from pipeline.schema import tables as t
 from pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
 
@@ -66,10 +65,18 @@ def existing_hours(data_dir: DataDir, table: str) -> list[int]:
     return sorted(set(out))
 
 
-def read_raw(files: list[str], table: str, predicate: pl.Expr) -> pl.DataFrame:
-    """Rows of raw segments matching ``predicate``, with exactly the contract's columns."""
+def read_raw(files: list[str], table: str, predicate: pl.Expr,
+             columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+    """Rows of raw segments matching ``predicate``: ``columns`` of the contract (all by
+    default) with the contract's dtypes, a column missing from a file read as nulls."""
+    spec = t.table(table)
+    names = list(columns or spec.columns)
     if not files:
-        return t.table(table).empty()
+        return spec.empty().select(names)
     frame = pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
-    frame = frame.filter(predicate).collect()
-    return conform(frame, table)
+    present = frame.collect_schema()
+    frame = frame.select(
+        pl.col(n).cast(spec.columns[n]) if n in present else pl.lit(None, spec.columns[n]).alias(n)
+        for n in names
+    )
+    return frame.filter(predicate).collect()

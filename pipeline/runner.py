@@ -53,6 +53,18 @@ OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.REQUE
            t.GPU_WINDOW_ENERGY, t.WINDOWS)
 _SIGNALS = {"spans": t.SPANS, "metrics": t.METRIC_POINTS}
 
+#: The raw columns the stages read (the rest, e.g. events and links, are never loaded).
+_COLUMNS = {
+    "spans": (c.TRACE_ID, c.SPAN_ID, c.PARENT_SPAN_ID, c.NAME, c.KIND, c.START_NS, c.END_NS,
+              c.STATUS_CODE, c.SERVICE_NAME, c.HOST_NAME, c.RESOURCE_ATTRIBUTES, c.ATTRIBUTES,
+              c.RECEIVED_NS, c.GEN_AI_REQUEST_ID, c.GEN_AI_REQUEST_MODEL,
+              c.GEN_AI_TIME_IN_QUEUE_S, c.GEN_AI_TTFT_S, c.GEN_AI_E2E_S, c.GEN_AI_PREFILL_S,
+              c.GEN_AI_DECODE_S, c.GEN_AI_INFERENCE_S, c.GEN_AI_PROMPT_TOKENS,
+              c.GEN_AI_COMPLETION_TOKENS),
+    "metrics": (c.METRIC_NAME, c.UNIT, c.TS_NS, c.VALUE, c.TEMPORALITY, c.SERVICE_NAME,
+                c.HOST_NAME, c.ATTRIBUTES, c.RECEIVED_NS),
+}
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -157,7 +169,8 @@ class Pipeline:
     # --- phase 1 -------------------------------------------------------------------------
     def _raw(self, state: PipelineState, signal: str, lo: int, hi: int,
              predicate: pl.Expr) -> pl.DataFrame:
-        return read_raw(state.files(signal, lo, hi, self.dd.root), _SIGNALS[signal], predicate)
+        return read_raw(state.files(signal, lo, hi, self.dd.root), _SIGNALS[signal], predicate,
+                        _COLUMNS[signal])
 
     def _phase1(self, state: PipelineState, hour: int, summary: RunSummary) -> None:
         lo, hi = hour, hour + HOUR_NS

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.attrs import extract_keys_distinct
+from pipeline.attrs import code, extract_keys_distinct
 from pipeline.schema import attributes as a
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
@@ -70,13 +70,58 @@ def normalised_value() -> pl.Expr:
     return pl.col(c.VALUE) * factor
 
 
-def _wide(points: pl.DataFrame, keys: list[str], metrics: dict[str, str]) -> pl.DataFrame:
-    """One row per key with one column per metric (the last point of that metric there)."""
-    aggs = [
-        pl.col(c.VALUE).filter(pl.col(c.METRIC_NAME) == name).last().alias(column)
-        for name, column in metrics.items()
-    ]
-    return points.group_by(keys).agg(aggs).sort(keys)
+GROUP = "__group"
+_PACK_BITS = 43
+_PACK_TS = 1 << _PACK_BITS  # ns: about 2.4 hours of timestamps packed beside the series rank
+
+
+def _wide(points: pl.DataFrame, keys: list[str], metrics: dict[str, str],
+          labels: tuple[pl.Expr, ...] = ()) -> pl.DataFrame:
+    """One row per (series, ts_ns) with one column per metric, sorted by series then time.
+
+    ``keys`` are the series' string columns followed by ``ts_ns``. Repeated points of one metric
+    at one key (duplicate deliveries) collapse to their maximum: the value itself for a
+    duplicate, the latest value for a counter. The result carries :data:`GROUP`, the series'
+    rank in sorted order, for ``shift``-based per-series computations, and the ``labels``
+    aggregations computed once per series.
+
+    Speed: the series strings are encoded once; (series rank, time) is packed into one int64
+    so the grouping and the sort run on a single integer column.
+    """
+    strings = keys[:-1]
+    present = set(points.get_column(c.METRIC_NAME).unique().to_list())
+    value_cols = [col for name, col in metrics.items() if name in present]
+    cols = [pl.when(pl.col(c.METRIC_NAME) == name).then(pl.col(c.VALUE)).alias(column)
+            for name, column in metrics.items() if name in present]
+    if len(strings) > 1:
+        frame = points.with_columns(pl.concat_str(strings, separator="\x00").alias("__series"))
+        sid = code("__series")
+    else:
+        frame, sid = points, code(strings[0])
+    frame = frame.with_columns(sid.alias("__sid"), *cols)
+    series = (frame.group_by("__sid").agg(pl.col(strings).first(), *labels).sort(strings)
+              .with_row_index(GROUP).with_columns(pl.col(GROUP).cast(pl.Int64)))
+    frame = frame.join(series.select("__sid", GROUP), on="__sid", how="left")
+    base = int(frame.get_column(c.TS_NS).min() or 0)
+    span = int(frame.get_column(c.TS_NS).max() or 0) - base
+    if span < _PACK_TS and series.height < (1 << (62 - _PACK_BITS)):
+        packed = pl.col(GROUP) * _PACK_TS + (pl.col(c.TS_NS) - base)
+        wide = (frame.group_by(packed.alias("__key")).agg(pl.col(value_cols).max())
+                .sort("__key").with_columns(
+                    (pl.col("__key") // _PACK_TS).alias(GROUP),
+                    (pl.col("__key") % _PACK_TS + base).alias(c.TS_NS)).drop("__key"))
+    else:  # more than ~146 days or 1M series in one frame: group on two integer columns
+        wide = frame.group_by(GROUP, c.TS_NS).agg(pl.col(value_cols).max()).sort(
+            GROUP, c.TS_NS)
+    wide = wide.join(series.drop("__sid"), on=GROUP, how="left", maintain_order="left")
+    missing = [pl.lit(None, pl.Float64).alias(col) for name, col in metrics.items()
+               if name not in present]
+    return wide.with_columns(missing)
+
+
+def _previous(expr: pl.Expr) -> pl.Expr:
+    """The value of the previous row of the same series (rows sorted by series, then time)."""
+    return pl.when(pl.col(GROUP) == pl.col(GROUP).shift(1)).then(expr.shift(1))
 
 
 @stage(t.GPU_SAMPLES)
@@ -90,7 +135,8 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
     restarted: the increase is then the new value), else the trapezoid of power; null for a
     GPU's first sample or across a gap longer than ``max_gap_s``.
     """
-    gpu = dedup_points(points.filter(pl.col(c.METRIC_NAME).is_in(list(GPU_METRICS))))
+    # Duplicate deliveries collapse in the pivot below (no sort needed).
+    gpu = points.filter(pl.col(c.METRIC_NAME).is_in(list(GPU_METRICS)))
     gpu = extract_keys_distinct(gpu, c.ATTRIBUTES, {
         a.HW_ID: (_UUID, pl.String()), a.HW_NAME: (_NAME, pl.String()),
         a.GPU_INDEX: (_INDEX, pl.Int64()),
@@ -101,18 +147,15 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
     is_delta = (pl.col(c.METRIC_NAME) == a.HW_ENERGY) & (pl.col(c.TEMPORALITY) == _DELTA)
     gpu = gpu.with_columns(pl.when(is_delta).then(pl.lit(_ENERGY_DELTA))
                            .otherwise(pl.col(c.METRIC_NAME)).alias(c.METRIC_NAME))
+    labels = (pl.col(_NAME).drop_nulls().max().fill_null("").alias(c.GPU_MODEL),
+              pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX))
     wide = _wide(gpu, [c.HOST_NAME, c.GPU_UUID, c.TS_NS],
-                 {**GPU_METRICS, _ENERGY_DELTA: _ENERGY_DELTA})
-    labels = gpu.group_by(c.HOST_NAME, c.GPU_UUID).agg(
-        pl.col(_NAME).drop_nulls().max().fill_null("").alias(c.GPU_MODEL),
-        pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX),
-    )
-    wide = wide.join(labels, on=[c.HOST_NAME, c.GPU_UUID], how="left", maintain_order="left")
+                 {**GPU_METRICS, _ENERGY_DELTA: _ENERGY_DELTA}, labels)
     wide = wide.with_columns(pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64))
-    by_gpu = [c.HOST_NAME, c.GPU_UUID]
-    dt_s = (pl.col(c.TS_NS) - pl.col(c.TS_NS).shift(1).over(by_gpu)) / _NS
-    counter = counter_increase(pl.col(c.ENERGY_J), by_gpu)
-    trapezoid = (pl.col(c.POWER_W) + pl.col(c.POWER_W).shift(1).over(by_gpu)) / 2 * dt_s
+    dt_s = (pl.col(c.TS_NS) - _previous(pl.col(c.TS_NS))) / _NS
+    increase = pl.col(c.ENERGY_J) - _previous(pl.col(c.ENERGY_J))
+    counter = pl.when(increase < 0).then(pl.col(c.ENERGY_J)).otherwise(increase)
+    trapezoid = (pl.col(c.POWER_W) + _previous(pl.col(c.POWER_W))) / 2 * dt_s
     delta = pl.coalesce(
         pl.col(_ENERGY_DELTA), pl.when(dt_s <= max_gap_s).then(pl.coalesce(counter, trapezoid)))
     wide = wide.with_columns(delta.alias(c.ENERGY_DELTA_J))
@@ -123,7 +166,6 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
 def _engine_points(points: pl.DataFrame) -> pl.DataFrame:
     eng = points.filter(pl.col(c.METRIC_NAME).is_in(list(ENGINE_ALIASES)))
     eng = eng.with_columns(pl.col(c.METRIC_NAME).replace_strict(ENGINE_ALIASES))
-    eng = dedup_points(eng)
     eng = extract_keys_distinct(eng, c.ATTRIBUTES, {
         a.ENGINE_INSTANCE: (_INSTANCE, pl.String()),
         a.ENGINE_MODEL_NAME: (_MODEL_LABEL, pl.String()),
@@ -147,9 +189,7 @@ def engine_samples(points: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col(c.UNIT) == "%").then(pl.col(c.VALUE) / 100).otherwise(pl.col(c.VALUE))
         .alias(c.VALUE))
     keys = [c.HOST_NAME, c.INSTANCE_ID, c.TS_NS]
-    wide = _wide(eng, keys, ENGINE_METRICS)
-    models = eng.group_by(c.HOST_NAME, c.INSTANCE_ID).agg(pl.col(c.MODEL).max())
-    wide = wide.join(models, on=[c.HOST_NAME, c.INSTANCE_ID], how="left", maintain_order="left")
+    wide = _wide(eng, keys, ENGINE_METRICS, (pl.col(c.MODEL).max(),))
     return wide.select(list(t.table(t.ENGINE_SAMPLES).columns))
 
 
