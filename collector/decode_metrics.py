@@ -34,8 +34,9 @@ def _optional(point: Any, name: str) -> float | None:
 def _point_row(kind: str, data: Any, point: Any, limits: Limits) -> dict[str, Any]:
     ts, start = point.time_unix_nano, point.start_time_unix_nano
     limits.check_time(ts, "time_unix_nano")
+    # No skew check on the start: a cumulative counter's start is its process start,
+    # which may be weeks ago.
     if start:
-        limits.check_time(start, "start_time_unix_nano")
         if start > ts:
             raise Reject(f"start_time_unix_nano {start} is after time_unix_nano {ts}")
     attrs, _ = attribute_map(point.attributes, limits)

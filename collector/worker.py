@@ -14,6 +14,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -101,8 +102,13 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     log.info("collector %s serving OTLP/gRPC on %s and OTLP/HTTP on %s%s, data in %s",
              writer_id, config.grpc_address, config.http_address,
              " with TLS" if config.tls.enabled else "", data_dir.root)
-    while not stop.wait(SUMMARY_EVERY_S):
-        log.info("collector %s: %s", writer_id, telemetry.summary())
+    # Short waits: a signal delivered to one of gRPC's threads only runs its Python
+    # handler when the main thread next wakes up.
+    last_summary = time.monotonic()
+    while not stop.wait(0.2):
+        if time.monotonic() - last_summary >= SUMMARY_EVERY_S:
+            last_summary = time.monotonic()
+            log.info("collector %s: %s", writer_id, telemetry.summary())
     log.info("collector %s draining", writer_id)
     grpc_server.health.enter_graceful_shutdown()
     http_server.shutdown()  # stop accepting connections

@@ -14,7 +14,7 @@ import duckdb
 import polars as pl
 
 from dashboard.filters import table_columns
-from dashboard.queries import baseline_rows, run
+from dashboard.queries import OVERVIEW_METHOD, baseline_rows, run
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
 
@@ -58,13 +58,15 @@ def metric_context(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.Da
     host = inc.get(c.HOST_NAME) or t.FLEET_WIDE
     value = f'avg("{metric}")' if metric in _window_columns(con) else "NULL::DOUBLE"
     scope, params = _scope({**inc, c.HOST_NAME: host})
-    params.update({"a": p["ctx_start"], "b": p["ctx_end"], "m": metric})
+    params.update({"a": p["ctx_start"], "b": p["ctx_end"], "m": metric,
+                   "method": OVERVIEW_METHOD})
     sql = f"""
         WITH v AS (SELECT {c.WINDOW_START_NS} AS {c.TS_NS}, {value} AS value FROM {t.WINDOWS}
                    WHERE {scope} AND {c.WINDOW_START_NS} BETWEEN $a AND $b GROUP BY 1),
              b AS (SELECT {c.TS_NS}, avg({c.EXPECTED}) AS {c.EXPECTED}, avg({c.LOWER}) AS
                    {c.LOWER}, avg({c.UPPER}) AS {c.UPPER} FROM ({baseline_rows(con)})
-                   WHERE {scope} AND {c.METRIC} = $m AND {c.TS_NS} BETWEEN $a AND $b GROUP BY 1)
+                   WHERE {scope} AND {c.METRIC} = $m AND {c.METHOD} = $method
+                   AND {c.TS_NS} BETWEEN $a AND $b GROUP BY 1)
         SELECT * FROM v FULL JOIN b USING ({c.TS_NS}) ORDER BY {c.TS_NS}"""
     return run(con, sql, params)
 

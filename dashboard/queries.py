@@ -23,6 +23,9 @@ HEADLINE = tuple(
     (f"{metric.upper()} {suffix}", c.percentile_column(metric, suffix))
     for metric in ("ttft", "tpot", "e2e") for suffix in ("p50", "p99")
 )
+#: The baseline method drawn on the overview and incident pages: the rolling baseline is
+#: always on for every series (Prophet bands are on the Baselines page).
+OVERVIEW_METHOD = "rolling"
 #: Rate columns summed over series; every other value column is a request-weighted mean.
 RATES = (c.RPS, c.OUTPUT_TOK_S, c.POWER_W, c.REQUESTS, c.INPUT_TOKENS, c.OUTPUT_TOKENS,
          c.ENERGY_J, c.PREEMPTIONS)
@@ -134,15 +137,27 @@ def baseline_rows(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def fleet_band(con: duckdb.DuckDBPyConnection, f: Filters, metric: str) -> pl.DataFrame:
-    """The baseline band of ``metric`` for the rows :func:`fleet_series` shows."""
-    clause, params = where(con, f, time_col=c.TS_NS)
-    params["fleet"] = t.FLEET_WIDE
-    params["metric"] = metric
-    agg = "sum" if metric in RATES else "avg"
-    sql = f"""SELECT {c.TS_NS}, {agg}({c.EXPECTED}) AS {c.EXPECTED},
-                     {agg}({c.LOWER}) AS {c.LOWER}, {agg}({c.UPPER}) AS {c.UPPER}
-              FROM ({baseline_rows(con)}) WHERE {clause} AND {_level(f)}
-              AND {c.METRIC} = $metric
+    """The baseline band of ``metric`` for the rows :func:`fleet_series` shows.
+
+    Bands of several series combine like their values: rates add up, everything else is
+    weighted by the requests of the series' window (as :func:`fleet_series` weights values).
+    """
+    clause, params = where(con, f, time_col=c.TS_NS, prefix="b_")
+    w_clause, w_params = _window_rows(con, f)
+    params.update(w_params)
+    params.update({"metric": metric, "method": OVERVIEW_METHOD})
+    keys = (c.SERVICE_NAME, c.MODEL, c.HOST_NAME)
+    join = " AND ".join(f"b.{k} = w.{k}" for k in keys)
+    if metric in RATES:
+        parts = [f"sum(b.{col}) AS {col}" for col in (c.EXPECTED, c.LOWER, c.UPPER)]
+    else:
+        parts = [f"sum(b.{col} * w.{c.REQUESTS}) / nullif(sum(w.{c.REQUESTS}), 0) AS {col}"
+                 for col in (c.EXPECTED, c.LOWER, c.UPPER)]
+    sql = f"""SELECT b.{c.TS_NS}, {', '.join(parts)}
+              FROM (SELECT * FROM ({baseline_rows(con)}) WHERE {clause}
+                    AND {c.METRIC} = $metric AND {c.METHOD} = $method) b
+              JOIN (SELECT * FROM {t.WINDOWS} WHERE {w_clause}) w
+                ON b.{c.TS_NS} = w.{c.WINDOW_START_NS} AND {join}
               GROUP BY 1 ORDER BY 1"""
     return run(con, sql, params)
 

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("fleetlens.config_cli:config", "Check and print the effective configuration."),
     "sql": ("pipeline.sql_cli:sql", "Run a SQL query over the tables in a data directory."),
     "dashboard": ("dashboard.cli:dashboard", "Serve the web dashboard (Streamlit, 127.0.0.1)."),
+    "demo": ("fleetlens.demo:demo", "Run everything on a simulated fleet; open the dashboard."),
     "simulate": ("simulator.cli:simulate", "Simulate a vLLM fleet with incidents, send OTLP."),
     "pipeline": ("pipeline.cli:pipeline", "Raw telemetry to requests, windows and energy."),
     "compact": ("pipeline.cli:compact", "Merge small raw segments; apply retention."),

@@ -79,3 +79,22 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_span(tmp_path) -> None:
     assert len(acked) > 1000
     assert acked - keys == set()
     assert not list((data / "wal").rglob("*.wal"))
+
+
+def test_restart_replays_the_wal_and_reports_a_torn_tail(tmp_path) -> None:
+    data = tmp_path / "data"
+    config = {"flush_interval_s": 3600.0, "flush_rows": 10**6}  # nothing published by itself
+    with running_collector(data, config=config) as col:
+        col.export(vllm_trace_request(30, seed=1))
+        col.export(vllm_trace_request(20, seed=2))
+        col.kill()
+    assert scan(DataDir(data), "spans").collect().height == 0
+    (wal,) = list((data / "wal").rglob("*.wal"))
+    with open(wal, "ab") as handle:  # power loss in the middle of a frame
+        handle.write(b"\x10\x00\x00\x00\xde\xad")
+    with running_collector(data, config=config) as col:
+        assert col.stop() == 0
+        log = col.logs()
+    assert "ignored a torn tail of 6 bytes after 2 complete records" in log
+    assert scan(DataDir(data), "spans").collect().height == 50
+    assert not list((data / "wal").rglob("*.wal"))

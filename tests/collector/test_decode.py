@@ -128,3 +128,21 @@ def test_metrics_and_logs_decode_to_their_tables() -> None:
     logs = _decode(LOGS, log_request(["hello", "world"], ts_ns=now))
     assert logs.columns[c.BODY] == ["hello", "world"]
     assert isinstance(LOGS.to_arrow(logs), pa.Table)
+
+
+def test_a_cumulative_sum_may_have_started_long_ago() -> None:
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+    now = time.time_ns()
+    request = gauge_request("vllm.preemptions", [])
+    metric = request.resource_metrics[0].scope_metrics[0].metrics[0]
+    metric.sum.aggregation_temporality = 2
+    metric.sum.is_monotonic = True
+    metric.sum.data_points.append(metrics_pb2.NumberDataPoint(
+        start_time_unix_nano=now - 30 * 86400 * 10**9, time_unix_nano=now, as_int=42))
+    metric.sum.data_points.append(metrics_pb2.NumberDataPoint(
+        start_time_unix_nano=now + 10**9, time_unix_nano=now, as_int=1))  # start after time
+    out = _decode(METRICS, request)
+    assert (out.rows, out.rejected) == (1, 1)
+    assert out.columns[c.VALUE] == [42.0] and out.columns[c.TEMPORALITY] == ["cumulative"]
+    assert out.columns[c.IS_MONOTONIC] == [True]

@@ -30,3 +30,19 @@ def app(demo_data, monkeypatch: pytest.MonkeyPatch):
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
+
+
+@pytest.fixture(scope="session")
+def real_demo(tmp_path_factory: pytest.TempPathFactory) -> DataDir:
+    """Real demo data: ``fleetlens demo --no-dashboard`` (collector, simulator, pipeline,
+    analytics as real processes) over 90 simulated minutes with injected incidents."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("real-demo") / "demo"
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetlens", "demo", "--data-dir", str(root), "--minutes", "90",
+         "--no-dashboard"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "demo data ready" in out.stdout, out.stdout[-3000:]
+    return DataDir(root)

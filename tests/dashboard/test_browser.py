@@ -22,7 +22,7 @@ PAGES = {
     "": ("Fleet overview", ['[data-testid="stMetric"]', ".js-plotly-plot",
                                     '[data-testid="stDataFrame"]']),
     "incidents": ("Incidents", ['[data-testid="stDataFrame"]']),
-    "incident?id=5f3a9c0e1b2d4a67": ("Incident detail", [
+    "incident?id={incident}": ("Incident detail", [
         '[data-testid="stMetric"]', ".js-plotly-plot", '[data-testid="stDataFrame"]',
         '[data-testid="stDownloadButton"]']),
     "baselines": ("Baselines", [".js-plotly-plot", '[data-testid="stMetric"]']),
@@ -60,16 +60,28 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> Non
 
 
 @pytest.fixture(scope="module")
-def server(demo_data, tmp_path_factory):
-    """``fleetlens dashboard`` on a free loopback port, stopped by PID afterwards."""
+def incident(real_demo) -> str:
+    """The first incident analytics found in the demo data."""
+    from pipeline.schema import columns as c
+    from pipeline.schema import tables as t
+    from pipeline.storage import scan
+
+    frame = scan(real_demo, t.INCIDENTS).sort(c.START_NS).collect()
+    assert frame.height, "the demo found no incident"
+    return frame[c.INCIDENT_ID][0]
+
+
+@pytest.fixture(scope="module")
+def server(real_demo, tmp_path_factory):
+    """``fleetlens dashboard`` over real demo data on a free loopback port, stopped by PID."""
     port = free_port()
     log = tmp_path_factory.mktemp("dash-log") / "dashboard.log"
-    env = {**os.environ, "FLEETLENS_DATA": str(demo_data[0].root)}
+    env = {**os.environ, "FLEETLENS_DATA": str(real_demo.root)}
     env.pop("FLEETLENS_CONFIG", None)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fleetlens", "dashboard", "--data-dir",
-             str(demo_data[0].root), "--port", str(port)],
+             str(real_demo.root), "--port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -109,12 +121,12 @@ def render(page, url: str, selectors: list[str], timeout_ms: int = 60_000) -> No
     page.wait_for_timeout(300)  # let the last deltas paint
 
 
-def test_every_page_renders_in_a_real_browser(server, browser, tmp_path) -> None:
+def test_every_page_renders_in_a_real_browser(server, browser, incident, tmp_path) -> None:
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     for path, (title, selectors) in PAGES.items():
-        render(page, f"{server}/{path}", selectors)
+        render(page, f"{server}/{path.format(incident=incident)}", selectors)
         heading = page.locator("h1").first.inner_text()
         assert title in heading, (path, heading)
         assert page.locator('[data-testid="stException"]').count() == 0, path
