@@ -1,0 +1,90 @@
+"""`fleetlens pipeline --follow` as a real process, the @stage wrapper, and config errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import polars as pl
+import pytest
+
+from pipeline.cli import load_pipeline_config
+from pipeline.schema import SchemaError
+from pipeline.schema import tables as t
+from pipeline.schema.settings import ConfigError
+from pipeline.stage import STATS, stage
+from pipeline.storage import DataDir, connect
+from tests.pipeline.fleet import make_fleet, write_batches
+
+
+def _requests(dd: DataDir) -> int:
+    return connect(dd).sql("select count(*) from requests").fetchall()[0][0]
+
+
+@pytest.mark.e2e
+def test_follow_picks_up_new_segments(tmp_path) -> None:
+    dd = DataDir(tmp_path / "data")
+    fleet = make_fleet(seed=5, seconds=200)
+    write_batches(dd, fleet, range(0, 2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    log_path = tmp_path / "pipeline.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetlens", "pipeline", "--data-dir", str(dd.root),
+             "--follow", "--interval", "0.2", "--json"], stdout=log, stderr=subprocess.STDOUT,
+            env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (dd.state / "pipeline.json").exists():
+            time.sleep(0.1)
+        first = _requests(dd)
+        assert first > 0
+        write_batches(dd, fleet, range(2, 4))
+        while time.monotonic() < deadline and _requests(dd) < fleet.distinct_requests:
+            time.sleep(0.2)
+        assert _requests(dd) == fleet.distinct_requests > first
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = log_path.read_text()
+    assert proc.returncode == 0, output
+    assert '"new_segments": 4' in output and "stopped" in output
+
+
+def test_stage_wrapper_validates_and_counts() -> None:
+    @stage(t.REQUEST_ENERGY)
+    def good(frame: pl.DataFrame) -> pl.DataFrame:
+        return t.table(t.REQUEST_ENERGY).empty()
+
+    @stage(t.REQUEST_ENERGY)
+    def bad(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame
+
+    STATS.reset()
+    good(pl.DataFrame({"x": [1, 2, 3]}))
+    assert [(r.name, r.rows_in, r.rows_out) for r in STATS.records] == [("good", 3, 0)]
+    with pytest.raises(SchemaError, match="request_energy"):
+        bad(pl.DataFrame({"x": [1]}))
+    assert STATS.totals()["good"].rows_in == 3
+
+
+def test_config_file_env_and_overrides(tmp_path, monkeypatch) -> None:
+    cfg_file = tmp_path / "fleetlens.toml"
+    cfg_file.write_text('[pipeline]\nwindow_s = 300\ndimensions = ["region", "gpu=hw.model"]\n')
+    monkeypatch.setenv("FLEETLENS_PIPELINE__LATENESS_S", "42")
+    cfg = load_pipeline_config(str(cfg_file))
+    assert (cfg.window_s, cfg.lateness_s) == (300, 42)
+    assert cfg.dimension_map() == {"region": "region", "gpu": "hw.model"}
+    assert load_pipeline_config(str(cfg_file), window_s=10).window_s == 10
+    with pytest.raises(ConfigError, match="energy_slot_s"):
+        load_pipeline_config(str(cfg_file), window_s=15, energy_slot_s=10)
+    cfg_file.write_text("[pipeline]\nwindow_secs = 60\n")
+    with pytest.raises(ConfigError, match="did you mean 'window_s'"):
+        load_pipeline_config(str(cfg_file))
