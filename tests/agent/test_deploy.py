@@ -1,0 +1,130 @@
+"""deploy/ stays true to the code: every fleetlens command in the compose file and the
+Kubernetes manifests parses with the real CLI, the configs load, and vLLM and the agent agree
+on the instance identity and the collector address."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+from collector.agent.cli import load_agent_config, parse_vllm_option
+from fleetlens.cli import cli
+from fleetlens.config import load_config
+from pipeline.schema import attributes as a
+from tests.conftest import REPO
+
+DEPLOY = REPO / "deploy"
+IMAGE = "fleetlens:0.1.0"
+
+
+def parse_command(args: list[str]) -> click.Context:
+    """Parse ``fleetlens ARGS`` with the real click command (no execution)."""
+    name, *rest = args
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None, f"unknown fleetlens subcommand {name!r}"
+    return command.make_context(name, list(rest))
+
+
+def resource_attributes(value: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in value.split(","))
+
+
+def option(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def k8s() -> dict[tuple[str, str], dict]:
+    docs = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            docs[(doc["kind"], doc["metadata"]["name"])] = doc
+    return docs
+
+
+def test_compose_commands_parse_and_config_loads(compose: dict) -> None:
+    services = compose["services"]
+    assert {"collector", "pipeline", "dashboard", "agent", "vllm"} <= set(services)
+    ours = {n: s for n, s in services.items() if s.get("image") == IMAGE}
+    assert set(ours) == {"collector", "pipeline", "dashboard", "agent"}
+    for name, service in ours.items():
+        ctx = parse_command(service["command"])
+        assert ctx.info_name == service["command"][0] == name
+    assert "--follow" in services["pipeline"]["command"]
+    config = load_config(DEPLOY / "fleetlens.toml", environ={
+        "FLEETLENS_COLLECTOR__AUTH_TOKENS": '["t"]', "FLEETLENS_AGENT__AUTH_TOKEN": "t"})
+    assert config.collector.auth_tokens == ("t",) and config.agent.auth_token == "t"
+    assert config.dashboard.auth == "password"
+    # published ports bind loopback only
+    for service in services.values():
+        assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", []))
+
+
+def test_compose_vllm_and_agent_agree(compose: dict) -> None:
+    services = compose["services"]
+    vllm, agent = services["vllm"], services["agent"]
+    attrs = resource_attributes(vllm["environment"]["OTEL_RESOURCE_ATTRIBUTES"])
+    config = load_agent_config(str(DEPLOY / "fleetlens.toml"), environ={})
+    (target,) = config.vllm
+    assert attrs[a.SERVICE_INSTANCE_ID] == target.instance_id
+    assert attrs[a.HOST_NAME] == option(agent["command"], "--host-name")
+    assert any(key in attrs for key in a.RESOURCE_MODEL_KEYS)
+    assert vllm["environment"]["OTEL_SERVICE_NAME"]
+    endpoint = option(vllm["command"], "--otlp-traces-endpoint")
+    assert endpoint == option(agent["command"], "--collector")
+    assert endpoint.endswith(":4317") and "127.0.0.1:4317:4317" in services["collector"]["ports"]
+    assert target.url.endswith(":" + option(vllm["command"], "--port"))
+    assert agent["pid"] == "host" and agent["network_mode"] == "host"
+    assert agent["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
+def test_k8s_manifests(k8s: dict, tmp_path: Path) -> None:
+    assert {("Deployment", "fleetlens-collector"), ("Service", "fleetlens-collector"),
+            ("Deployment", "fleetlens-pipeline"), ("Deployment", "fleetlens-dashboard"),
+            ("DaemonSet", "fleetlens-agent"), ("Deployment", "vllm-llama-8b")} <= set(k8s)
+    for (kind, _), doc in k8s.items():
+        if kind not in ("Deployment", "DaemonSet"):
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            if container["image"] == IMAGE:
+                parse_command(container["args"])
+    config = k8s[("ConfigMap", "fleetlens-config")]["data"]["fleetlens.toml"]
+    path = tmp_path / "fleetlens.toml"
+    path.write_text(config)
+    assert load_config(path, environ={}).collector.grpc_address == "0.0.0.0:4317"
+
+
+def test_k8s_agent_has_nvml_access_and_matches_vllm(k8s: dict) -> None:
+    ds = k8s[("DaemonSet", "fleetlens-agent")]["spec"]["template"]["spec"]
+    assert ds["hostPID"] is True and ds["hostNetwork"] is True
+    (agent,) = ds["containers"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"]
+    args = agent["args"]
+    service = k8s[("Service", "fleetlens-collector")]
+    collector = option(args, "--collector")
+    assert collector == f"{service['metadata']['name']}.fleetlens.svc:4317"
+    # the environment overrides the DaemonSet sets give a valid agent config
+    static = {k: v for k, v in env.items() if k.startswith("FLEETLENS_AGENT__") and v}
+    target = parse_vllm_option(option(args, "--vllm"))
+    loaded = load_agent_config(None, {"collector": collector, "host_name": "node-1"},
+                               environ=static)
+    assert loaded.allow_plaintext and loaded.resource_attributes == {"region": "eu-west-1"}
+
+    vllm = k8s[("Deployment", "vllm-llama-8b")]["spec"]["template"]["spec"]
+    (server,) = vllm["containers"]
+    venv = {e["name"]: e.get("value") for e in server["env"]}
+    attrs = resource_attributes(venv["OTEL_RESOURCE_ATTRIBUTES"])
+    assert attrs[a.SERVICE_INSTANCE_ID] == target.instance_id  # both "$(NODE_NAME)/vllm-0"
+    assert attrs[a.HOST_NAME] == option(args, "--host-name")
+    assert option(server["args"], "--otlp-traces-endpoint") == collector
+    assert target.url == f"http://127.0.0.1:{option(server['args'], '--port')}"
+    assert vllm["hostNetwork"] is True
