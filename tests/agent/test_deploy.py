@@ -128,3 +128,15 @@ def test_k8s_agent_has_nvml_access_and_matches_vllm(k8s: dict) -> None:
     assert option(server["args"], "--otlp-traces-endpoint") == collector
     assert target.url == f"http://127.0.0.1:{option(server['args'], '--port')}"
     assert vllm["hostNetwork"] is True
+
+
+def test_telemetry_doc_lists_every_emitted_and_scraped_name() -> None:
+    from collector.agent.instruments import ENGINE_METRICS, GPU_METRICS
+
+    doc = (REPO / "docs" / "telemetry.md").read_text()
+    names = [*GPU_METRICS, *ENGINE_METRICS, a.ENGINE_INSTANCE_GPUS, a.HW_ID, a.HW_NAME,
+             a.HW_TYPE, a.GPU_INDEX, a.ENGINE_INSTANCE, a.ENGINE_MODEL_NAME,
+             *(n for names in a.VLLM_PROMETHEUS_NAMES.values() for n in names),
+             *a.PROMOTED_SPAN_ATTRIBUTES, a.GEN_AI_N, a.GEN_AI_TEMPERATURE, a.GEN_AI_TOP_P]
+    missing = [n for n in names if f"`{n}`" not in doc]
+    assert missing == []
