@@ -112,56 +112,65 @@ class Pipeline:
                 out[str(path.relative_to(self.dd.root))] = (signal, path.stat().st_size)
         return out
 
-    def _event_rows(self, signal: str, path: str) -> pl.DataFrame:
-        """(host, lo, hi, end, received) per row: the event-time span a row can affect."""
+    def _event_rows(self, signal: str, path: str, marks: pl.DataFrame) -> pl.LazyFrame:
+        """(host, lo, hi, end, received, late) per row: the event-time span a row can affect,
+        and whether it is older than its host's watermark minus the lateness."""
         frame = pl.scan_parquet(self.dd.root / path)
         if signal == "spans":
             lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
         else:
             lo, hi, end = pl.col(c.TS_NS), pl.col(c.TS_NS) + self.gap_ns, pl.col(c.TS_NS)
-        return frame.select(
+        rows = frame.select(
             pl.col(c.HOST_NAME).fill_null(""), lo.alias("lo"),
             pl.max_horizontal(hi, lo).alias("hi"), end.alias("end"),
             pl.col(c.RECEIVED_NS).alias("received"),
-        ).collect()
+        ).join(marks.lazy(), on=c.HOST_NAME, how="left")
+        late = pl.col("end") < pl.col("mark") - self.cfg.lateness_s * NS
+        return rows.with_columns(late.fill_null(False).alias("late"))
 
     def _discover(self, state: PipelineState, summary: RunSummary) -> set[int]:
+        """Register new segments and return the hours they make dirty.
+
+        Each segment is aggregated on its own (extent, hours, per-host maxima), so memory
+        stays bounded by one segment however much is new.
+        """
         listing = self._listing()
         for rel in [r for r in state.segments if r not in listing]:
             del state.segments[rel]  # compacted away or expired
         new = [(rel, sig, size) for rel, (sig, size) in sorted(listing.items())
                if rel not in state.segments or state.segments[rel].size != size]
         summary.new_segments = len(new)
-        dirty: set[int] = set()
-        frames = []
-        for rel, signal, size in new:
-            rows = self._event_rows(signal, rel)
-            ext = rows.select(pl.col("lo").min(), pl.col("hi").max()).row(0)
-            state.segments[rel] = Segment(signal, size, int(ext[0] or 0), int(ext[1] or 0),
-                                          rows.height)
-            frames.append(rows.with_columns(pl.lit(signal).alias("signal")))
-        if not frames:
-            return dirty
-        rows = pl.concat(frames)
-        summary.new_rows = rows.height
         marks = pl.DataFrame({c.HOST_NAME: list(state.watermarks),
                               "mark": list(state.watermarks.values())},
                              schema={c.HOST_NAME: pl.String, "mark": pl.Int64})
-        rows = rows.join(marks, on=c.HOST_NAME, how="left")
-        late = pl.col("end") < pl.col("mark") - self.cfg.lateness_s * NS
-        rows = rows.with_columns(late.fill_null(False).alias("late"))
-        summary.too_late_rows = int(rows["late"].sum())
-        on_time = rows.filter(~pl.col("late"))
-        hours = on_time.select(
-            pl.int_ranges(pl.col("lo") - pl.col("lo").mod(HOUR_NS),
-                          pl.col("hi") - pl.col("hi").mod(HOUR_NS) + 1, HOUR_NS).alias("h")
-        ).explode("h").unique()
-        dirty.update(int(h) for h in hours["h"].drop_nulls())
-        for host, mark in rows.group_by(c.HOST_NAME).agg(pl.col("end").max()).iter_rows():
+        dirty: set[int] = set()
+        per_host: list[pl.DataFrame] = []
+        for rel, signal, size in new:
+            rows = self._event_rows(signal, rel, marks)
+            stats = rows.group_by(c.HOST_NAME).agg(
+                pl.len().alias("n"), pl.col("lo").min(), pl.col("hi").max(),
+                pl.col("end").max(), pl.col("late").sum().alias("late"),
+                ((pl.col("received") - pl.col("end")) / NS).median().alias("delay"),
+            ).with_columns(pl.lit(signal).alias("signal")).collect()
+            spans = rows.filter(~pl.col("late")).select(
+                (pl.col("lo") - pl.col("lo").mod(HOUR_NS)).alias("a"),
+                (pl.col("hi") - pl.col("hi").mod(HOUR_NS)).alias("b")).unique().collect()
+            for first, last in spans.iter_rows():
+                dirty.update(range(first, last + HOUR_NS, HOUR_NS))
+            state.segments[rel] = Segment(
+                signal, size, int(stats["lo"].min() or 0), int(stats["hi"].max() or 0),
+                int(stats["n"].sum()))
+            per_host.append(stats)
+        if not per_host:
+            return dirty
+        stats = pl.concat(per_host)
+        summary.new_rows = int(stats["n"].sum())
+        summary.too_late_rows = int(stats["late"].sum())
+        for host, mark in stats.group_by(c.HOST_NAME).agg(pl.col("end").max()).iter_rows():
             state.watermarks[host] = max(state.watermarks.get(host, mark), mark)
-        spans = rows.filter(pl.col("signal") == "spans")
-        delays = spans.group_by(c.HOST_NAME).agg(
-            ((pl.col("received") - pl.col("end")) / NS).median().alias("d"))
+        # The median of the segments' medians: exact enough to expose clock skew.
+        delays = stats.filter(pl.col("signal") == "spans").group_by(c.HOST_NAME).agg(
+            pl.col("delay").median())
         summary.export_delay_s = {h: round(float(d), 3) for h, d in delays.sort(c.HOST_NAME)
                                   .iter_rows() if d is not None}
         return dirty
