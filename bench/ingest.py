@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -136,9 +137,8 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
 
     port, http_port = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="phoenix-bench-") as tmp:
-        env = {"PHOENIX_WORKING_DIR": tmp, "PHOENIX_GRPC_PORT": str(port),
-               "PHOENIX_PORT": str(http_port), "PHOENIX_HOST": "127.0.0.1",
-               "PATH": "/usr/bin:/bin"}
+        env = {**os.environ, "PHOENIX_WORKING_DIR": tmp, "PHOENIX_GRPC_PORT": str(port),
+               "PHOENIX_PORT": str(http_port), "PHOENIX_HOST": "127.0.0.1"}
         proc = subprocess.Popen([python, "-m", "phoenix.server.main", "serve"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

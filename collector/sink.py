@@ -40,8 +40,10 @@ class Segments:
         if not table.num_rows:
             return 0
         hours = pc.divide(table[signal.time_column], _HOUR_NS)
-        for hour in pc.unique(hours).to_pylist():
-            part = table.filter(pc.equal(hours, hour))
+        unique = pc.unique(hours).to_pylist()
+        for hour in unique:
+            # The common case is one hour: write the table as is, without a filtered copy.
+            part = table if len(unique) == 1 else table.filter(pc.equal(hours, hour))
             path = self.data_dir.raw_segment_path(
                 signal.folder, hour * _HOUR_NS, self.writer_id, next(self._seq))
             write_parquet_atomic(part, path)

@@ -39,6 +39,9 @@ def worker_count(config: CollectorConfig) -> int:
 def run(config: CollectorConfig, root: str) -> None:
     """Serve until SIGTERM/SIGINT with ``worker_count(config)`` processes."""
     count = worker_count(config)
+    # Arrow's default mimalloc pool keeps freed pages; the system allocator gives them back
+    # (about 70 MiB less RSS under load). Read when Arrow first allocates, so set it first.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     if count == 1:
         _worker_main(config, root)
         return
