@@ -4,6 +4,7 @@ process) -> `requests` and `windows` equal what was sent."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -94,8 +95,10 @@ def test_sdk_to_collector_to_pipeline(tmp_path) -> None:
         col.export(gauge_request(a.ENGINE_INSTANCE_GPUS, [(T0, 1.0, mapping)],
                                  host_name="gpu-01"))
         assert col.stop() == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
     out = subprocess.run([sys.executable, "-m", "fleetlens", "pipeline", "--data-dir",
-                          str(data), "--json"], capture_output=True, text=True, timeout=120)
+                          str(data), "--json"], capture_output=True, text=True, timeout=120,
+                         env=env)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["rows_written"]["requests"] == len(sent)

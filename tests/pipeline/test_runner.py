@@ -127,3 +127,39 @@ def test_dimensions_become_request_columns(full_run) -> None:
     frame = connect(full_run[0]).sql("select region, count(*) n from requests group by 1").pl()
     assert frame.to_dicts() == [{"region": "eu", "n": frame["n"][0]}]
     assert isinstance(frame, pl.DataFrame)
+
+
+def test_late_data_within_lateness_updates_its_window(tmp_path: Path) -> None:
+    from pipeline.schema import tables as tt
+    from tests.pipeline.rawdata import NS, T0, spans_frame, vllm_span, write_raw
+
+    dd = DataDir(tmp_path / "data")
+    job = Pipeline(dd, PipelineConfig(lateness_s=300))
+    write_raw(dd, tt.SPANS, spans_frame([vllm_span(i, start_ns=T0 + i * 30 * NS)
+                                         for i in range(1, 10)]), seq=1)
+    job.run_once()
+    con = connect(dd)
+    first = con.sql(f"select requests from windows where window_start_ns = {T0} and "
+                    f"host_name = '{FLEET_WIDE}'").fetchall()
+    assert first == [(1,)]  # the span at T0 + 30 s
+    # a request of the first minute arrives 4 minutes late (within 5 minutes of lateness)
+    write_raw(dd, tt.SPANS, spans_frame([vllm_span(99, start_ns=T0 + 5 * NS)]), seq=2)
+    summary = job.run_once()
+    assert summary.too_late_rows == 0 and summary.dirty_hours == 1
+    again = connect(dd).sql(f"select requests from windows where window_start_ns = {T0} and "
+                            f"host_name = '{FLEET_WIDE}'").fetchall()
+    assert again == [(2,)]
+
+
+def test_five_minute_windows(tmp_path: Path, fleet) -> None:
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    Pipeline(dd, PipelineConfig(window_s=300)).run_once()
+    con = connect(dd)
+    starts, sizes, total = con.sql(
+        "select count(distinct window_start_ns % 300000000000), min(window_s), sum(requests) "
+        f"from windows where host_name = '{FLEET_WIDE}'").fetchall()[0]
+    assert (starts, sizes, total) == (1, 300, fleet.distinct_requests)
+    energy = con.sql("select sum(measured_j), sum(attributed_j + idle_j) from gpu_window_energy"
+                     ).fetchall()[0]
+    assert energy[0] == pytest.approx(energy[1], rel=1e-12)
