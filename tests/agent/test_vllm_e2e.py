@@ -104,6 +104,18 @@ def wait_for_spans(data: DataDir, count: int, timeout_s: float = 90.0) -> None:
     raise AssertionError(f"fewer than {count} llm_request spans after {timeout_s} s")
 
 
+def wait_for_agent(data: DataDir, timeout_s: float = 90.0) -> None:
+    """Until the agent's first scrapes (idle engine) have landed in raw Parquet."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        points = scan(data, "metric_points").filter(
+            pl.col(c.METRIC_NAME) == a.ENGINE_NUM_RUNNING)
+        if points.select(pl.len()).collect().item() >= 2:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"no engine metrics from the agent after {timeout_s} s")
+
+
 def spans_by_request(data: DataDir, plan: list[Request]) -> pl.DataFrame:
     spans = scan(data, "spans").filter(pl.col(c.NAME) == a.VLLM_REQUEST_SPAN).collect()
     per_request = spans.group_by(c.GEN_AI_REQUEST_ID).agg(pl.col(c.SPAN_ID).n_unique())
@@ -189,7 +201,7 @@ def test_real_vllm_spans_agree_with_its_metrics_and_agent_moves(
                           args=["--max-model-len", "256", "--max-num-seqs", "8"]) as vllm:
             report["vllm_ready_s"] = round(time.monotonic() - t0, 1)
             with running_agent(tmp_path, col.grpc_address, vllm.url, instance):
-                time.sleep(1.0)  # a few idle scrapes first
+                wait_for_agent(data)  # idle scrapes first
                 before = vllm.metrics_text()
                 t1 = time.monotonic()
                 loadgen.run(vllm.port, plan)
@@ -224,10 +236,38 @@ def test_real_vllm_spans_agree_with_its_metrics_and_agent_moves(
     power = engine_points(data, a.HW_POWER)
     gpu_uuid = json.loads(power[c.ATTRIBUTES][0])[a.HW_ID]
     assert {json.loads(x)[a.HW_ID] for x in mapping[c.ATTRIBUTES]} == {gpu_uuid}
+    check_pipeline(data, plan, spans, instance, gpu_uuid, report)
     report.update(requests=len(plan), running_max=running[c.VALUE].max(),
                   kv_usage_max=usage[c.VALUE].max(), queue_p_max=spans[
                       c.GEN_AI_TIME_IN_QUEUE_S].max(), agent_scrapes=running.height)
     print("\nE2E normal run:", json.dumps(report, default=str))
+
+
+def check_pipeline(data: DataDir, plan: list[Request], spans: pl.DataFrame, instance: str,
+                   gpu_uuid: str, report: dict) -> None:
+    """The real ``fleetlens pipeline`` turns this run's raw data into requests, engine and GPU
+    samples and per-request energy (the fake GPU is mapped to the real vLLM instance)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    done = subprocess.run([sys.executable, "-m", "fleetlens", "pipeline", "--data-dir",
+                           str(data.root), "--full", "--no-progress"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    requests = scan(data, "requests").collect()
+    ours = requests.filter(pl.col(c.REQUEST_ID).is_in([r.span_request_id for r in plan]))
+    assert ours.height == len(plan)
+    assert set(ours[c.INSTANCE_ID]) == {instance} and set(ours[c.MODEL]) == {"tiny"}
+    assert ours[c.QUEUE_S].sum() == pytest.approx(spans[c.GEN_AI_TIME_IN_QUEUE_S].sum())
+    assert ours[c.OUTPUT_TOKENS].sum() == sum(r.max_tokens for r in plan)
+    engine = scan(data, "engine_samples").filter(pl.col(c.INSTANCE_ID) == instance).collect()
+    assert set(engine[c.MODEL]) == {"tiny"}
+    assert engine[c.NUM_RUNNING].max() > 0 and engine[c.KV_CACHE_USAGE].max() > 0
+    gpus = scan(data, "gpu_samples").collect()
+    assert set(gpus[c.GPU_UUID]) == {gpu_uuid} and gpus[c.POWER_W].min() >= 70.0
+    energy = scan(data, "request_energy").collect()
+    attributed = energy.filter(pl.col(c.REQUEST_ID).is_in(ours[c.REQUEST_ID].implode()))
+    assert attributed.height == len(plan) and attributed[c.ENERGY_J].sum() > 0
+    report.update(pipeline_requests=ours.height, engine_samples=engine.height,
+                  gpu_samples=gpus.height, energy_j=round(attributed[c.ENERGY_J].sum(), 1))
 
 
 def pressure_plan(rng: random.Random) -> list[Request]:
@@ -253,7 +293,7 @@ def test_real_vllm_under_kv_pressure_preempts_and_queues(
                           args=["--max-model-len", "512", "--max-num-seqs", "32",
                                 "--kv-cache-memory-bytes", str(512 * 1024)]) as vllm:
             with running_agent(tmp_path, col.grpc_address, vllm.url, instance):
-                time.sleep(1.0)
+                wait_for_agent(data)
                 before = vllm.metrics_text()
                 t1 = time.monotonic()
                 loadgen.run(vllm.port, plan)
