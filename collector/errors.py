@@ -9,7 +9,8 @@ The hierarchy follows the OpenTelemetry Collector's ``consumererror``: an error 
     │   ├── InvalidRequest       INVALID_ARGUMENT    / HTTP 400  (undecodable body, bad JSON)
     │   ├── Unauthenticated      UNAUTHENTICATED     / HTTP 401  (missing or wrong bearer token)
     │   ├── TooLarge             RESOURCE_EXHAUSTED  / HTTP 413  (no RetryInfo: do not retry)
-    │   └── UnsupportedMedia     INVALID_ARGUMENT    / HTTP 415
+    │   ├── UnsupportedMedia     INVALID_ARGUMENT    / HTTP 415
+    │   └── LengthRequired       INVALID_ARGUMENT    / HTTP 411  (no Content-Length)
     └── RetryableError
         ├── Overloaded           UNAVAILABLE + RetryInfo / HTTP 503 + Retry-After
         └── StorageFailure       UNAVAILABLE + RetryInfo / HTTP 503 (disk full, WAL failure)
@@ -52,6 +53,12 @@ class UnsupportedMedia(PermanentError):
     """OTLP/HTTP body with a content type or encoding the collector does not speak."""
 
     http_status = 415
+
+
+class LengthRequired(PermanentError):
+    """OTLP/HTTP body without a Content-Length (chunked bodies are not accepted)."""
+
+    http_status = 411
 
 
 class Unauthenticated(PermanentError):

@@ -59,8 +59,11 @@ def _credentials(config: CollectorConfig) -> grpc.ServerCredentials | None:
     tls = config.tls
     if not tls.enabled:
         return None
-    pair = (Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())
-    client_ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+    try:
+        pair = (Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())
+        client_ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+    except OSError as exc:
+        raise RuntimeError(f"cannot read TLS files for OTLP/gRPC: {exc}") from None
     return grpc.ssl_server_credentials(
         [pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 

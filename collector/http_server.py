@@ -21,6 +21,7 @@ from collector.config import CollectorConfig
 from collector.errors import (
     ExportError,
     InvalidRequest,
+    LengthRequired,
     StorageFailure,
     UnsupportedMedia,
     http_headers,
@@ -123,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
-            raise UnsupportedMedia("Content-Length is required") from None
+            raise LengthRequired("Content-Length is required") from None
         ingest.check_size(length)
         body = bytearray()
         while len(body) < length:
@@ -173,10 +174,13 @@ def _tls_context(config: CollectorConfig) -> ssl.SSLContext | None:
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(tls.cert_file, tls.key_file)
-    if tls.client_ca_file:
-        context.load_verify_locations(tls.client_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+        if tls.client_ca_file:
+            context.load_verify_locations(tls.client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise RuntimeError(f"cannot load TLS certificates for OTLP/HTTP: {exc}") from None
     return context
 
 

@@ -18,6 +18,9 @@ from collector.config import CollectorConfig
 from collector.telemetry import log, shared_array
 
 RESTART_DELAY_S = 0.5
+#: A worker that dies this soon after starting, this many times in a row, stops the collector.
+QUICK_FAILURE_S = 10.0
+MAX_QUICK_FAILURES = 3
 #: glibc malloc arenas per worker: the default (8 per core) inflates RSS with gRPC's threads.
 MALLOC_ARENAS = "2"
 
@@ -59,16 +62,28 @@ def run(config: CollectorConfig, root: str) -> None:
         return process
 
     workers = [start(slot) for slot in range(count)]
+    started = [time.monotonic()] * count
+    quick_failures = [0] * count
     log.info("collector supervisor %d started %d workers", os.getpid(), count)
-    while not stop.wait(0.2):
+    failed = False
+    while not failed and not stop.wait(0.2):
         for slot, process in enumerate(workers):
-            if not process.is_alive():
-                log.error("worker %d exited with %s; restarting", slot, process.exitcode)
-                time.sleep(RESTART_DELAY_S)
-                workers[slot] = start(slot)
+            if process.is_alive():
+                continue
+            log.error("worker %d exited with %s; restarting", slot, process.exitcode)
+            quick = time.monotonic() - started[slot] < QUICK_FAILURE_S
+            quick_failures[slot] = quick_failures[slot] + 1 if quick else 0
+            if quick_failures[slot] >= MAX_QUICK_FAILURES:
+                failed = True  # e.g. a port in use or unreadable certificates: no crash loop
+                break
+            time.sleep(RESTART_DELAY_S)
+            workers[slot], started[slot] = start(slot), time.monotonic()
     for process in workers:
         if process.is_alive() and process.pid:
             os.kill(process.pid, signal.SIGTERM)
     for process in workers:
         process.join()
+    if failed:
+        raise RuntimeError(f"a worker failed {MAX_QUICK_FAILURES} times right after starting; "
+                           "see the log above")
     log.info("collector supervisor stopped")

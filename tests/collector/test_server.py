@@ -116,3 +116,20 @@ def test_a_bad_config_is_a_clear_error(tmp_path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "collector.flush_rowz: unknown key; did you mean 'flush_rows'?" in out.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_missing_tls_files_are_a_clear_error(tmp_path, workers) -> None:
+    config = tmp_path / "tls.toml"
+    config.write_text(f'[collector.tls]\ncert_file = "{tmp_path}/none.crt"\n'
+                      f'key_file = "{tmp_path}/none.key"\n')
+    out = subprocess.run([sys.executable, "-m", "fleetlens", "collector", "--config", str(config),
+                          "--data-dir", str(tmp_path / "d"), "--grpc-address", "127.0.0.1:0",
+                          "--http-address", "127.0.0.1:0", "--workers", str(workers)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "cannot read TLS files for OTLP/gRPC" in out.stderr
+    if workers == 1:
+        assert "Traceback" not in out.stderr
+    else:
+        assert "a worker failed 3 times right after starting" in out.stderr
