@@ -7,6 +7,8 @@ in :mod:`dashboard.data`.
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -44,5 +46,20 @@ PAGES = {
 }
 
 page = st.navigation(PAGES)
-st.session_state["filters"] = ui.sidebar()
-page.run()
+started = time.perf_counter()
+try:
+    st.session_state["filters"] = ui.sidebar()
+    if os.environ.get("FLEETLENS_PROFILE"):
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            page.run()
+        finally:
+            prof.disable()
+            prof.dump_stats(os.environ["FLEETLENS_PROFILE"])
+    else:
+        page.run()
+finally:
+    # Server-side run time of this page (read by bench/dashboard.py and shown in the sidebar).
+    st.session_state["_render_ms"] = (time.perf_counter() - started) * 1000

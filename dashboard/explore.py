@@ -92,15 +92,18 @@ def power_vs_limit(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
 
 
 def request_energy(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
-    """Per model: attributed energy, J/token quantiles and attribution coverage."""
-    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    """Per host: attributed request energy, J/token quantiles and attribution coverage.
+
+    Reads ``request_energy`` alone (no join with ``requests``), so it covers every retained
+    request of the hosts in scope, not only the time range.
+    """
+    clause, params = where(con, f, time_col=None, dims=(c.HOST_NAME,))
     return run(con, f"""
-        SELECT r.{c.MODEL}, count(*) AS requests, sum(e.{c.ENERGY_J}) AS {c.ENERGY_J},
-               quantile_cont(e.{c.J_PER_TOKEN}, 0.5) AS j_per_token_p50,
-               quantile_cont(e.{c.J_PER_TOKEN}, 0.9) AS j_per_token_p90,
-               avg(e.{c.ATTRIBUTION_COVERAGE}) AS coverage
-        FROM (SELECT * FROM {t.REQUESTS} WHERE {clause}) r
-        JOIN {t.REQUEST_ENERGY} e USING ({c.REQUEST_ID}) GROUP BY 1 ORDER BY 1""", params)
+        SELECT {c.HOST_NAME}, count(*) AS requests, sum({c.ENERGY_J}) AS {c.ENERGY_J},
+               quantile_cont({c.J_PER_TOKEN}, 0.5) AS j_per_token_p50,
+               quantile_cont({c.J_PER_TOKEN}, 0.9) AS j_per_token_p90,
+               avg({c.ATTRIBUTION_COVERAGE}) AS coverage
+        FROM {t.REQUEST_ENERGY} WHERE {clause} GROUP BY 1 ORDER BY 1""", params)
 
 
 def leaderboard_windows(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
@@ -174,28 +177,67 @@ def pareto(latency: np.ndarray, cost: np.ndarray) -> pl.Series:
     return pl.Series("pareto", front)
 
 
-def find_trace(con: duckdb.DuckDBPyConnection, ident: str) -> pl.DataFrame:
-    """Spans of the trace with id ``ident``, or of the request with id ``ident``."""
+def find_trace(con: duckdb.DuckDBPyConnection, ident: str,
+               around_ns: int | None = None) -> pl.DataFrame:
+    """Spans of the trace with id ``ident``, or of the request with id ``ident``.
+
+    Ids have no index, so a lookup scans the id column; ``around_ns`` (a time the trace
+    overlaps, e.g. the request's arrival from a link) limits the scan to an hour either side,
+    which Parquet statistics and the hour partitions turn into a few row groups.
+    """
     ident = ident.strip()
-    spans_cols = table_columns(con, t.SPANS)
-    by_request = (f"OR {c.TRACE_ID} IN (SELECT {c.TRACE_ID} FROM {t.SPANS} "
-                  f"WHERE {c.GEN_AI_REQUEST_ID} = $id)" if c.GEN_AI_REQUEST_ID in spans_cols
-                  else "")
-    spans = run(con, f"""SELECT {c.TRACE_ID}, {c.SPAN_ID}, {c.PARENT_SPAN_ID}, {c.NAME},
-            {c.SERVICE_NAME}, {c.HOST_NAME}, {c.START_NS}, {c.END_NS}, {c.STATUS_CODE}
-        FROM {t.SPANS} WHERE {c.TRACE_ID} = lower($id)
-          OR {c.TRACE_ID} IN (SELECT {c.TRACE_ID} FROM {t.REQUESTS} WHERE {c.REQUEST_ID} = $id)
-          {by_request}
-        ORDER BY {c.START_NS}""", {"id": ident})
-    return spans
+    trace_id = ident.lower()
+    if not _is_trace_id(trace_id):
+        trace_id = _trace_of_request(con, ident, around_ns)
+        if trace_id is None:
+            return t.table(t.SPANS).empty().select(_SPAN_COLS)
+    window, params = _near(c.START_NS, around_ns)
+    params["id"] = trace_id
+    return run(con, f"""SELECT {', '.join(_SPAN_COLS)} FROM {t.SPANS}
+        WHERE {window} AND {c.TRACE_ID} = $id ORDER BY {c.START_NS}""", params)
 
 
-def trace_requests(con: duckdb.DuckDBPyConnection, trace_id: str) -> pl.DataFrame:
+_SPAN_COLS = [c.TRACE_ID, c.SPAN_ID, c.PARENT_SPAN_ID, c.NAME, c.SERVICE_NAME, c.HOST_NAME,
+              c.START_NS, c.END_NS, c.STATUS_CODE]
+
+
+def _near(column: str, around_ns: int | None) -> tuple[str, dict[str, int]]:
+    """A clause keeping ``column`` within an hour of ``around_ns`` (TRUE without one)."""
+    if around_ns is None:
+        return "TRUE", {}
+    return (f"{column} BETWEEN $lo AND $hi",
+            {"lo": around_ns - 3600 * NS, "hi": around_ns + 3600 * NS})
+
+
+def _is_trace_id(text: str) -> bool:
+    return len(text) == 32 and all(ch in "0123456789abcdef" for ch in text)
+
+
+def _trace_of_request(con: duckdb.DuckDBPyConnection, request_id: str,
+                      around_ns: int | None) -> str | None:
+    """The trace of a request id: from ``requests``, else from the spans' promoted column."""
+    window, params = _near(c.ARRIVAL_NS, around_ns)
+    params["id"] = request_id
+    found = run(con, f"SELECT {c.TRACE_ID} FROM {t.REQUESTS} WHERE {window} "
+                     f"AND {c.REQUEST_ID} = $id LIMIT 1", params)
+    if found.height:
+        return found[c.TRACE_ID][0]
+    if c.GEN_AI_REQUEST_ID not in table_columns(con, t.SPANS):
+        return None
+    found = run(con, f"SELECT {c.TRACE_ID} FROM {t.SPANS} WHERE {c.GEN_AI_REQUEST_ID} = $id "
+                     "LIMIT 1", {"id": request_id})
+    return found[c.TRACE_ID][0] if found.height else None
+
+
+def trace_requests(con: duckdb.DuckDBPyConnection, trace_id: str,
+                   around_ns: int | None = None) -> pl.DataFrame:
     """The requests (engine spans) of a trace with their phases."""
+    window, params = _near(c.ARRIVAL_NS, around_ns)
+    params["id"] = trace_id
     return run(con, f"""SELECT {c.REQUEST_ID}, {c.SPAN_ID}, {c.ARRIVAL_NS}, {c.QUEUE_S},
             {c.PREFILL_S}, {c.DECODE_S}, {c.TTFT_S}, {c.E2E_S}, {c.INPUT_TOKENS},
             {c.OUTPUT_TOKENS}, {c.MODEL}, {c.HOST_NAME}
-        FROM {t.REQUESTS} WHERE {c.TRACE_ID} = $id""", {"id": trace_id})
+        FROM {t.REQUESTS} WHERE {window} AND {c.TRACE_ID} = $id""", params)
 
 
 def waterfall(spans: pl.DataFrame, reqs: pl.DataFrame) -> pl.DataFrame:

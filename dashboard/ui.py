@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
+import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
@@ -29,6 +30,17 @@ def to_datetime(ns: int) -> dt.datetime:
 def with_time(frame: pl.DataFrame, column: str, alias: str = "time") -> pl.DataFrame:
     """Add a UTC datetime column from an int64-ns column."""
     return frame.with_columns(pl.from_epoch(pl.col(column), time_unit="ns").alias(alias))
+
+
+def xs(frame: pl.DataFrame, column: str = "time") -> np.ndarray:
+    """A datetime column as epoch milliseconds: plotly draws them on a date axis, and numeric
+    arrays skip plotly's slow per-element validation and JSON encoding of datetimes."""
+    return frame[column].dt.epoch("ms").to_numpy().astype(np.float64)
+
+
+def ys(frame: pl.DataFrame, column: str) -> np.ndarray:
+    """A numeric column as float64 (nulls become NaN, drawn as gaps)."""
+    return frame[column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
 
 
 def sidebar() -> Filters:
@@ -82,22 +94,22 @@ def band_chart(frame: pl.DataFrame, value: str, title: str, *, band: pl.DataFram
     fig = go.Figure()
     if band is not None and band.height:
         bt = with_time(band, c.TS_NS)
-        x = bt["time"].to_list()
-        fig.add_trace(go.Scatter(x=x, y=bt[c.UPPER].to_list(), line={"width": 0},
+        x = xs(bt)
+        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.UPPER), line={"width": 0},
                                  showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=x, y=bt[c.LOWER].to_list(), fill="tonexty",
+        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.LOWER), fill="tonexty",
                                  fillcolor="rgba(76,120,168,0.18)", line={"width": 0},
                                  name="baseline band"))
-        fig.add_trace(go.Scatter(x=x, y=bt[c.EXPECTED].to_list(), name="expected",
+        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.EXPECTED), name="expected",
                                  line={"dash": "dot", "color": "#4c78a8"}))
     if frame.height:
-        fig.add_trace(go.Scatter(x=frame["time"].to_list(), y=frame[value].to_list(),
-                                 name=title, line={"color": "#222"}))
+        fig.add_trace(go.Scatter(x=xs(frame), y=ys(frame, value), name=title,
+                                 line={"color": "#222"}))
     if shade is not None:
-        fig.add_vrect(x0=to_datetime(shade[0]), x1=to_datetime(shade[1]),
+        fig.add_vrect(x0=shade[0] / 1e6, x1=shade[1] / 1e6,
                       fillcolor="rgba(228,87,86,0.2)", line_width=0)
     fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                      legend={"orientation": "h", "y": -0.2})
+                      legend={"orientation": "h", "y": -0.2}, xaxis={"type": "date"})
     return fig
 
 
@@ -105,9 +117,9 @@ def lines(frame: pl.DataFrame, y: str, by: str, title: str, height: int = 280) -
     """One line per value of ``by``."""
     fig = go.Figure()
     for (key,), part in frame.sort("time").group_by(by, maintain_order=True):
-        fig.add_trace(go.Scatter(x=part["time"].to_list(), y=part[y].to_list(), name=str(key),
-                                 mode="lines"))
-    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+        fig.add_trace(go.Scatter(x=xs(part), y=ys(part, y), name=str(key), mode="lines"))
+    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                      xaxis={"type": "date"})
     return fig
 
 

@@ -24,7 +24,7 @@ frame = ui.with_time(data.load("baseline_with_actual", f, name, method), c.TS_NS
 fig = ui.band_chart(frame.drop_nulls("actual"), "actual", f"{metric} ({method})",
                     band=frame, height=380)
 anomalies = frame.filter(pl.col("anomaly"))
-fig.add_trace(go.Scatter(x=anomalies["time"].to_list(), y=anomalies["actual"].to_list(),
+fig.add_trace(go.Scatter(x=ui.xs(anomalies), y=ui.ys(anomalies, "actual"),
                          mode="markers", name="outside band",
                          marker={"color": "#e45756", "size": 8}))
 st.plotly_chart(fig, key="bl_chart")

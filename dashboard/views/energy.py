@@ -26,5 +26,7 @@ right.plotly_chart(ui.lines(by_host, c.POWER_W, c.HOST_NAME, "Power by host (W)"
                    key="energy_host")
 st.subheader("Power against limit")
 st.dataframe(data.load("power_vs_limit", f), hide_index=True, key="energy_power")
-st.subheader("Per-request energy")
+st.subheader("Per-request energy by host")
+st.caption("Every retained request of the hosts in scope (request_energy); coverage is the "
+           "share of the GPUs' energy attributed to requests.")
 st.dataframe(data.load("request_energy", f), hide_index=True, key="energy_requests")

@@ -94,13 +94,22 @@ for i in range(0, len(names), 4):
 st.subheader("Slowest requests")
 slow = data.load("slowest_requests", inc)
 st.dataframe(
-    slow.with_columns(pl.format("trace?id={}", c.TRACE_ID).alias("trace")),
+    slow.with_columns(pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS).alias("trace")),
     hide_index=True, key="detail_slowest",
     column_config={"trace": st.column_config.LinkColumn("trace", display_text="waterfall")},
 )
 if slow.height:
     st.page_link("views/trace.py", label="Trace of the slowest request",
-                 query_params={"id": slow[c.TRACE_ID][0]}, icon=":material/account_tree:")
-st.download_button("Export report (Markdown)", report_markdown(inc, causes, phases),
-                   file_name=f"incident-{incident_id}.md", mime="text/markdown",
-                   key="detail_export")
+                 query_params={"id": slow[c.TRACE_ID][0], "t": str(slow[c.ARRIVAL_NS][0])},
+                 icon=":material/account_tree:")
+markdown, why = data.report(incident_id, "markdown")
+html, _ = data.report(incident_id, "html")
+if markdown is None:
+    st.caption(f"Analytics report unavailable ({why}); exporting the page's own summary.")
+    markdown = report_markdown(inc, causes, phases)
+cols = st.columns(4)
+cols[0].download_button("Export report (Markdown)", markdown, key="detail_export",
+                        file_name=f"incident-{incident_id}.md", mime="text/markdown")
+if html:
+    cols[1].download_button("Export report (HTML)", html, key="detail_export_html",
+                            file_name=f"incident-{incident_id}.html", mime="text/html")

@@ -34,9 +34,8 @@ left.plotly_chart(ui.lines(busy.drop_nulls(c.PREFIX_HIT_RATE), c.PREFIX_HIT_RATE
                            c.INSTANCE_ID, "Prefix cache hit rate (tokens)"), key="kv_prefix")
 scatter = data.load("kv_vs_latency", f)
 queue = c.percentile_column("queue", "p99")
-fig = go.Figure(go.Scatter(x=scatter[c.KV_CACHE_USAGE_MEAN].to_list(),
-                           y=scatter[queue].to_list(), mode="markers",
-                           text=scatter[c.HOST_NAME].to_list(), marker={"opacity": 0.5}))
+fig = go.Figure(go.Scatter(x=ui.ys(scatter, c.KV_CACHE_USAGE_MEAN), y=ui.ys(scatter, queue),
+                           mode="markers", marker={"opacity": 0.5}))
 fig.update_layout(title="Queue time p99 against KV usage (host windows)", height=280,
                   xaxis_title="mean KV usage", yaxis_title="queue p99 (s)",
                   margin={"l": 10, "r": 10, "t": 40, "b": 10})

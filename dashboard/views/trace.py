@@ -15,17 +15,21 @@ ident = st.text_input("Trace id or request id", value=st.query_params.get("id", 
 if not ident:
     st.caption("Slowest requests in range; open one or paste an id above.")
     slow = data.load("slow_requests", f)
-    st.dataframe(slow.with_columns(pl.format("trace?id={}", c.TRACE_ID).alias("open")),
+    st.dataframe(slow.with_columns(pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS)
+                                   .alias("open")),
                  hide_index=True, key="trace_slowest",
                  column_config={"open": st.column_config.LinkColumn("open",
                                                                     display_text="waterfall")})
     st.stop()
-spans = data.load("find_trace", ident)
+# A link carries the request's arrival (t) so the lookup scans an hour, not all the data.
+hint = st.query_params.get("t", "")
+around = int(hint) if hint.isdigit() and ident == st.query_params.get("id") else None
+spans = data.load("find_trace", ident, around)
 if spans.is_empty():
     st.warning(f"No trace or request with id {ident!r}.")
     st.stop()
 trace_id = spans[c.TRACE_ID][0]
-reqs = data.load("trace_requests", trace_id)
+reqs = data.load("trace_requests", trace_id, around)
 bars = waterfall(spans, reqs)
 fig = go.Figure()
 for kind, part in bars.group_by("kind", maintain_order=True):

@@ -59,3 +59,14 @@ def test_filters_on_real_data(app_real, real_demo) -> None:
     assert not app_real.exception
     ranking = app_real.dataframe[1].value
     assert list(ranking[c.HOST_NAME]) == [hosts[0]]
+
+
+def test_incident_detail_exports_the_analytics_report(app_real, real_demo) -> None:
+    first = scan(real_demo, t.INCIDENTS).sort(c.START_NS).head(1).collect()
+    app_real.query_params["id"] = first[c.INCIDENT_ID][0]
+    app_real.switch_page("views/incident_detail.py")
+    app_real.run()
+    assert not app_real.exception
+    buttons = app_real.get("download_button")
+    assert len(buttons) == 2  # Markdown and HTML, rendered by analytics' report
+    assert app_real.dataframe[0].value[c.CAUSE].notna().all()

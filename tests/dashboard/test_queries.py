@@ -129,3 +129,18 @@ def test_waterfall_puts_phases_inside_the_engine_span(con, demo_data) -> None:
     total = phases["duration_ms"].sum()
     assert total == pytest.approx(1000 * (req[c.QUEUE_S] + req[c.PREFILL_S] + req[c.DECODE_S]))
     assert total <= engine["duration_ms"] + 1e-6
+
+
+def test_find_trace_by_trace_or_request_id_with_and_without_time_hint(con, demo_data) -> None:
+    req = scan(demo_data[0], t.REQUESTS).slice(100, 1).collect().row(0, named=True)
+    full = explore.find_trace(con, req[c.TRACE_ID])
+    assert full.height == 2  # gateway + engine span
+    assert explore.find_trace(con, req[c.TRACE_ID].upper()).equals(full)
+    assert explore.find_trace(con, req[c.REQUEST_ID]).equals(full)
+    hinted = explore.find_trace(con, req[c.REQUEST_ID], req[c.ARRIVAL_NS])
+    assert hinted.equals(full)
+    # a wrong hint finds nothing rather than something else
+    assert explore.find_trace(con, req[c.TRACE_ID], req[c.ARRIVAL_NS] + 10 * 3600 * 10**9
+                              ).is_empty()
+    reqs = explore.trace_requests(con, req[c.TRACE_ID], req[c.ARRIVAL_NS])
+    assert reqs[c.REQUEST_ID].to_list() == [req[c.REQUEST_ID]]

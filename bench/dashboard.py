@@ -1,0 +1,117 @@
+"""Per-page server-side run time of the dashboard on a simulated day of a 64-GPU fleet.
+
+Builds (or reuses) a contract-shaped data directory with the seeded builder of the dashboard
+tests: 8 hosts x 8 GPUs, 24 hours, ~0.4 requests/s per GPU (about 2.2M requests, 4.4M spans,
+the windows, samples, energy, baselines and an incident). Then runs every page with
+Streamlit's AppTest (the same script run a browser triggers, minus the websocket) and prints,
+per page, the server-side script time the app measures itself: the first run after emptying
+every cache (cold: new DuckDB connection, every frame read from Parquet) and the median of
+warm reruns (cached frames, as when a user changes a widget or another user opens the page),
+plus AppTest's wall time per warm run (includes its polling). Budget: 300 ms per page.
+
+Peer, measured in the same run: a minimal Streamlit page (a title and a metric, no data) is
+the framework's floor; each page's warm ratio to it is printed.
+
+    .venv/bin/python bench/dashboard.py [--data-dir DIR] [--hours 24] [--reps 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pipeline.storage import DataDir  # noqa: E402
+from tests.dashboard.synth import Fleet, build_all  # noqa: E402
+
+APP = REPO / "dashboard" / "app.py"
+PAGES = ["overview", "incidents", "incident_detail", "baselines", "kv_cache", "energy",
+         "leaderboard", "trace", "sql"]
+BUDGET_MS = 300.0
+FLOOR_PAGE = "import streamlit as st\n"
+
+
+def timed_run(at) -> tuple[float, float]:  # noqa: ANN001 - AppTest
+    """(server-side script ms as the app measures it, AppTest wall ms)."""
+    start = time.perf_counter()
+    at.run()
+    wall = (time.perf_counter() - start) * 1000
+    if at.exception:
+        raise RuntimeError(at.exception[0].value)
+    return at.session_state["_render_ms"], wall
+
+
+def measure(page: str, reps: int, query: dict[str, str]) -> tuple[float, float, float]:
+    """Cold (caches emptied: connection, frames) and warm median script ms, warm wall ms."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(APP), default_timeout=600)
+    at.run()  # the default page, so navigation to ``page`` is a normal switch
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.switch_page(f"views/{page}.py")
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    cold, _ = timed_run(at)
+    warm = [timed_run(at) for _ in range(reps)]
+    return (cold, statistics.median(w[0] for w in warm), statistics.median(w[1] for w in warm))
+
+
+def floor(reps: int) -> float:
+    """Script time of a minimal Streamlit page (a title and a metric, no data)."""
+    from streamlit.testing.v1 import AppTest
+
+    script = FLOOR_PAGE + ("import time\nt0 = time.perf_counter()\nst.title('floor')\n"
+                           "st.metric('x', 1)\n"
+                           "st.session_state['_render_ms'] = (time.perf_counter() - t0) * 1e3\n")
+    at = AppTest.from_string(script)
+    at.run()
+    return statistics.median(timed_run(at)[0] for _ in range(reps))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", help="reuse or create the data set here")
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--rps-per-gpu", type=float, default=0.4)
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args()
+    root = DataDir(args.data_dir or Path(tempfile.mkdtemp(prefix="fleetlens-bench-")) / "d")
+    fleet = Fleet(hosts=8, gpus_per_host=8, hours=args.hours, rps_per_gpu=args.rps_per_gpu)
+    if not (root.root / "derived").exists():
+        start = time.perf_counter()
+        build_all(root, fleet)
+        print(f"built {args.hours:g} h of a 64-GPU fleet in {time.perf_counter() - start:.0f} s"
+              f" at {root.root}")
+    else:
+        print(f"reusing {root.root}")
+    from pipeline.storage import connect
+
+    con = connect(root)
+    for table in ("requests", "spans", "windows", "gpu_samples", "engine_samples", "baselines"):
+        rows = con.sql(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+        print(f"  {table:<15} {rows:>12,} rows")
+    os.environ["FLEETLENS_DATA"] = str(root.root)
+    incident = con.sql("SELECT min(incident_id) FROM incidents").fetchall()[0][0]
+    trace = con.sql("SELECT trace_id FROM requests ORDER BY e2e_s DESC LIMIT 1").fetchall()[0][0]
+    queries = {"incident_detail": {"id": incident}, "trace": {"id": trace}}
+    base = floor(args.reps)
+    print(f"\nfloor (minimal Streamlit page, script time): {base:.2f} ms\n")
+    print(f"{'page':<16} {'cold ms':>8} {'warm ms':>8} {'warm/floor':>10} {'wall ms':>8}"
+          f"  (budget {BUDGET_MS:.0f} ms server-side)")
+    for page in PAGES:
+        cold, warm, wall = measure(page, args.reps, queries.get(page, {}))
+        verdict = "ok" if max(cold, warm) <= BUDGET_MS else (
+            "warm ok, cold OVER" if warm <= BUDGET_MS else "OVER")
+        print(f"{page:<16} {cold:>8.0f} {warm:>8.1f} {warm / base:>9.0f}x {wall:>8.0f}  {verdict}")
+
+if __name__ == "__main__":
+    main()
