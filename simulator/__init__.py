@@ -5,7 +5,7 @@
     result.ground_truth["incidents"]
 """
 
-from simulator.run import Progress, RunResult, otlp_exporters, run
+from simulator.run import Progress, RunResult, run
 from simulator.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 
 __all__ = [
@@ -14,7 +14,6 @@ __all__ = [
     "Scenario",
     "ScenarioError",
     "load_scenario",
-    "otlp_exporters",
     "parse_scenario",
     "run",
 ]

@@ -228,15 +228,23 @@ class Instance:
     def _decode_run(self, until: float) -> None:
         running = self.running
         batch = len(running)
-        remaining = min(r.out_target - r.generated for r in running)
-        slack = min(len(r.hashed) * BLOCK_TOKENS + r.plain * BLOCK_TOKENS - r.computed
-                    for r in running)
+        remaining = slack = 1 << 62
+        context = 0
+        for r in running:  # one pass: tokens left, free slots in the last block, KV held
+            computed = r.computed
+            context += computed
+            left = r.out_target - r.generated
+            if left < remaining:
+                remaining = left
+            room = (len(r.hashed) + r.plain) * BLOCK_TOKENS - computed
+            if room < slack:
+                slack = room
         free = self.pool.free
+        # k steps need at most ceil((k - slack) / 16) new blocks per request
         by_blocks = BLOCK_TOKENS * (free // batch) + max(slack, 0) if free >= batch else slack
         if by_blocks <= 0:
             self._step()  # allocation or preemption needed: do it exactly
             return
-        context = sum(r.computed for r in running)
         first = self.steps.step(batch, context, float(context))
         step_s = self.steps.step_overhead + first[0] + first[3]
         horizon = until
@@ -251,17 +259,20 @@ class Instance:
         self.now = end
         self.generation_tokens += batch * k
         done = []
-        pool = self.pool
+        grown = 0
         for r in running:
-            r.computed += k
+            computed = r.computed + k
+            r.computed = computed
             r.generated += k
-            need = -(-r.computed // BLOCK_TOKENS) - len(r.hashed) - r.plain
+            need = -(-computed // BLOCK_TOKENS) - len(r.hashed) - r.plain
             if need > 0:
-                pool.acquire((), need)
                 r.plain += need
+                grown += need
             r.last_token_t = end
             if r.generated >= r.out_target:
                 done.append(r)
+        if grown:
+            self.pool.acquire((), grown)  # by_blocks guarantees the room
         for r in done:
             self._finish(r)
 

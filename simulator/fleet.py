@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 
-from opentelemetry.sdk.resources import Resource
-
 from pipeline.schema import attributes as a
 from simulator.arrivals import Stream
 from simulator.engine import Instance
@@ -57,15 +55,15 @@ class Fleet:
         self.instances: list[Instance] = []
         self.host_instances: dict[str, list[Instance]] = defaultdict(list)
         self.routes: dict[str, list[Instance]] = defaultdict(list)
-        self.resources: dict[str, Resource] = {}
+        self.resources: dict[str, dict[str, str]] = {}  # instance id -> resource attributes
         self._place()
         self.streams = [Stream(w, i, seed, scenario.start_ns, scenario.duration_s,
                                scenario.base_dir) for i, w in enumerate(scenario.workloads)]
         for s in self.streams:
             if not self.routes[s.w.service]:
                 raise ScenarioError(f"[[workload]] {s.w.service}: the service has no instance")
-        self.gateways = {w.gateway_service: Resource({
-            a.SERVICE_NAME: w.gateway_service, a.HOST_NAME: f"{w.gateway_service}-01"})
+        self.gateways = {w.gateway_service: {
+            a.SERVICE_NAME: w.gateway_service, a.HOST_NAME: f"{w.gateway_service}-01"}
             for w in scenario.workloads}
         self.agents = {h.name: agent_resource(h.name, h.dims) for h in scenario.hosts}
         self.injector = Injector(scenario, self.streams, self.instances, self.gpus)
@@ -96,12 +94,12 @@ class Fleet:
                     self.host_instances[host_name].append(inst)
                     self.routes[d.service].append(inst)
                     pid = int(hashlib.sha1(iid.encode()).hexdigest()[:5], 16)
-                    self.resources[iid] = Resource({
+                    self.resources[iid] = {
                         **host.dims, a.SERVICE_NAME: d.service, a.HOST_NAME: host_name,
                         a.SERVICE_INSTANCE_ID: iid, a.RESOURCE_MODEL_KEYS[0]: d.model.name,
                         a.VLLM_PROCESS_ID: str(pid),
                         a.VLLM_INSTRUMENTING_MODULE: "vllm.llm_engine",
-                    })
+                    }
 
     def arrive(self, t0: float, t1: float) -> int:
         """Create the requests of [t0, t1) and route each to an instance; returns how many."""

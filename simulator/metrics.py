@@ -5,6 +5,9 @@ dimensions) with two scopes: the hw.* / gpu.* metrics with point attributes ``hw
 ``hw.name``, ``hw.type=gpu``, ``gpu.index``; and the engine metrics the agent scrapes from
 vLLM's ``/metrics`` with ``fleetlens.instance_id`` and ``model_name``, plus the instance -> GPU
 mapping gauge. Counters are cumulative monotonic sums from the fleet's start.
+
+The sampler produces plain data (a :data:`Collection` per host) so that it can cross a process
+boundary; :func:`metrics_data` turns collections into the SDK's ``MetricsData``.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from simulator.engine import Instance
 from simulator.power import GpuState
 
 AGENT_SERVICE = "fleetlens-agent"
-GPU_SCOPE = InstrumentationScope("fleetlens.agent.gpu")
-ENGINE_SCOPE = InstrumentationScope("fleetlens.agent.engine")
+GPU_SCOPE = "fleetlens.agent.gpu"
+ENGINE_SCOPE = "fleetlens.agent.engine"
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 #: name -> (unit, is_counter); units and kinds as the agent's instruments.
@@ -45,19 +48,22 @@ ENGINE_METRICS = {
     a.ENGINE_PREFIX_CACHE_QUERIES: ("{token}", True),
     a.ENGINE_PREFIX_CACHE_HITS: ("{token}", True), a.ENGINE_PROMPT_TOKENS: ("{token}", True),
     a.ENGINE_GENERATION_TOKENS: ("{token}", True),
+    a.ENGINE_INSTANCE_GPUS: ("1", False),
 }
 
+#: (host, ts_ns, {scope: {metric: [(attributes, value)]}}): one host's collection.
+Collection = tuple[str, int, dict[str, dict[str, list[tuple[dict, float]]]]]
 
-def agent_resource(host: str, dims: dict[str, str]) -> Resource:
-    """The agent's resource on ``host``."""
-    return Resource({**dims, a.SERVICE_NAME: AGENT_SERVICE, a.HOST_NAME: host})
+
+def agent_resource(host: str, dims: dict[str, str]) -> dict[str, str]:
+    """Attributes of the agent's resource on ``host``."""
+    return {**dims, a.SERVICE_NAME: AGENT_SERVICE, a.HOST_NAME: host}
 
 
 class Sampler:
-    """Turns the fleet's state into one agent collection per host at each sample time."""
+    """Reads the fleet's state into one agent collection per host at each sample time."""
 
-    def __init__(self, start_ns: int) -> None:
-        self.start_ns = start_ns
+    def __init__(self) -> None:
         self._last: dict[str, tuple[float, float]] = {}  # uuid -> (busy_s, mem_busy_s)
 
     def gpu_values(self, g: GpuState, interval_s: float) -> dict[str, float]:
@@ -74,58 +80,55 @@ class Sampler:
             a.GPU_CLOCKS_EVENT_REASONS: g.reasons,
         }
 
-    def collect(self, ts_ns: int, t: float, interval_s: float, resource: Resource,
-                gpus: list[GpuState], instances: list[Instance]) -> tuple[ResourceMetrics, int]:
-        """One host's collection at ``ts_ns`` (virtual offset ``t``); returns it and its
-        number of data points."""
-        start = self.start_ns
-        gpu_points: dict[str, list[NumberDataPoint]] = {name: [] for name in GPU_METRICS}
+    def collect(self, host: str, ts_ns: int, t: float, interval_s: float,
+                gpus: list[GpuState], instances: list[Instance]) -> tuple[Collection, int]:
+        """One host's collection at ``ts_ns`` (virtual offset ``t``) and its point count."""
+        gpu: dict[str, list] = {name: [] for name in GPU_METRICS}
         for g in gpus:
             attrs = {a.HW_ID: g.uuid, a.HW_NAME: g.spec.name, a.HW_TYPE: a.HW_TYPE_GPU,
                      a.GPU_INDEX: g.index}
             for name, value in self.gpu_values(g, interval_s).items():
-                counter = GPU_METRICS[name][1]
-                gpu_points[name].append(
-                    NumberDataPoint(attrs, start if counter else 0, ts_ns, value))
-        engine_points: dict[str, list[NumberDataPoint]] = {name: [] for name in ENGINE_METRICS}
-        mapping = []
-        for inst in instances:
-            attrs = {a.ENGINE_INSTANCE: inst.id, a.ENGINE_MODEL_NAME: inst.deployment.model.name}
-            values = {
-                a.ENGINE_KV_CACHE_USAGE: inst.pool.usage,
-                a.ENGINE_NUM_RUNNING: len(inst.running),
-                a.ENGINE_NUM_WAITING: inst.num_waiting(t),
-                a.ENGINE_PREEMPTIONS: inst.preemptions,
-                a.ENGINE_PREFIX_CACHE_QUERIES: inst.prefix_queries,
-                a.ENGINE_PREFIX_CACHE_HITS: inst.prefix_hits,
-                a.ENGINE_PROMPT_TOKENS: inst.prompt_tokens,
-                a.ENGINE_GENERATION_TOKENS: inst.generation_tokens,
-            }
-            for name, value in values.items():
-                counter = ENGINE_METRICS[name][1]
-                engine_points[name].append(
-                    NumberDataPoint(attrs, start if counter else 0, ts_ns, value))
-            mapping += [NumberDataPoint({a.ENGINE_INSTANCE: inst.id, a.HW_ID: g.uuid}, 0, ts_ns, 1)
-                        for g in inst.gpus]
-        scopes = [ScopeMetrics(GPU_SCOPE, _metrics(GPU_METRICS, gpu_points), "")]
+                gpu[name].append((attrs, value))
+        scopes = {GPU_SCOPE: gpu}
+        points = len(gpus) * len(GPU_METRICS)
         if instances:
-            engine = _metrics(ENGINE_METRICS, engine_points)
-            engine.append(Metric(a.ENGINE_INSTANCE_GPUS, "1 for each GPU serving an instance",
-                                 "1", Gauge(mapping)))
-            scopes.append(ScopeMetrics(ENGINE_SCOPE, engine, ""))
-        points = len(gpus) * len(GPU_METRICS) + len(instances) * len(ENGINE_METRICS) + len(mapping)
-        return ResourceMetrics(resource, scopes, ""), points
+            engine: dict[str, list] = {name: [] for name in ENGINE_METRICS}
+            for inst in instances:
+                attrs = {a.ENGINE_INSTANCE: inst.id,
+                         a.ENGINE_MODEL_NAME: inst.deployment.model.name}
+                for name, value in (
+                    (a.ENGINE_KV_CACHE_USAGE, inst.pool.usage),
+                    (a.ENGINE_NUM_RUNNING, len(inst.running)),
+                    (a.ENGINE_NUM_WAITING, inst.num_waiting(t)),
+                    (a.ENGINE_PREEMPTIONS, inst.preemptions),
+                    (a.ENGINE_PREFIX_CACHE_QUERIES, inst.prefix_queries),
+                    (a.ENGINE_PREFIX_CACHE_HITS, inst.prefix_hits),
+                    (a.ENGINE_PROMPT_TOKENS, inst.prompt_tokens),
+                    (a.ENGINE_GENERATION_TOKENS, inst.generation_tokens),
+                ):
+                    engine[name].append((attrs, value))
+                engine[a.ENGINE_INSTANCE_GPUS] += [
+                    ({a.ENGINE_INSTANCE: inst.id, a.HW_ID: g.uuid}, 1) for g in inst.gpus]
+            scopes[ENGINE_SCOPE] = engine
+            points += sum(len(v) for v in engine.values())
+        return (host, ts_ns, scopes), points
 
 
-def _metrics(spec: dict[str, tuple[str, bool]], points: dict[str, list[NumberDataPoint]]
-             ) -> list[Metric]:
+def metrics_data(collections: list[Collection], resources: dict[str, Resource],
+                 start_ns: int) -> MetricsData:
+    """The SDK ``MetricsData`` of per-host collections (``resources`` by host name)."""
     out = []
-    for name, (unit, counter) in spec.items():
-        data = (Sum(points[name], _CUMULATIVE, True) if counter else Gauge(points[name]))
-        out.append(Metric(name, "", unit, data))
-    return out
-
-
-def metrics_data(resource_metrics: list[ResourceMetrics]) -> MetricsData:
-    """Wrap per-host collections into one export."""
-    return MetricsData(resource_metrics)
+    for host, ts_ns, scopes in collections:
+        scope_metrics = []
+        for scope, metrics in scopes.items():
+            spec = GPU_METRICS if scope == GPU_SCOPE else ENGINE_METRICS
+            items = []
+            for name, points in metrics.items():
+                unit, counter = spec[name]
+                data_points = [NumberDataPoint(attrs, start_ns if counter else 0, ts_ns, value)
+                               for attrs, value in points]
+                data = Sum(data_points, _CUMULATIVE, True) if counter else Gauge(data_points)
+                items.append(Metric(name, "", unit, data))
+            scope_metrics.append(ScopeMetrics(InstrumentationScope(scope), items, ""))
+        out.append(ResourceMetrics(resources[host], scope_metrics, ""))
+    return MetricsData(out)

@@ -12,9 +12,17 @@ from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from simulator.fleet import Fleet
-from simulator.metrics import Sampler, metrics_data
+from simulator.metrics import Sampler
 from simulator.scenario import Scenario, load_scenario
-from simulator.telemetry import ExportCounts, Exporter, gateway_span, llm_request_span
+from simulator.telemetry import (
+    ExportCounts,
+    ProcessExporter,
+    ThreadExporter,
+    gateway_record,
+    llm_request_record,
+)
+
+Exporter = ThreadExporter | ProcessExporter
 
 
 @dataclass
@@ -46,16 +54,6 @@ class RunResult:
     ground_truth: dict = field(repr=False)
 
 
-def otlp_exporters(endpoint: str, insecure: bool = True, timeout_s: float = 30.0
-                   ) -> tuple[SpanExporter, MetricExporter]:
-    """The real OTLP/gRPC exporters of the OpenTelemetry SDK."""
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-    return (OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
-            OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s))
-
-
 def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317", *,
         seed: int | None = None, speed: float | None = None,
         exporters: tuple[SpanExporter, MetricExporter] | None = None,
@@ -65,10 +63,11 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
 
     Args:
         scenario: a :class:`Scenario` or the path of a TOML scenario file.
-        endpoint: OTLP/gRPC ``host:port`` of the collector (ignored with ``exporters``).
+        endpoint: OTLP/gRPC ``host:port`` of the collector (ignored with ``exporters``); the
+            SDK's OTLP exporters run in a child process.
         seed: random seed; default the scenario's ``[fleet].seed``.
         speed: simulated seconds per wall second; ``None`` runs as fast as it can.
-        exporters: a (span exporter, metric exporter) pair to use instead of OTLP/gRPC.
+        exporters: a (span exporter, metric exporter) pair to use instead, on a thread.
         ground_truth_path: where to write the ground-truth JSON.
         on_progress: called after every tick with a :class:`Progress`.
 
@@ -82,12 +81,20 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
     truth = fleet.injector.ground_truth(seed)
     if ground_truth_path is not None:
         Path(ground_truth_path).write_text(json.dumps(truth, indent=2) + "\n")
-    span_exporter, metric_exporter = exporters or otlp_exporters(endpoint or "127.0.0.1:4317")
-    exporter = Exporter(span_exporter, metric_exporter)
+    resources = {**fleet.resources, **fleet.gateways, **fleet.agents}
+    if exporters is not None:
+        exporter = ThreadExporter(*exporters, resources, scenario.start_ns)
+    else:
+        exporter = ProcessExporter(endpoint or "127.0.0.1:4317", resources, scenario.start_ns)
     try:
         progress = _loop(scenario, fleet, exporter, speed, on_progress)
-    finally:
-        counts = exporter.close()
+    except BaseException:  # interrupted or failed: stop the exporter, drop what is queued
+        if isinstance(exporter, ProcessExporter):
+            exporter.abort()
+        else:
+            exporter.close()
+        raise
+    counts = exporter.close()
     wall = progress.wall_s
     unfinished = sum(len(i.pending) + len(i.waiting) + len(i.running) for i in fleet.instances)
     return RunResult(seed, progress.p.sim_s, wall, progress.p.requests, progress.p.finished,
@@ -106,7 +113,7 @@ def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
     tick = sc.tick_s
     end = sc.duration_s + sc.drain_s
     ticks_per_sample = max(1, round(sc.sample_interval_s / tick))
-    sampler = Sampler(sc.start_ns)
+    sampler = Sampler()
     p = Progress(end_s=end)
     wall0 = time.perf_counter()
     assigned = {id(g) for inst in fleet.instances for g in inst.gpus}
@@ -146,16 +153,14 @@ def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
 
 def _emit(fleet: Fleet, inst, exporter: Exporter) -> int:
     start = fleet.scenario.start_ns
-    resource = fleet.resources[inst.id]
     model = inst.deployment.model.name
-    spans = []
+    records = []
     for r in inst.finished:
-        spans.append(llm_request_span(r, resource, start))
+        records.append(llm_request_record(r, inst.id, start))
         if r.gateway_span_id:
-            gw = fleet.gateways[r.gateway]
-            spans.append(gateway_span(r, gw, start, model, inst.host, inst.id))
-    exporter.spans(spans)
-    return len(spans)
+            records.append(gateway_record(r, r.gateway, start, model, inst.host, inst.id))
+    exporter.spans(records)
+    return len(records)
 
 
 def _sample(fleet: Fleet, sampler: Sampler, exporter: Exporter, start_ns: int, t: float,
@@ -163,9 +168,9 @@ def _sample(fleet: Fleet, sampler: Sampler, exporter: Exporter, start_ns: int, t
     ts = start_ns + round(t * 1e9)
     collected, points = [], 0
     for host in fleet.scenario.hosts:
-        rm, n = sampler.collect(ts, t, interval, fleet.agents[host.name],
-                                fleet.host_gpus[host.name], fleet.host_instances[host.name])
-        collected.append(rm)
+        collection, n = sampler.collect(host.name, ts, t, interval, fleet.host_gpus[host.name],
+                                        fleet.host_instances[host.name])
+        collected.append(collection)
         points += n
-    exporter.metrics(metrics_data(collected), points)
+    exporter.metrics(collected, points)
     return points

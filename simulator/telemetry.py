@@ -1,19 +1,30 @@
 """Spans as vLLM V1 emits them, sent through the OpenTelemetry SDK exporters.
 
-Spans are built directly as SDK ``ReadableSpan`` objects with virtual timestamps (a tracer
-would stamp wall-clock time) and handed to any ``SpanExporter`` (``OTLPSpanExporter`` over
-gRPC in a real run, an in-memory exporter in tests). Metrics arrive as ready ``MetricsData``
-(:mod:`simulator.metrics`). One background thread exports, in order, so that the simulation
-goes on while the collector answers; its bounded queue keeps memory flat.
+The simulation produces plain records (a tuple per span, a :data:`~simulator.metrics.Collection`
+per host and sample); an export worker turns them into SDK ``ReadableSpan`` / ``MetricsData``
+objects with the virtual timestamps (a tracer would stamp wall-clock time) and calls the
+exporters' ``export``, in order. The worker runs on a thread with caller-supplied exporters
+(:class:`ThreadExporter`, used by tests with in-memory exporters) or in a child process with
+the real ``OTLPSpanExporter`` / ``OTLPMetricExporter`` over gRPC (:class:`ProcessExporter`),
+so that protobuf encoding runs on the second core while the simulation goes on. Both queues
+are bounded: memory stays flat and a slow collector slows the simulation down.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
 import queue
+import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -21,6 +32,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from pipeline.schema import attributes as a
+from simulator.metrics import metrics_data
 from simulator.workload import Request
 
 #: vLLM's tracer: ``init_tracer("vllm.llm_engine", ...)``.
@@ -28,6 +40,8 @@ VLLM_SCOPE = InstrumentationScope("vllm.llm_engine")
 GATEWAY_SCOPE = InstrumentationScope("fleetlens.simulator.gateway")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NS = 1_000_000_000
+#: (resource key, trace id, span id, parent span id or 0, name, start ns, end ns, attributes)
+SpanRecord = tuple[str, int, int, int, str, int, int, dict[str, Any]]
 
 
 @dataclass
@@ -41,11 +55,11 @@ class ExportCounts:
     exports_failed: int = 0
 
 
-def llm_request_span(r: Request, resource: Resource, start_ns: int) -> ReadableSpan:
+def llm_request_record(r: Request, resource: str, start_ns: int) -> SpanRecord:
     """The ``llm_request`` span of a finished request, attribute for attribute as vLLM V1's
-    ``OutputProcessor.do_tracing`` (seconds as floats; temperature/top_p absent when 0)."""
+    ``OutputProcessor.do_tracing`` (seconds as floats; top_p/temperature absent when 0)."""
     arrival = (r.engine_ns - start_ns) / 1e9
-    attributes = {
+    attributes: dict[str, Any] = {
         a.GEN_AI_TTFT: r.first_token_t - arrival,
         a.GEN_AI_E2E: r.finish_t - arrival,
         a.GEN_AI_TIME_IN_QUEUE: r.scheduled_t - r.queued_t,
@@ -63,93 +77,177 @@ def llm_request_span(r: Request, resource: Resource, start_ns: int) -> ReadableS
     if r.temperature:
         attributes[a.GEN_AI_TEMPERATURE] = r.temperature
     attributes[a.GEN_AI_N] = 1
-    parent = (SpanContext(r.trace, r.gateway_span_id, True, _SAMPLED)
-              if r.gateway_span_id else None)
-    return ReadableSpan(
-        a.VLLM_REQUEST_SPAN, SpanContext(r.trace, r.span, False, _SAMPLED), parent,
-        resource, attributes, kind=SpanKind.SERVER, instrumentation_scope=VLLM_SCOPE,
-        start_time=r.engine_ns, end_time=r.engine_ns + round((r.finish_t - arrival) * _NS),
-    )
+    end = r.engine_ns + round((r.finish_t - arrival) * _NS)
+    return (resource, r.trace, r.span, r.gateway_span_id, a.VLLM_REQUEST_SPAN, r.engine_ns, end,
+            attributes)
 
 
-def gateway_span(r: Request, resource: Resource, start_ns: int, model: str, host: str,
-                 instance_id: str) -> ReadableSpan:
+def gateway_record(r: Request, resource: str, start_ns: int, model: str, host: str,
+                   instance_id: str) -> SpanRecord:
     """The gateway's server span, parent of the ``llm_request`` span: from the client's
     request to the response, including the network hops both ways."""
-    finish_ns = start_ns + round(r.finish_t * _NS)
+    end = start_ns + round(r.finish_t * _NS) + round(r.net_s * _NS)
     attributes = {a.GEN_AI_REQUEST_MODEL: model, a.SERVER_ADDRESS: host,
                   a.FLEETLENS_INSTANCE_ID: instance_id}
-    return ReadableSpan(
-        a.GATEWAY_SPAN, SpanContext(r.trace, r.gateway_span_id, False, _SAMPLED), None,
-        resource, attributes, kind=SpanKind.SERVER, instrumentation_scope=GATEWAY_SCOPE,
-        start_time=r.client_ns, end_time=finish_ns + round(r.net_s * _NS),
-    )
+    return (resource, r.trace, r.gateway_span_id, 0, a.GATEWAY_SPAN, r.client_ns, end,
+            attributes)
 
 
-class Exporter:
-    """Buffers spans and exports spans and metrics on one background thread, in order.
-
-    Args:
-        span_exporter: an SDK span exporter (``OTLPSpanExporter``, in-memory...).
-        metric_exporter: an SDK metric exporter.
-        batch: spans per export call.
-        max_queued: export calls waiting at most; the simulation blocks beyond.
-    """
+class _Worker:
+    """Builds SDK objects from records and exports them; counts the outcome."""
 
     def __init__(self, span_exporter: SpanExporter, metric_exporter: MetricExporter,
-                 batch: int = 1024, max_queued: int = 8) -> None:
+                 resources: dict[str, dict[str, str]], start_ns: int) -> None:
         self.span_exporter, self.metric_exporter = span_exporter, metric_exporter
-        self.batch = batch
+        self.resources = {key: Resource(attrs) for key, attrs in resources.items()}
+        self.start_ns = start_ns
         self.counts = ExportCounts()
-        self.buffer: list[ReadableSpan] = []
-        self._queue: queue.Queue = queue.Queue(max_queued)
-        self._thread = threading.Thread(target=self._work, name="simulator-export", daemon=True)
-        self._thread.start()
 
-    def spans(self, spans: list[ReadableSpan]) -> None:
-        """Add spans; a full batch is queued for export."""
-        self.buffer.extend(spans)
+    def span(self, record: SpanRecord) -> ReadableSpan:
+        res, trace, span, parent, name, start, end, attributes = record
+        scope = VLLM_SCOPE if name == a.VLLM_REQUEST_SPAN else GATEWAY_SCOPE
+        return ReadableSpan(
+            name, SpanContext(trace, span, False, _SAMPLED),
+            SpanContext(trace, parent, True, _SAMPLED) if parent else None,
+            self.resources[res], attributes, kind=SpanKind.SERVER,
+            instrumentation_scope=scope, start_time=start, end_time=end)
+
+    def handle(self, item: tuple) -> None:
+        counts = self.counts
+        if item[0] == "spans":
+            n = len(item[1])
+            try:
+                spans = [self.span(record) for record in item[1]]
+                ok = self.span_exporter.export(spans) == SpanExportResult.SUCCESS
+            except Exception:  # an exporter error must not stop the run; it is counted
+                ok = False
+            counts.spans_sent += n if ok else 0
+            counts.spans_failed += 0 if ok else n
+        else:
+            n = item[2]
+            try:
+                data = metrics_data(item[1], self.resources, self.start_ns)
+                ok = self.metric_exporter.export(data) == MetricExportResult.SUCCESS
+            except Exception:
+                ok = False
+            counts.points_sent += n if ok else 0
+            counts.points_failed += 0 if ok else n
+        counts.exports_failed += 0 if ok else 1
+
+    def shutdown(self) -> None:
+        self.span_exporter.shutdown()
+        self.metric_exporter.shutdown()
+
+
+class _Batcher:
+    """Batches span records and hands every export item to ``put``."""
+
+    def __init__(self, batch: int, put: Callable[[tuple | None], None]) -> None:
+        self.batch = batch
+        self.buffer: list[SpanRecord] = []
+        self._put = put
+
+    def spans(self, records: list[SpanRecord]) -> None:
+        """Add span records; every full batch is queued for export."""
+        self.buffer.extend(records)
         while len(self.buffer) >= self.batch:
-            self._queue.put(("spans", self.buffer[: self.batch]))
+            self._put(("spans", self.buffer[: self.batch]))
             del self.buffer[: self.batch]
 
-    def metrics(self, data: MetricsData, points: int) -> None:
-        """Queue one collection of metrics (``points`` data points)."""
-        self._queue.put(("metrics", data, points))
+    def metrics(self, collections: list, points: int) -> None:
+        """Queue one sample's collections (``points`` data points)."""
+        self._put(("metrics", collections, points))
 
     def flush(self) -> None:
         """Queue the buffered spans now (used when pacing to real time)."""
         if self.buffer:
-            self._queue.put(("spans", self.buffer))
+            self._put(("spans", self.buffer))
             self.buffer = []
 
-    def close(self) -> ExportCounts:
-        """Export everything still buffered, stop the thread, shut the exporters down."""
-        self.flush()
-        self._queue.put(None)
-        self._thread.join()
-        self.span_exporter.shutdown()
-        self.metric_exporter.shutdown()
-        return self.counts
+
+class ThreadExporter(_Batcher):
+    """Exports on a background thread with the given SDK exporters."""
+
+    def __init__(self, span_exporter: SpanExporter, metric_exporter: MetricExporter,
+                 resources: dict[str, dict[str, str]], start_ns: int, batch: int = 1024,
+                 max_queued: int = 8) -> None:
+        self._queue: queue.Queue = queue.Queue(max_queued)
+        super().__init__(batch, self._queue.put)
+        self._worker = _Worker(span_exporter, metric_exporter, resources, start_ns)
+        self._thread = threading.Thread(target=self._work, name="simulator-export", daemon=True)
+        self._thread.start()
 
     def _work(self) -> None:
-        counts = self.counts
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
+        while (item := self._queue.get()) is not None:
+            self._worker.handle(item)
+
+    def close(self) -> ExportCounts:
+        """Export what is buffered, stop the thread, shut the exporters down."""
+        self.flush()
+        self._put(None)
+        self._thread.join()
+        self._worker.shutdown()
+        return self._worker.counts
+
+
+def serve(endpoint: str, insecure: bool, timeout_s: float, stream: BinaryIO) -> ExportCounts:
+    """Body of the export process: read pickled items from ``stream`` (first the resources
+    and start time, then export items, then ``None``) and export them over OTLP/gRPC."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    resources, start_ns = pickle.load(stream)
+    worker = _Worker(OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
+                     OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
+                     resources, start_ns)
+    while (item := pickle.load(stream)) is not None:
+        worker.handle(item)
+    worker.shutdown()
+    return worker.counts
+
+
+class ProcessExporter(_Batcher):
+    """Exports over OTLP/gRPC from a child process (``python -m simulator.export_process``),
+    so that protobuf encoding runs beside the simulation. Items travel pickled over its stdin;
+    the pipe's buffer bounds what is in flight."""
+
+    def __init__(self, endpoint: str, resources: dict[str, dict[str, str]], start_ns: int,
+                 insecure: bool = True, timeout_s: float = 30.0, batch: int = 1024) -> None:
+        super().__init__(batch, self._send)
+        args = [sys.executable, "-m", "simulator.export_process", endpoint,
+                "--insecure" if insecure else "--secure", str(timeout_s)]
+        # the child must import this package wherever the parent found it
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+        self._process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         env=env)
+        self._send((resources, start_ns))
+
+    def _send(self, item: Any) -> None:
+        try:
+            pickle.dump(item, self._process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        except (BrokenPipeError, OSError):
+            raise RuntimeError(f"the export process died (exit {self._process.poll()})") from None
+
+    def abort(self) -> None:
+        """Stop the child without exporting what is left (the run failed)."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout):
             try:
-                if item[0] == "spans":
-                    ok = self.span_exporter.export(item[1]) == SpanExportResult.SUCCESS
-                    n = len(item[1])
-                    counts.spans_sent += n if ok else 0
-                    counts.spans_failed += 0 if ok else n
-                else:
-                    ok = self.metric_exporter.export(item[1]) == MetricExportResult.SUCCESS
-                    counts.points_sent += item[2] if ok else 0
-                    counts.points_failed += 0 if ok else item[2]
-            except Exception:  # an exporter bug must not hang the simulation; count it
-                ok = False
-                counts.spans_failed += len(item[1]) if item[0] == "spans" else 0
-                counts.points_failed += item[2] if item[0] == "metrics" else 0
-            counts.exports_failed += 0 if ok else 1
+                stream.close()
+            except OSError:
+                pass
+
+    def close(self) -> ExportCounts:
+        """Export what is buffered, wait for the child, return its counts."""
+        self.flush()
+        self._send(None)
+        self._process.stdin.close()
+        with self._process.stdout:
+            out = self._process.stdout.read()
+        if self._process.wait() != 0 or not out:
+            raise RuntimeError(f"the export process failed (exit {self._process.returncode})")
+        return ExportCounts(**json.loads(out))
