@@ -86,6 +86,31 @@ def _memory_mib(pid: int) -> tuple[float, float]:
     return rss / 1024, pss / 1024
 
 
+def _tree(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        found.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                stack += [int(x) for x in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its live descendants."""
+    ticks = 0
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_mib(pid: int) -> float:
     return _memory_mib(pid)[0]
 
@@ -116,6 +141,11 @@ def run_once(clients: int, seconds: float, workers: int) -> dict[str, float]:
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
+            while time.time() < start_at:
+                time.sleep(0.005)
+            cpu_before = _cpu_seconds(col.pid)
+            time.sleep(seconds)
+            cpu_used = _cpu_seconds(col.pid) - cpu_before
             results = [queue.get(timeout=seconds + 120) for _ in procs]
             for proc in procs:
                 proc.join()
@@ -126,7 +156,8 @@ def run_once(clients: int, seconds: float, workers: int) -> dict[str, float]:
         acked = len(latencies) * SPANS_PER_REQUEST
         stored = scan(DataDir(data), "spans").select(c.TRACE_ID).collect().height
     q = statistics.quantiles(latencies, n=100)
-    return {"spans_per_s": acked / seconds, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
+    return {"spans_per_s": acked / seconds, "spans_per_cpu_s": acked / max(cpu_used, 1e-9),
+            "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
             "rss_mib": peak[0], "pss_mib": peak[1], "refused": float(sum(r for _, r in results)),
             "stored_equals_acked": float(stored == acked)}
 
@@ -151,6 +182,9 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
                      for k in range(clients)]
             for p in procs:
                 p.start()
+            while time.time() < start_at:
+                time.sleep(0.005)
+            cpu_before = _cpu_seconds(proc.pid)
             peak = 0.0
             results = []
             while len(results) < clients:
@@ -159,6 +193,7 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
                     results.append(queue.get(timeout=0.25))
                 except Exception:  # queue.Empty: keep sampling RSS
                     continue
+            cpu_used = _cpu_seconds(proc.pid) - cpu_before
             for p in procs:
                 p.join()
         finally:
@@ -168,7 +203,8 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
     if len(latencies) < 2:
         return None
     q = statistics.quantiles(latencies, n=100)
-    return {"spans_per_s": len(latencies) * SPANS_PER_REQUEST / seconds,
+    acked = len(latencies) * SPANS_PER_REQUEST
+    return {"spans_per_s": acked / seconds, "spans_per_cpu_s": acked / max(cpu_used, 1e-9),
             "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "rss_mib": peak,
             "refused": float(sum(r for _, r in results))}
 
@@ -186,16 +222,20 @@ def main() -> None:
     parser.add_argument("--phoenix", default=None,
                         help="Python of a venv with arize-phoenix, to measure it as the peer")
     args = parser.parse_args()
+    print(f"load average before: {Path('/proc/loadavg').read_text().split()[0]} "
+          f"on {os.cpu_count()} CPUs (a shared machine inflates every figure below)")
     runs = [run_once(args.clients, args.seconds, args.workers) for _ in range(args.runs)]
     for i, r in enumerate(runs):
-        print(f"run {i + 1}: {r['spans_per_s']:,.0f} spans/s, p50 {r['p50_ms']:.1f} ms, "
+        print(f"run {i + 1}: {r['spans_per_s']:,.0f} spans/s "
+              f"({r['spans_per_cpu_s']:,.0f} per collector CPU-second), p50 {r['p50_ms']:.1f} ms, "
               f"p99 {r['p99_ms']:.1f} ms, RSS {r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f}), "
               f"refused {r['refused']:.0f}, "
               f"stored == acked: {bool(r['stored_equals_acked'])}")
     m = _median(runs)
     print(f"fleetlens collector (median of {args.runs}, {args.clients} clients, "
           f"{args.workers} workers, {SPANS_PER_REQUEST}-span requests, durable): "
-          f"{m['spans_per_s']:,.0f} spans/s, Export p50 {m['p50_ms']:.1f} ms, "
+          f"{m['spans_per_s']:,.0f} spans/s ({m['spans_per_cpu_s']:,.0f} per collector "
+          f"CPU-second), Export p50 {m['p50_ms']:.1f} ms, "
           f"p99 {m['p99_ms']:.1f} ms, RSS {m['rss_mib']:.0f} MiB (PSS {m['pss_mib']:.0f} MiB)")
     if not args.phoenix:
         print("Arize Phoenix peer: not measured (pass --phoenix PYTHON of a venv with "
@@ -205,10 +245,12 @@ def main() -> None:
     if peer is None:
         print("Arize Phoenix peer: acknowledged nothing")
         return
-    print(f"Arize Phoenix (same load): {peer['spans_per_s']:,.0f} spans/s acknowledged, "
+    print(f"Arize Phoenix (same load): {peer['spans_per_s']:,.0f} spans/s acknowledged "
+          f"({peer['spans_per_cpu_s']:,.0f} per Phoenix CPU-second), "
           f"p50 {peer['p50_ms']:.1f} ms, p99 {peer['p99_ms']:.1f} ms, RSS {peer['rss_mib']:.0f} "
           f"MiB, refused {peer['refused']:.0f}")
-    print(f"ratio fleetlens / Phoenix: {m['spans_per_s'] / peer['spans_per_s']:.1f}x spans/s")
+    print(f"ratio fleetlens / Phoenix: {m['spans_per_s'] / peer['spans_per_s']:.1f}x spans/s, "
+          f"{m['spans_per_cpu_s'] / peer['spans_per_cpu_s']:.1f}x spans per CPU-second")
 
 
 if __name__ == "__main__":
