@@ -105,27 +105,19 @@ def load(name: str, *args: Any) -> Any:
     return _cached(name, str(root.root), present_tables(root), epoch, args)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def _report(root: str, incident_id: str, fmt: str, epoch: int) -> tuple[str | None, str]:
+def report_text(root: DataDir, incident_id: str, fmt: str) -> tuple[str | None, str]:
+    """The analytics incident report (``markdown`` or ``html``) as ``fleetlens explain``
+    renders it, or ``(None, why not)``. Built when a user asks for it (an export button)."""
     from analytics.report import UnknownIncident, build_report
     from analytics.report_render import to_html, to_markdown
 
-    del epoch
     try:
-        report = build_report(DataDir(root), incident_id)
+        report = build_report(root, incident_id)
         return (to_html(report) if fmt == "html" else to_markdown(report)), ""
     except UnknownIncident as exc:
         return None, str(exc)
     except Exception as exc:  # noqa: BLE001 - a broken report must not break the page
         return None, f"{type(exc).__name__}: {exc}"
-
-
-def report(incident_id: str, fmt: str) -> tuple[str | None, str]:
-    """The analytics incident report (``markdown`` or ``html``) as ``fleetlens explain``
-    renders it, or ``(None, why not)``."""
-    ttl = config().cache_ttl_s
-    epoch = int(time.time() // ttl) if ttl else time.monotonic_ns()
-    return _report(str(data_dir().root), incident_id, fmt, epoch)
 
 
 def frame_or_empty(value: Any) -> pl.DataFrame:

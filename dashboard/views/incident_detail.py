@@ -1,5 +1,6 @@
 """Incident detail: the spike, its phases, where it concentrates, what the signals did, why."""
 
+import html
 import json
 
 import plotly.graph_objects as go
@@ -102,14 +103,22 @@ if slow.height:
     st.page_link("views/trace.py", label="Trace of the slowest request",
                  query_params={"id": slow[c.TRACE_ID][0], "t": str(slow[c.ARRIVAL_NS][0])},
                  icon=":material/account_tree:")
-markdown, why = data.report(incident_id, "markdown")
-html, _ = data.report(incident_id, "html")
-if markdown is None:
-    st.caption(f"Analytics report unavailable ({why}); exporting the page's own summary.")
-    markdown = report_markdown(inc, causes, phases)
+root = data.data_dir()
+
+
+def _export(fmt: str) -> str:
+    """Runs when an export button is clicked: the analytics report, else the page summary."""
+    text, why = data.report_text(root, incident_id, fmt)
+    if text is not None:
+        return text
+    summary = report_markdown(inc, causes, phases) + f"\n(analytics report unavailable: {why})\n"
+    return summary if fmt == "markdown" else f"<pre>{html.escape(summary)}</pre>"
+
+
 cols = st.columns(4)
-cols[0].download_button("Export report (Markdown)", markdown, key="detail_export",
-                        file_name=f"incident-{incident_id}.md", mime="text/markdown")
-if html:
-    cols[1].download_button("Export report (HTML)", html, key="detail_export_html",
-                            file_name=f"incident-{incident_id}.html", mime="text/html")
+cols[0].download_button("Export report (Markdown)", lambda: _export("markdown"),
+                        key="detail_export", file_name=f"incident-{incident_id}.md",
+                        mime="text/markdown")
+cols[1].download_button("Export report (HTML)", lambda: _export("html"),
+                        key="detail_export_html", file_name=f"incident-{incident_id}.html",
+                        mime="text/html")

@@ -68,5 +68,13 @@ def test_incident_detail_exports_the_analytics_report(app_real, real_demo) -> No
     app_real.run()
     assert not app_real.exception
     buttons = app_real.get("download_button")
-    assert len(buttons) == 2  # Markdown and HTML, rendered by analytics' report
+    assert len(buttons) == 2  # Markdown and HTML, built on click
     assert app_real.dataframe[0].value[c.CAUSE].notna().all()
+    from dashboard.data import report_text
+
+    text, why = report_text(real_demo, first[c.INCIDENT_ID][0], "markdown")
+    assert text is not None, why
+    assert first[c.INCIDENT_ID][0] in text
+    page, _ = report_text(real_demo, first[c.INCIDENT_ID][0], "html")
+    assert page is not None and page.lstrip().lower().startswith("<!doctype html")
+    assert report_text(real_demo, "0000000000000000", "markdown")[0] is None
