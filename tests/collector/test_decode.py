@@ -8,6 +8,8 @@ import time
 
 import polars as pl
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collector.decode_common import OVERFLOW_NAME, Limits, NameLimiter
 from collector.signals import LOGS, METRICS, SPANS
@@ -146,3 +148,40 @@ def test_a_cumulative_sum_may_have_started_long_ago() -> None:
     assert (out.rows, out.rejected) == (1, 1)
     assert out.columns[c.VALUE] == [42.0] and out.columns[c.TEMPORALITY] == ["cumulative"]
     assert out.columns[c.IS_MONOTONIC] == [True]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(points=st.lists(st.tuples(
+    st.sampled_from(["gauge", "sum", "histogram"]),
+    # time offset from now in s (0 = unset), never near the 3600 s skew edge
+    st.one_of(st.just(0), st.integers(-3500, 3500), st.integers(3700, 7200),
+              st.integers(-7200, -3700)),
+    st.integers(-10, 10),  # start offset from time in s
+    st.integers(0, 4), st.integers(0, 4)), max_size=12))  # bucket counts, bounds
+def test_metric_points_are_rejected_one_by_one_with_exact_counts(points) -> None:
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+    now = time.time_ns()
+    request = gauge_request("m", [])
+    scope = request.resource_metrics[0].scope_metrics[0]
+    del scope.metrics[:]
+    expected_bad = 0
+    for kind, offset, start_offset, n_counts, n_bounds in points:
+        ts = now + offset * 10**9 if offset else 0
+        start = max(ts + start_offset * 10**9, 1) if ts else 0
+        metric = scope.metrics.add(name=f"m.{kind}")
+        if kind == "histogram":
+            metric.histogram.data_points.append(metrics_pb2.HistogramDataPoint(
+                time_unix_nano=ts, start_time_unix_nano=start, count=n_counts,
+                bucket_counts=[1] * n_counts, explicit_bounds=[float(b) for b in range(n_bounds)]))
+            shape_ok = n_counts == 0 or n_counts == n_bounds + 1
+        else:
+            getattr(metric, kind).data_points.append(metrics_pb2.NumberDataPoint(
+                time_unix_nano=ts, start_time_unix_nano=start, as_double=1.0))
+            shape_ok = True
+        time_ok = ts > 0 and abs(offset) < 3600 and start <= ts
+        expected_bad += not (time_ok and shape_ok)
+    out = _decode(METRICS, request)
+    assert out.rejected == expected_bad
+    assert out.rows == len(points) - expected_bad
+    assert METRICS.response_for(out).partial_success.rejected_data_points == expected_bad
