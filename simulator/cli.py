@@ -31,10 +31,13 @@ def _receiver_reachable(endpoint: str, timeout_s: float) -> bool:
 @click.option("--ground-truth", "ground_truth", type=click.Path(dir_okay=False),
               help="Write the injected incidents as JSON here.")
 @click.option("--seed", type=int, default=None, help="Random seed (default: the scenario's).")
+@click.option("--start", default=None,
+              help="Virtual start time instead of [fleet].start: ISO time, now, now-6h.")
 @click.option("--connect-timeout", type=float, default=5.0, show_default=True,
               help="Seconds to wait for the collector before giving up.")
 def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: bool,
-             ground_truth: str | None, seed: int | None, connect_timeout: float) -> None:
+             ground_truth: str | None, seed: int | None, start: str | None,
+             connect_timeout: float) -> None:
     """Simulate a vLLM fleet with injected incidents and send its OTLP telemetry.
 
     Spans (llm_request, gateway), GPU and engine metrics go to ENDPOINT over OTLP/gRPC on a
@@ -44,6 +47,7 @@ def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from simulator.run import run
+    from simulator.scenario import parse_start
 
     if speed is not None and max_speed:
         raise click.UsageError("--speed and --max-speed exclude each other")
@@ -51,6 +55,7 @@ def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: 
         raise click.BadParameter("must be positive", param_hint="--speed")
     try:
         scenario = load_scenario(scenario_path)
+        start_ns = parse_start(start) if start else None
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from None
     if not _receiver_reachable(endpoint, connect_timeout):
@@ -69,7 +74,7 @@ def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: 
                        counts=f"{p.requests:,} req  {p.spans:,} spans  {p.points:,} points")
 
         try:
-            result = run(scenario, endpoint, seed=seed, speed=speed,
+            result = run(scenario, endpoint, seed=seed, speed=speed, start_ns=start_ns,
                          ground_truth_path=ground_truth, on_progress=update)
         except ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
@@ -84,5 +89,10 @@ def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: 
         console.print(f"ground truth: {ground_truth} "
                       f"({len(result.ground_truth['incidents'])} incidents)")
     if e.spans_failed or e.points_failed:
-        raise click.ClickException(f"the collector refused {e.spans_failed:,} spans and "
+        raise click.ClickException(f"exports failed for {e.spans_failed:,} spans and "
                                    f"{e.points_failed:,} points")
+    if e.spans_rejected or e.points_rejected:
+        raise click.ClickException(
+            f"the collector rejected {e.spans_rejected:,} spans and {e.points_rejected:,} "
+            f"points: {e.last_rejection} (is the scenario's start within the collector's "
+            f"max_clock_skew_s? try --start now-2h)")

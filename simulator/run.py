@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from opentelemetry.sdk.metrics.export import MetricExporter
@@ -55,7 +55,7 @@ class RunResult:
 
 
 def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317", *,
-        seed: int | None = None, speed: float | None = None,
+        seed: int | None = None, speed: float | None = None, start_ns: int | None = None,
         exporters: tuple[SpanExporter, MetricExporter] | None = None,
         ground_truth_path: str | Path | None = None,
         on_progress: Callable[[Progress], None] | None = None) -> RunResult:
@@ -66,6 +66,7 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
         endpoint: OTLP/gRPC ``host:port`` of the collector (ignored with ``exporters``); the
             SDK's OTLP exporters run in a child process.
         seed: random seed; default the scenario's ``[fleet].seed``.
+        start_ns: virtual time zero (ns since the epoch) instead of ``[fleet].start``.
         speed: simulated seconds per wall second; ``None`` runs as fast as it can.
         exporters: a (span exporter, metric exporter) pair to use instead, on a thread.
         ground_truth_path: where to write the ground-truth JSON.
@@ -77,6 +78,8 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     seed = scenario.seed if seed is None else seed
+    if start_ns is not None:
+        scenario = replace(scenario, start_ns=start_ns)
     fleet = Fleet(scenario, seed)
     truth = fleet.injector.ground_truth(seed)
     if ground_truth_path is not None:

@@ -225,9 +225,32 @@ def _positive(value: Any, where: str) -> float:
     return float(value)
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_start(value: Any) -> int:
+    """A start time in ns: an ISO time (UTC unless it says otherwise), ``now``, or ``now-6h``
+    (units s, m, h, d; relative starts are rounded down to the minute and not reproducible).
+
+    Raises:
+        ScenarioError: not a time.
+    """
+    return _start_ns(value)
+
+
 def _start_ns(value: Any) -> int:
-    if value == "now":  # not deterministic: for live demos only
-        return int(datetime.now(UTC).timestamp()) * 1_000_000_000
+    text = str(value).strip()
+    if text.startswith("now"):
+        back = text[3:].replace(" ", "")
+        seconds = 0
+        if back:
+            number = back[1:-1].replace(".", "", 1)
+            if back[0] != "-" or back[-1] not in _UNITS or not number.isdigit():
+                raise ScenarioError(
+                    f"[fleet].start: expected now or now-<N>(s|m|h|d), got {text!r}")
+            seconds = float(back[1:-1]) * _UNITS[back[-1]]
+        now = int(datetime.now(UTC).timestamp()) // 60 * 60
+        return int(now - seconds) * 1_000_000_000
     if isinstance(value, datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=UTC)
     else:

@@ -50,9 +50,42 @@ class ExportCounts:
 
     spans_sent: int = 0
     spans_failed: int = 0
+    spans_rejected: int = 0
     points_sent: int = 0
     points_failed: int = 0
+    points_rejected: int = 0
     exports_failed: int = 0
+    last_rejection: str = ""
+
+
+class _PartialSuccess:
+    """Wraps an OTLP exporter's gRPC stub to read each response's partial success: the SDK
+    drops the response, so items the receiver rejected would otherwise count as sent."""
+
+    def __init__(self, stub: Any) -> None:
+        self.stub = stub
+        self.rejected = 0
+        self.message = ""
+
+    def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (the stub's method)
+        response = self.stub.Export(*args, **kwargs)
+        partial = response.partial_success
+        rejected = getattr(partial, "rejected_spans", 0) or getattr(
+            partial, "rejected_data_points", 0)
+        if rejected:
+            self.rejected += rejected
+            self.message = partial.error_message
+        return response
+
+
+def _rejections(exporter: Any) -> _PartialSuccess | None:
+    """The partial-success watcher of an OTLP/gRPC exporter (installed on first use)."""
+    stub = getattr(exporter, "_client", None)
+    if stub is None:
+        return None
+    if not isinstance(stub, _PartialSuccess):
+        stub = exporter._client = _PartialSuccess(stub)
+    return stub
 
 
 def llm_request_record(r: Request, resource: str, start_ns: int) -> SpanRecord:
@@ -114,24 +147,32 @@ class _Worker:
 
     def handle(self, item: tuple) -> None:
         counts = self.counts
-        if item[0] == "spans":
-            n = len(item[1])
-            try:
-                spans = [self.span(record) for record in item[1]]
-                ok = self.span_exporter.export(spans) == SpanExportResult.SUCCESS
-            except Exception:  # an exporter error must not stop the run; it is counted
-                ok = False
-            counts.spans_sent += n if ok else 0
-            counts.spans_failed += 0 if ok else n
-        else:
-            n = item[2]
-            try:
+        spans = item[0] == "spans"
+        exporter = self.span_exporter if spans else self.metric_exporter
+        watch = _rejections(exporter)
+        before = watch.rejected if watch else 0
+        try:
+            if spans:
+                n = len(item[1])
+                ok = exporter.export([self.span(r) for r in item[1]]) == SpanExportResult.SUCCESS
+            else:
+                n = item[2]
                 data = metrics_data(item[1], self.resources, self.start_ns)
-                ok = self.metric_exporter.export(data) == MetricExportResult.SUCCESS
-            except Exception:
-                ok = False
-            counts.points_sent += n if ok else 0
-            counts.points_failed += 0 if ok else n
+                ok = exporter.export(data) == MetricExportResult.SUCCESS
+        except Exception:  # an exporter error must not stop the run; it is counted
+            ok = False
+        rejected = (watch.rejected - before) if watch and ok else 0
+        if rejected:
+            counts.last_rejection = watch.message
+        sent, failed = (n - rejected, 0) if ok else (0, n)
+        if spans:
+            counts.spans_sent += sent
+            counts.spans_failed += failed
+            counts.spans_rejected += rejected
+        else:
+            counts.points_sent += sent
+            counts.points_failed += failed
+            counts.points_rejected += rejected
         counts.exports_failed += 0 if ok else 1
 
     def shutdown(self) -> None:
