@@ -60,3 +60,27 @@ def test_agent_process_without_gpu_says_so_once_and_scrapes(metrics_server) -> N
         running = [p for p in sink.points() if p.name == a.ENGINE_NUM_RUNNING]
         assert running and running[0].attributes[a.ENGINE_INSTANCE] == "h/tiny-0"
         assert not any(p.name == a.HW_POWER for p in sink.points())
+
+
+@pytest.mark.e2e
+def test_agent_process_with_fake_gpus_exports_them() -> None:
+    with OtlpSink() as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetlens", "agent", "--collector", sink.endpoint,
+             "--fake-gpus", "2", "--host-name", "demo-host"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "FLEETLENS_CONFIG": ""})
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(
+                    {p.attributes[a.GPU_INDEX] for p in sink.points() if p.name == a.HW_POWER}) < 2:
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "no NVIDIA GPU" not in out + err
+        power = [p for p in sink.points() if p.name == a.HW_POWER]
+        assert {p.attributes[a.GPU_INDEX] for p in power} == {0, 1}
+        assert {p.resource[a.HOST_NAME] for p in power} == {"demo-host"}
