@@ -88,7 +88,7 @@ class Workload:
     gateway_service: str = "llm-gateway"
     max_tokens: int = 4096
     temperature: float = 0.7
-    top_p: float = 0.0
+    top_p: float = 1.0
     replay: str = ""
     format: str = ""
     time_scale: float = 1.0

@@ -49,7 +49,7 @@ def test_cli_sends_vllm_spans_and_agent_metrics(otlp_sink, tmp_path: Path) -> No
     assert {a.GEN_AI_TTFT, a.GEN_AI_E2E, a.GEN_AI_TIME_IN_QUEUE, a.GEN_AI_PREFILL,
             a.GEN_AI_DECODE, a.GEN_AI_INFERENCE, a.GEN_AI_PROMPT_TOKENS,
             a.GEN_AI_COMPLETION_TOKENS, a.GEN_AI_REQUEST_ID, a.GEN_AI_N} <= keys
-    assert a.GEN_AI_TOP_P not in keys  # 0 in the scenario: vLLM leaves it out
+    assert a.GEN_AI_TOP_P in keys  # vLLM emits the default 1.0 (it leaves out only 0)
     assert a.GEN_AI_REQUEST_MODEL not in keys  # vLLM puts no model on the span
     values = {kv.key: kv.value for kv in span.attributes}
     assert values[a.GEN_AI_E2E].double_value > 0
