@@ -89,9 +89,19 @@ def descendants(pid: int) -> set[int]:
     return with_descendants({pid}) - {pid}
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), to tell a PID from a reused one."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def stop_tree(process: subprocess.Popen, timeout: float = 30.0) -> None:
-    """SIGTERM ``process`` and wait; then SIGKILL it and any child it left, each by PID."""
-    children = descendants(process.pid) if process.poll() is None else set()
+    """SIGTERM ``process`` and wait; then SIGKILL it and any child it left, each by PID (a
+    child is killed only if its PID still names the same process)."""
+    children = ({pid: _start_time(pid) for pid in descendants(process.pid)}
+                if process.poll() is None else {})
     if process.poll() is None:
         os.kill(process.pid, signal.SIGTERM)
         try:
@@ -99,9 +109,10 @@ def stop_tree(process: subprocess.Popen, timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
-    for pid in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    for pid, started in children.items():
+        if started is not None and _start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
