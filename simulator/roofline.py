@@ -96,7 +96,7 @@ def _sum_max(a1: float, b1: float, a2: float, b2: float, n: int) -> float:
     if b1 == b2:
         return total(max(a1, a2), b1, 0, n)
     cross = (a2 - a1) / (b1 - b2)  # line 1 above line 2 for i > cross when b1 > b2
-    split = min(max(int(cross) + 1, 0), n) if cross >= 0 else 0
+    split = 0 if cross < 0 else n if cross >= n else int(cross) + 1
     if b1 > b2:
         return total(a2, b2, 0, split) + total(a1, b1, split, n)
     return total(a1, b1, 0, split) + total(a2, b2, split, n)
