@@ -57,12 +57,12 @@ for slot, (label, col) in zip(row, HEADLINE, strict=True):
 incidents = data.load("incidents", f)
 last_end = int(series[c.WINDOW_START_NS].max())
 active = incidents.filter(pl.col(c.END_NS).fill_null(last_end) >= last_end - 5 * 60 * 10**9)
-left, right = st.columns([2, 3])
+left, right = st.columns([3, 2])
 left.subheader(f"Active incidents: {active.height}")
 left.caption(f"{incidents.height} incident(s) in range; active = still open in the last 5 min.")
 shown = ui.with_time(incidents.head(20), c.START_NS, "started")
 left.dataframe(
-    shown.select("started", c.SEVERITY, c.METRIC, c.HOST_NAME, c.CAUSE, c.SUMMARY,
+    shown.select("started", c.SEVERITY, c.CAUSE, c.HOST_NAME, c.METRIC, c.SUMMARY,
                  pl.format("incident?id={}", c.INCIDENT_ID).alias("open")),
     hide_index=True, key="overview_incidents",
     column_config={"open": st.column_config.LinkColumn("open", display_text="open")},
