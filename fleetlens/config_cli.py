@@ -60,4 +60,7 @@ def _toml_value(value: object) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # a table inside a list ([[agent.vllm]]): an inline table
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}"
+                                for k, v in value.items()) + " }"
     return json.dumps(str(value))

@@ -174,8 +174,8 @@ def to_dict(config: Any) -> dict[str, Any]:
         value = getattr(config, field.name)
         if dataclasses.is_dataclass(value):
             out[field.name] = to_dict(value)
-        elif isinstance(value, tuple):
-            out[field.name] = list(value)
+        elif isinstance(value, tuple):  # a list of tables ([[agent.vllm]]) stays tables
+            out[field.name] = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
         elif value is not None:
             out[field.name] = value
     return out

@@ -85,3 +85,19 @@ def test_vllm_option() -> None:
     assert parse_vllm_option("h/llama-0=http://127.0.0.1:8000") == VllmTarget(
         url="http://127.0.0.1:8000", instance_id="h/llama-0")
     assert parse_vllm_option("http://h:1/m?a=b").url == "http://h:1/m?a=b"
+
+
+def test_config_check_prints_agent_targets_as_tables(tmp_path: Path) -> None:
+    import tomllib
+
+    from click.testing import CliRunner
+
+    from fleetlens.cli import cli
+
+    path = tmp_path / "fleetlens.toml"
+    path.write_text("[[agent.vllm]]\nurl = 'http://127.0.0.1:8000'\ngpus = ['0']\n")
+    result = CliRunner().invoke(cli, ["config", "check", str(path)], env={"FLEETLENS_CONFIG": ""})
+    assert result.exit_code == 0, result.output
+    printed = tomllib.loads(result.output[result.output.index("data_dir"):])
+    assert printed["agent"]["vllm"] == [{"url": "http://127.0.0.1:8000", "instance_id": "",
+                                         "service_name": "vllm", "gpus": ["0"]}]
