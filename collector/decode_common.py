@@ -55,6 +55,13 @@ class Limits:
     max_value_bytes: int
     truncated: int = 0
 
+    def __post_init__(self) -> None:
+        # Precomputed bounds for the decoders' fast paths.
+        self.earliest_ns = self.now_ns - self.skew_ns
+        self.latest_ns = self.now_ns + self.skew_ns
+        #: Strings up to this many characters can never exceed ``max_value_bytes``.
+        self.short_text = self.max_value_bytes // 4
+
     def check_time(self, ts_ns: int, what: str) -> None:
         """Reject a zero timestamp or one further than the skew from now."""
         if ts_ns <= 0:
@@ -64,7 +71,7 @@ class Limits:
 
     def text(self, value: str) -> str:
         """``value`` cut to ``max_value_bytes`` UTF-8 bytes (counted in ``truncated``)."""
-        if len(value) * 4 <= self.max_value_bytes:
+        if len(value) <= self.short_text:
             return value
         raw = value.encode("utf-8")
         if len(raw) <= self.max_value_bytes:

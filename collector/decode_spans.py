@@ -71,6 +71,7 @@ _PROMOTED_SLOT = {key: (i, types, types is _FLOAT_TYPES)
                   for i, (key, (_, types)) in enumerate(_PROMOTED.items())}
 _NO_PROMOTED = (None,) * len(_PROMOTED_ORDER)
 _EMPTY_LIST = "[]"
+_ZERO16, _ZERO8 = bytes(16), bytes(8)
 
 
 def _span_row(span: Any, limits: Limits) -> tuple:
@@ -78,13 +79,20 @@ def _span_row(span: Any, limits: Limits) -> tuple:
 
     A tuple per span, transposed per scope, is the cheapest typed columnar build in Python.
     """
-    trace_id = hex_id(span.trace_id, 16, c.TRACE_ID)
-    span_id = hex_id(span.span_id, 8, c.SPAN_ID)
-    parent = hex_id(span.parent_span_id, 8, c.PARENT_SPAN_ID, optional=True)
+    raw_trace, raw_span, raw_parent = span.trace_id, span.span_id, span.parent_span_id
+    # Fast path for well-formed ids; hex_id explains what is wrong otherwise.
+    if len(raw_trace) == 16 and raw_trace != _ZERO16 and len(raw_span) == 8 \
+            and raw_span != _ZERO8 and (not raw_parent or (
+                len(raw_parent) == 8 and raw_parent != _ZERO8)):
+        trace_id, span_id, parent = raw_trace.hex(), raw_span.hex(), raw_parent.hex()
+    else:
+        trace_id = hex_id(raw_trace, 16, c.TRACE_ID)
+        span_id = hex_id(raw_span, 8, c.SPAN_ID)
+        parent = hex_id(raw_parent, 8, c.PARENT_SPAN_ID, optional=True)
     start, end = span.start_time_unix_nano, span.end_time_unix_nano
-    limits.check_time(start, "start_time_unix_nano")
-    limits.check_time(end, "end_time_unix_nano")
-    if end < start:
+    if not (limits.earliest_ns <= start <= end <= limits.latest_ns and start > 0):
+        limits.check_time(start, "start_time_unix_nano")
+        limits.check_time(end, "end_time_unix_nano")
         raise Reject(f"end_time_unix_nano {end} is before start_time_unix_nano {start}")
     attrs: dict[str, Any] = {}
     promoted = list(_NO_PROMOTED)
@@ -94,8 +102,10 @@ def _span_row(span: Any, limits: Limits) -> tuple:
         key, raw = kv.key, kv.value
         kind = raw.WhichOneof("value")
         # Inline fast paths for the scalar kinds vLLM sends; the rest via any_value.
-        if kind == "double_value" and isfinite(raw.double_value):
+        if kind == "double_value":
             value = raw.double_value
+            if not isfinite(value):
+                value = any_value(raw, limits)
         elif kind == "int_value":
             value = raw.int_value
         elif kind == "string_value":
@@ -111,9 +121,14 @@ def _span_row(span: Any, limits: Limits) -> tuple:
             dropped += 1
             limits.truncated += 1
     status = span.status
+    name, message = span.name, status.message
+    if len(name) > limits.short_text:
+        name = limits.text(name)
+    if len(message) > limits.short_text:
+        message = limits.text(message)
     return (
-        trace_id, span_id, parent, span.trace_state, span.flags, limits.text(span.name),
-        span.kind, start, end, status.code, limits.text(status.message), dumps(attrs),
+        trace_id, span_id, parent, span.trace_state, span.flags, name,
+        span.kind, start, end, status.code, message, dumps(attrs),
         _events(span, limits) if span.events else _EMPTY_LIST,
         _links(span, limits) if span.links else _EMPTY_LIST,
         dropped, span.dropped_events_count, span.dropped_links_count, *promoted,

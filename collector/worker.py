@@ -8,6 +8,7 @@ writer id and WAL directory, and at start-up replays the WAL directories of dead
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import secrets
@@ -99,6 +100,7 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     sink.start()
     grpc_server = start_grpc(config, ingest)
     http_server = start_http(config, ingest)
+    gc.freeze()  # start-up objects never become garbage: keep them out of every GC scan
     log.info("collector %s serving OTLP/gRPC on %s and OTLP/HTTP on %s%s, data in %s",
              writer_id, config.grpc_address, config.http_address,
              " with TLS" if config.tls.enabled else "", data_dir.root)
