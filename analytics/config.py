@@ -62,7 +62,7 @@ class AnalyticsConfig:
     merge_gap_s: int = 180
     #: A service-level incident replaces host incidents when at least this share of the
     #: service's hosts breach together (a fleet-wide cause, not a host fault).
-    host_share_for_service: float = 0.5
+    host_share_for_service: float = 0.75
     #: Peak/expected ratios for severity "major" and "critical" (below: "minor").
     severity_major: float = 1.8
     severity_critical: float = 3.0

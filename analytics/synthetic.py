@@ -184,7 +184,9 @@ def _requests(spec: FleetSpec, inst: pl.DataFrame, incidents: list[Injected],
         elif i.cause == Cause.NETWORK_OVERHEAD:
             network[hit] += rng.exponential(0.1 * m, k) + 0.3 * m
         elif i.cause == Cause.ENGINE_OVERHEAD:
-            overhead[hit] += rng.exponential(0.5 * m, k) + 1.0 * m
+            # CPU time per engine step (decode slower) and per request (API server).
+            decode_extra[hit] *= 1 + 1.5 * m
+            overhead[hit] += 0.06 * m
     inp = inp.round()
     cached = np.floor(inp * cached_ratio / 16) * 16
     prefill = (inp - cached) * 0.00015 * speed * rng.lognormal(0, 0.1, n) + 0.005
@@ -274,6 +276,7 @@ def _gpus(spec: FleetSpec, layout: pl.DataFrame, requests: pl.DataFrame,
                               c.GPU_UUID: [row[c.GPU_UUID]] * len(grid),
                               c.INSTANCE_ID: [row[c.INSTANCE_ID]] * len(grid)})
         util = np.clip(rng.normal(0.7, 0.05, len(grid)), 0, 1)
+        mem = util * 0.95
         clock = np.full(len(grid), 1980.0) + rng.normal(0, 5, len(grid))
         temp = rng.normal(62, 1.5, len(grid))
         limit = np.full(len(grid), tdp)
@@ -289,17 +292,22 @@ def _gpus(spec: FleetSpec, layout: pl.DataFrame, requests: pl.DataFrame,
                 limit[hit] = tdp * 0.5
                 clock[hit] *= 1 - 0.35 * m
                 reasons[hit] |= POWER_CAP_BIT
-            elif i.cause == Cause.SLOW_GPU:
+            elif i.cause == Cause.SLOW_GPU:  # busier: the same work takes longer
                 util[hit] = np.clip(util[hit] + 0.2, 0, 1)
-            elif i.cause in (Cause.COLLECTIVE_STALL, Cause.ENGINE_OVERHEAD):
-                util[hit] *= 0.5
+                mem[hit] = np.clip(mem[hit] + 0.15, 0, 1)
+            elif i.cause == Cause.COLLECTIVE_STALL:  # busy waiting on the link
+                util[hit] = np.clip(util[hit] * 1.15, 0, 1)
+                mem[hit] *= 0.4
+            elif i.cause == Cause.ENGINE_OVERHEAD:  # idle while the CPU works
+                util[hit] *= 0.3
+                mem[hit] *= 0.3
         power = np.minimum(idle + (tdp - idle) * util * clock / 1980, limit * 0.98)
         parts.append(pl.DataFrame({
             c.TS_NS: spec.start_ns + (grid * NS).astype(np.int64),
             c.HOST_NAME: row[c.HOST_NAME], c.GPU_INDEX: row[c.GPU_INDEX],
             c.GPU_UUID: row[c.GPU_UUID], c.GPU_MODEL: spec.gpu_model, c.POWER_W: power,
             c.ENERGY_J: np.cumsum(power * spec.sample_s), c.UTIL_GPU: util,
-            c.UTIL_MEM: util * 0.8, c.MEM_USED_BYTES: np.full(len(grid), 60e9),
+            c.UTIL_MEM: mem, c.MEM_USED_BYTES: np.full(len(grid), 60e9),
             c.SM_CLOCK_MHZ: clock, c.TEMP_C: temp, c.POWER_LIMIT_W: limit,
             c.CLOCKS_EVENT_REASONS: reasons,
         }))

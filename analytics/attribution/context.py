@@ -49,6 +49,7 @@ class Tables:
     def from_data_dir(cls, data_dir: DataDir) -> Tables:
         """Tables over a data directory's Parquet files (predicates pushed into the scans)."""
         mapping = (scan(data_dir, t.INSTANCE_GPUS).select(c.INSTANCE_ID, c.GPU_UUID)
+                   .filter(pl.col(c.GPU_UUID).is_not_null() & (pl.col(c.GPU_UUID) != ""))
                    .unique().collect().sort(c.INSTANCE_ID, c.GPU_UUID))
         if mapping.is_empty():  # pipeline has not derived it: read the raw gauge
             mapping = instance_gpus_from_raw(scan(data_dir, t.METRIC_POINTS))
@@ -74,6 +75,7 @@ def instance_gpus_from_raw(metric_points: pl.LazyFrame) -> pl.DataFrame:
         .select(_json_key(attributes.ENGINE_INSTANCE).alias(c.INSTANCE_ID),
                 _json_key(attributes.HW_ID).alias(c.GPU_UUID))
         .drop_nulls()
+        .filter(pl.col(c.GPU_UUID) != "")
         .unique()
         .collect()
     )

@@ -64,13 +64,45 @@ def _slowdown(s: dict) -> float:
     return max(ratio(s.get("tpot")), ratio(s.get("prefill_per_token")))
 
 
+def _hw(f: Facts, gpu: str) -> float:
+    return max(thermal_strength(f, gpu), power_strength(f, gpu))
+
+
+def _host_gpus(f: Facts, host: str) -> list[str]:
+    return sorted(g for g, h in f.signals.gpu_host.items() if h == host)
+
+
+def _mean_ratio(f: Facts, gpus: list[str], key: str) -> float:
+    values = [ratio(f.signals.gpus[g].get(key)) for g in gpus if g in f.signals.gpus]
+    return sum(values) / len(values) if values else 1.0
+
+
+def _groups(f: Facts, host: str) -> list[list[str]]:
+    """The host's multi-GPU (tensor-parallel) instances as GPU lists."""
+    return [gpus for gpus in f.signals.instance_gpus.values()
+            if len(gpus) > 1 and all(f.signals.gpu_host.get(g) == host for g in gpus)]
+
+
+def _host_slow(f: Facts, host: str) -> float:
+    return clip01((_slowdown(f.signals.hosts.get(host, {})) - 1.2) / 0.6)
+
+
 def slow_gpu_strength(f: Facts, gpu: str) -> float:
+    """A GPU slower at a normal clock. Alone (TP1) its requests decode slower while it stays
+    busy; in a tensor-parallel group it keeps its memory busy while its peers wait on it."""
     s = f.signals.gpus.get(gpu, {})
+    hw = _hw(f, gpu)
+    host = f.signals.gpu_host.get(gpu, "")
+    for group in _groups(f, host):
+        if gpu in group:
+            peers = [g for g in group if g != gpu]
+            gap = ratio(s.get("util_mem")) - min(
+                ratio(f.signals.gpus.get(g, {}).get("util_mem")) for g in peers)
+            return _host_slow(f, host) * clip01((gap - 0.1) / 0.3) * (1 - hw)
     if "tpot" not in s:  # no per-GPU requests: judged at host level instead
         return 0.0
-    hw = max(thermal_strength(f, gpu), power_strength(f, gpu))
-    util_ok = clip01((ratio(s.get("util")) - 0.7) / 0.2)
-    return clip01((_slowdown(s) - 1.2) / 0.6) * (1 - hw) * util_ok
+    busy = clip01((ratio(s.get("util")) - 0.85) / 0.15)
+    return clip01((_slowdown(s) - 1.2) / 0.6) * (1 - hw) * busy
 
 
 def slow_gpu(f: Facts) -> Candidate:
@@ -79,15 +111,15 @@ def slow_gpu(f: Facts) -> Candidate:
         subject, strength, _ = gpu_place(f, per_gpu)
         gpu = max(per_gpu, key=per_gpu.__getitem__)
         s = f.signals.gpus.get(gpu, {})
-    else:  # no instance-to-GPU mapping: the host's requests and GPUs
+        if "tpot" not in s:
+            s = {**s, **f.signals.hosts.get(f.signals.gpu_host.get(gpu, ""), {})}
+    else:  # no instance-to-GPU mapping: the host's requests, busy GPUs at normal clocks
         per_host = {}
         for h in f.hosts():
-            gpus = [g for g, gh in f.signals.gpu_host.items() if gh == h]
-            hw = max([max(_hw(f, g)) for g in gpus], default=0.0)
-            util = [ratio(f.signals.gpus[g].get("util")) for g in gpus]
-            util_ok = clip01((min(util, default=1.0) - 0.7) / 0.2)
-            per_host[h] = clip01((_slowdown(f.signals.hosts.get(h, {})) - 1.2) / 0.6) * (
-                1 - hw) * util_ok
+            gpus = _host_gpus(f, h)
+            hw = max([_hw(f, g) for g in gpus], default=0.0)
+            busy = clip01((_mean_ratio(f, gpus, "util") - 0.85) / 0.15)
+            per_host[h] = _host_slow(f, h) * (1 - hw) * busy
         subject, strength = place(f, per_host)
         s = f.signals.hosts.get(max(per_host, key=per_host.__getitem__), {}) if per_host else {}
     kv = max((value(v.get("kv_max")) for v in f.signals.hosts.values()), default=0.0)
@@ -102,38 +134,35 @@ def slow_gpu(f: Facts) -> Candidate:
     )
 
 
-def _hw(f: Facts, gpu: str) -> tuple[float, float]:
-    return thermal_strength(f, gpu), power_strength(f, gpu)
-
-
 def _host_util(f: Facts, host: str) -> float:
-    gpus = [g for g, h in f.signals.gpu_host.items() if h == host]
-    utils = [ratio(f.signals.gpus[g].get("util")) for g in gpus]
-    return sum(utils) / len(utils) if utils else 1.0
+    return _mean_ratio(f, _host_gpus(f, host), "util")
 
 
 def collective_stall(f: Facts) -> Candidate:
-    multi = {i for i, gpus in f.signals.instance_gpus.items() if len(gpus) > 1}
-    per_host = {}
+    """Tensor-parallel all-reduces slower: every GPU of the group waits (busy, but its
+    memory idle and its power down), decode slows, clocks are normal."""
+    per_host, detail = {}, {}
     for h in f.hosts():
-        tp = any(f.signals.gpu_host.get(g) == h for i in multi
-                 for g in f.signals.instance_gpus[i])
-        gpus = [g for g, gh in f.signals.gpu_host.items() if gh == h]
-        hw = max([max(_hw(f, g)) for g in gpus], default=0.0)
-        idle = clip01((0.85 - _host_util(f, h)) / 0.25)
-        slow = clip01((_slowdown(f.signals.hosts.get(h, {})) - 1.2) / 0.6)
-        # Without a known multi-GPU instance on the host a stall is less likely.
-        weight = 1.0 if tp else 0.5
-        per_host[h] = slow * idle * (1 - hw) * weight
+        best = 0.0
+        for group in _groups(f, h):
+            mem = [ratio(f.signals.gpus.get(g, {}).get("util_mem")) for g in group]
+            waiting = clip01((0.85 - max(mem)) / 0.25)  # all GPUs wait: it is the link
+            busy = clip01((_mean_ratio(f, group, "util") - 0.85) / 0.1)
+            hw = max(_hw(f, g) for g in group)
+            best = max(best, _host_slow(f, h) * waiting * busy * (1 - hw))
+            detail[h] = {"util_mem_ratio": mem, "util_ratio": _mean_ratio(f, group, "util")}
+        per_host[h] = best
     subject, strength = place(f, per_host)
     host = max(per_host, key=per_host.__getitem__) if per_host else ""
     s = f.signals.hosts.get(host, {})
     share = f.share("decode", "prefill")
+    mem = _mean_ratio(f, _host_gpus(f, host), "util_mem")
     return Candidate(
         Cause.COLLECTIVE_STALL, subject, strength * (0.4 + 0.6 * share), share,
-        f"decode x{ratio(s.get('tpot')):.1f} on {_where(subject)} while its GPUs wait "
-        f"(utilisation x{_host_util(f, host):.2f}, clocks normal): tensor-parallel stall",
-        {"tpot": s.get("tpot"), "util_ratio": _host_util(f, host), "per_host_strength": per_host},
+        f"decode x{ratio(s.get('tpot')):.1f} on {_where(subject)} while its tensor-parallel "
+        f"GPUs wait on each other (memory activity x{mem:.2f}, utilisation "
+        f"x{_host_util(f, host):.2f}, clocks normal)",
+        {"tpot": s.get("tpot"), "groups": detail, "per_host_strength": per_host},
     )
 
 
@@ -177,8 +206,27 @@ def network_overhead(f: Facts) -> Candidate:
     )
 
 
+def _idle_slow(f: Facts, host: str) -> float:
+    """Decode slower while the host's GPUs idle at normal clocks: the engine (CPU) is late."""
+    gpus = _host_gpus(f, host)
+    hw = max([_hw(f, g) for g in gpus], default=0.0)
+    return _host_slow(f, host) * clip01((0.85 - _host_util(f, host)) / 0.25) * (1 - hw)
+
+
 def engine_overhead(f: Facts) -> Candidate:
     strength, net_frac, per_host = _overhead(f)
+    idle = {h: _idle_slow(f, h) for h in f.hosts()}
+    if max(idle.values(), default=0.0) > strength * (1 - net_frac):
+        subject, top = place(f, idle)
+        util = min((_host_util(f, h) for h in idle if idle[h] >= 0.5 * top), default=1.0)
+        share = f.share("decode", "prefill", "overhead")
+        return Candidate(
+            Cause.ENGINE_OVERHEAD, subject, top * (0.4 + 0.6 * share), share,
+            f"decode +{f.ms('decode'):.0f} ms, overhead +{f.ms('overhead'):.0f} ms on "
+            f"{_where(subject)} while its GPUs idle (utilisation x{util:.2f}, clocks "
+            "normal): the engine spends longer per step outside the GPU",
+            {"per_host_strength": idle, "util_ratio": util},
+        )
     subject, _ = place(f, per_host)
     part = (1 - net_frac) if _has_network(f) else _engine_term(f, subject)
     hosts = [subject.split("=", 1)[1]] if subject.startswith(c.HOST_NAME) else f.hosts()
