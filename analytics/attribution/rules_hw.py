@@ -96,8 +96,8 @@ def slow_gpu_strength(f: Facts, gpu: str) -> float:
     for group in _groups(f, host):
         if gpu in group:
             peers = [g for g in group if g != gpu]
-            gap = ratio(s.get("util_mem")) - min(
-                ratio(f.signals.gpus.get(g, {}).get("util_mem")) for g in peers)
+            gap = ratio(s.get(c.UTIL_MEM)) - min(
+                ratio(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in peers)
             return _host_slow(f, host) * clip01((gap - 0.1) / 0.3) * (1 - hw)
     if "tpot" not in s:  # no per-GPU requests: judged at host level instead
         return 0.0
@@ -145,7 +145,7 @@ def collective_stall(f: Facts) -> Candidate:
     for h in f.hosts():
         best = 0.0
         for group in _groups(f, h):
-            mem = [ratio(f.signals.gpus.get(g, {}).get("util_mem")) for g in group]
+            mem = [ratio(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in group]
             waiting = clip01((0.85 - max(mem)) / 0.25)  # all GPUs wait: it is the link
             busy = clip01((_mean_ratio(f, group, "util") - 0.85) / 0.1)
             hw = max(_hw(f, g) for g in group)
@@ -156,7 +156,7 @@ def collective_stall(f: Facts) -> Candidate:
     host = max(per_host, key=per_host.__getitem__) if per_host else ""
     s = f.signals.hosts.get(host, {})
     share = f.share("decode", "prefill")
-    mem = _mean_ratio(f, _host_gpus(f, host), "util_mem")
+    mem = _mean_ratio(f, _host_gpus(f, host), c.UTIL_MEM)
     return Candidate(
         Cause.COLLECTIVE_STALL, subject, strength * (0.4 + 0.6 * share), share,
         f"decode x{ratio(s.get('tpot')):.1f} on {_where(subject)} while its tensor-parallel "

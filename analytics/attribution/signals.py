@@ -101,7 +101,7 @@ def _gpus(frame: pl.DataFrame) -> dict[str, dict[str, Any]]:
         pl.col(c.POWER_LIMIT_W).mean().alias("power_limit"),
         (pl.col(c.POWER_W) / pl.col(c.POWER_LIMIT_W)).mean().alias("power_vs_limit"),
         pl.col(c.UTIL_GPU).mean().alias("util"),
-        pl.col(c.UTIL_MEM).mean().alias("util_mem"),
+        pl.col(c.UTIL_MEM).mean().alias(c.UTIL_MEM),
         ((reasons & THERMAL_BITS) > 0).mean().alias("thermal_frac"),
         ((reasons & POWER_BITS) > 0).mean().alias("power_cap_frac"),
     ])
