@@ -53,6 +53,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
     server_version = "fleetlens-collector"
+    #: Seconds a connection may sit idle (or trickle a body) before it is closed.
+    timeout = 60
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass  # per-request access logs would flood; counters live in /metrics
