@@ -25,6 +25,7 @@ def config() -> None:
 def check(file: str | None, fmt: str) -> None:
     """Validate FILE (default: $FLEETLENS_CONFIG or ./fleetlens.toml if present) and print
     the effective configuration: defaults, then the file, then environment overrides.
+    Secrets (auth tokens, password hashes) are printed as <redacted>.
 
     Exits with status 1 and names the bad field when the configuration is invalid.
     """
@@ -35,7 +36,7 @@ def check(file: str | None, fmt: str) -> None:
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
     source = resolve_config_file(file)
-    data = to_dict(cfg)
+    data = to_dict(cfg, redact=True)  # tokens and password hashes never reach a terminal
     if fmt == "json":
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return

@@ -129,7 +129,7 @@ VLLM_HISTOGRAMS = {
     "prefill": "vllm:request_prefill_time_seconds",
     "decode": "vllm:request_decode_time_seconds",
     "inference": "vllm:request_inference_time_seconds",
-    "tpot": "vllm:time_per_output_token_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",  # vLLM 0.32 name
     "itl": "vllm:inter_token_latency_seconds",
 }
 VLLM_MODEL_LABEL = "model_name"

@@ -167,15 +167,29 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
-def to_dict(config: Any) -> dict[str, Any]:
-    """The config as plain TOML-able data (tuples become lists, ``None`` fields are dropped)."""
+#: Config fields whose values are secrets: printed as :data:`REDACTED`, never in clear.
+SECRET_FIELDS = frozenset({"auth_tokens", "auth_token", "password_hash"})
+REDACTED = "<redacted>"
+
+
+def to_dict(config: Any, *, redact: bool = False) -> dict[str, Any]:
+    """The config as plain TOML-able data (tuples become lists, ``None`` fields are dropped).
+
+    Args:
+        config: a config dataclass.
+        redact: replace the values of :data:`SECRET_FIELDS` (for printing and logging).
+    """
     out: dict[str, Any] = {}
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if dataclasses.is_dataclass(value):
-            out[field.name] = to_dict(value)
+        if redact and field.name in SECRET_FIELDS and value:
+            out[field.name] = [REDACTED] * len(value) if isinstance(value, tuple) else REDACTED
+        elif dataclasses.is_dataclass(value):
+            out[field.name] = to_dict(value, redact=redact)
         elif isinstance(value, tuple):  # a list of tables ([[agent.vllm]]) stays tables
-            out[field.name] = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
+            out[field.name] = [
+                to_dict(v, redact=redact) if dataclasses.is_dataclass(v) else v for v in value
+            ]
         elif value is not None:
             out[field.name] = value
     return out

@@ -52,6 +52,16 @@ def test_config_check_prints_and_rejects(tmp_path: Path) -> None:
     assert "collector.workers" in out.stderr
 
 
+def test_config_check_redacts_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "secret.toml"
+    path.write_text('[collector]\nauth_tokens = ["s3cret-token"]\n')
+    for fmt in ("toml", "json"):
+        out = fleetlens("config", "check", str(path), "--format", fmt)
+        assert out.returncode == 0, out.stderr
+        assert "s3cret-token" not in out.stdout
+        assert "<redacted>" in out.stdout
+
+
 def test_sql_over_an_empty_and_a_filled_data_dir(tmp_path: Path) -> None:
     root = DataDir(tmp_path / "d")
     out = fleetlens("sql", "--data-dir", str(root.root), "select count(*) as n from spans",
