@@ -45,9 +45,14 @@ def require_login(cfg: DashboardConfig) -> None:
     if cfg.auth == "none":
         return
     if cfg.auth == "oidc":
-        if not st.user.is_logged_in:
+        if not bool(st.user.get("is_logged_in", False)):
             st.title("fleetlens")
-            st.button("Log in", on_click=st.login, key="login")
+            if not _oidc_configured():
+                st.error('auth = "oidc" needs an [auth] section (redirect_uri, cookie_secret, '
+                         "client_id, client_secret, server_metadata_url) in "
+                         ".streamlit/secrets.toml; see docs/operations.md.")
+            else:
+                st.button("Log in", on_click=st.login, key="login")
             st.stop()
         st.sidebar.button("Log out", on_click=st.logout, key="logout")
         return
@@ -63,3 +68,10 @@ def require_login(cfg: DashboardConfig) -> None:
     if submitted:
         st.error("Wrong password.")
     st.stop()
+
+
+def _oidc_configured() -> bool:
+    try:
+        return "auth" in st.secrets
+    except Exception:  # noqa: BLE001 - no secrets file at all
+        return False

@@ -91,3 +91,65 @@ def test_password_login_gates_every_page(demo_data, monkeypatch) -> None:
         assert any(m.label == "Requests/s" for m in at.metric)
     finally:
         data.config.clear()
+
+
+def test_cli_refuses_a_public_address_without_auth(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    out = subprocess.run([sys.executable, "-m", "fleetlens", "dashboard", "--data-dir",
+                          str(tmp_path), "--address", "0.0.0.0", "--port", "8599"],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "dashboard.auth" in out.stderr and "not loopback" in out.stderr
+
+
+def test_hash_password_command(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fleetlens", "dashboard", "--hash-password"],
+                         input="pw\npw\n", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    stored = out.stdout.strip().splitlines()[-1]
+    assert verify_password("pw", DashboardConfig(auth="password", password_hash=stored),
+                           environ={})
+
+
+def test_oidc_login_gates_every_page(demo_data, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import data
+    from tests.dashboard.conftest import APP
+
+    monkeypatch.setenv("FLEETLENS_DATA", str(demo_data[0].root))
+    monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
+    monkeypatch.setenv("FLEETLENS_DASHBOARD__AUTH", "oidc")
+    data.config.clear()
+    try:
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.run()
+        assert not at.exception
+        assert at.error and "secrets.toml" in at.error[0].value  # not configured: says how
+        assert not at.button and not at.metric and not at.get("plotly_chart")
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.secrets["auth"] = {"redirect_uri": "http://127.0.0.1:8501/oauth2callback",
+                              "cookie_secret": "x" * 32, "client_id": "id",
+                              "client_secret": "secret",
+                              "server_metadata_url": "https://idp.invalid/.well-known"}
+        at.run()
+        assert not at.exception
+        assert [b.label for b in at.button] == ["Log in"]
+        assert not at.metric and not at.get("plotly_chart") and not at.dataframe
+    finally:
+        data.config.clear()
+
+
+def test_auto_refresh_toggle(app) -> None:
+    app.sidebar.toggle(key="auto_refresh").set_value(True).run()
+    assert not app.exception
+    assert any(m.label == "Requests/s" for m in app.metric)
+    app.sidebar.button(key="refresh").click().run()
+    assert not app.exception
