@@ -1,0 +1,113 @@
+"""The sink in process: WAL before buffer, publish then delete, retries, backpressure, replay.
+
+Named crash points: a publish that fails half way keeps the WAL until a later publish
+succeeds; a process that dies before publishing leaves a WAL that replay turns into rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.config import CollectorConfig
+from collector.errors import Overloaded, StorageFailure
+from collector.ingest import Ingest
+from collector.signals import SPANS
+from collector.sink import Segments, Sink
+from collector.telemetry import Telemetry
+from collector.testing import vllm_trace_request
+from collector.wal import FAULT_DISK_FULL_ENV, Wal
+from collector.worker import replay_orphans
+from pipeline.storage import DataDir, scan
+
+
+def _make(data_dir: DataDir, writer: str = "w1", **kw) -> tuple[Ingest, Sink]:
+    config = CollectorConfig(**kw)
+    telemetry = Telemetry()
+    ingest = Ingest(config, None, telemetry)
+    sink = Sink(Segments(data_dir, writer), Wal(data_dir.wal, writer), telemetry,
+                flush_rows=config.flush_rows, flush_interval_s=config.flush_interval_s,
+                max_buffered_bytes=config.max_buffered_bytes)
+    ingest.sink = sink
+    return ingest, sink
+
+
+def _wal_files(data_dir: DataDir) -> list:
+    return sorted(data_dir.wal.rglob("*.wal"))
+
+
+def _rows(data_dir: DataDir) -> int:
+    return scan(data_dir, "spans").collect().height
+
+
+def test_publish_then_delete_the_sealed_wal(data_dir) -> None:
+    ingest, sink = _make(data_dir)
+    for seed in range(3):
+        ingest.export(SPANS, vllm_trace_request(40, seed=seed).SerializeToString())
+    assert _rows(data_dir) == 0 and _wal_files(data_dir)
+    assert sink.flush()
+    assert _rows(data_dir) == 120
+    assert [p.stat().st_size for p in _wal_files(data_dir)] == [0]  # only the fresh file
+    sink.close()
+    assert _wal_files(data_dir) == []
+
+
+def test_a_failed_publish_keeps_the_wal_and_retries(data_dir, monkeypatch) -> None:
+    ingest, sink = _make(data_dir)
+    ingest.export(SPANS, vllm_trace_request(30, seed=1).SerializeToString())
+    real = Segments.publish
+    calls = {"n": 0}
+
+    def flaky(self, signal, tables):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(28, "No space left on device")
+        return real(self, signal, tables)
+
+    monkeypatch.setattr(Segments, "publish", flaky)
+    assert not sink.flush()
+    assert _rows(data_dir) == 0
+    assert any(p.stat().st_size for p in _wal_files(data_dir))  # still holds the frame
+    assert sink.buffered_bytes > 0
+    ingest.export(SPANS, vllm_trace_request(20, seed=2).SerializeToString())
+    assert sink.flush()  # the failed batch first, then the new one
+    assert _rows(data_dir) == 50 and sink.buffered_bytes == 0
+    sink.close()
+    assert _wal_files(data_dir) == []
+
+
+def test_backpressure_and_wal_failure_refuse_without_buffering(data_dir, tmp_path,
+                                                              monkeypatch) -> None:
+    flag = tmp_path / "full"
+    monkeypatch.setenv(FAULT_DISK_FULL_ENV, str(flag))
+    ingest, sink = _make(data_dir, max_buffered_bytes=200_000)
+    payload = vllm_trace_request(200, seed=3).SerializeToString()
+    ingest.export(SPANS, payload)
+    accepted = 1
+    with pytest.raises(Overloaded):
+        for _ in range(10):
+            ingest.export(SPANS, payload)
+            accepted += 1
+    assert accepted < 10
+    sink.flush()
+    flag.touch()
+    before = sink.buffered_bytes
+    with pytest.raises(StorageFailure):
+        ingest.export(SPANS, payload)
+    assert sink.buffered_bytes == before
+    flag.unlink()
+    ingest.export(SPANS, payload)
+    sink.close()
+    assert _rows(data_dir) == 200 * (accepted + 1)
+
+
+def test_a_process_that_died_before_publishing_is_replayed(data_dir) -> None:
+    ingest, sink = _make(data_dir, writer="dead")
+    for seed in range(4):
+        ingest.export(SPANS, vllm_trace_request(25, seed=seed).SerializeToString())
+    sink.wal.close()  # the process "dies": its lock goes, its WAL stays
+    assert _rows(data_dir) == 0
+    survivor, other = _make(data_dir, writer="alive")
+    replayed = replay_orphans(data_dir, survivor, other.segments, survivor.telemetry)
+    assert replayed == 4 and _rows(data_dir) == 100
+    assert not (data_dir.wal / "dead").exists()
+    other.close()
