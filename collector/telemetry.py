@@ -105,4 +105,6 @@ class Telemetry:
         """One log line with the main counters."""
         keys = ("received_spans", "received_data_points", "received_log_records",
                 "rejected_items", "refused_requests", "flushed_rows", "queue_bytes")
-        return " ".join(f"{k}={self.total(k):.0f}" for k in keys)
+        count = self.total("export_seconds_count")
+        mean_ms = 1000 * self.total("export_seconds_sum") / count if count else 0.0
+        return " ".join(f"{k}={self.total(k):.0f}" for k in keys) + f" export_mean_ms={mean_ms:.1f}"
