@@ -193,3 +193,50 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
     from analytics.cli_table import baselines_table
 
     click.echo(baselines_table(latest), nl=False)
+
+
+@click.command()
+@_DATA_DIR
+@_CONFIG
+@click.option("--by-bucket", is_flag=True, help="Rank within each prompt-length bucket.")
+@click.option("--sla", default=None,
+              help="Override [analytics] sla, e.g. 'ttft_p99_s=0.5,tpot_p99_s=0.05'.")
+@click.option("--samples", type=int, default=None, help="Bootstrap resamples for rank CIs.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
+                sla: str | None, samples: int | None, fmt: str) -> None:
+    """Rank (model, GPU model, config) by latency, throughput per GPU and J/token."""
+    import dataclasses
+
+    from analytics.leaderboard import best_under_sla, prepare
+    from analytics.leaderboard import leaderboard as board_of
+    from pipeline.schema import tables as t
+    from pipeline.storage import scan
+
+    config = load_analytics_config(config_file)
+    if samples is not None:
+        config = dataclasses.replace(config, bootstrap_samples=max(samples, 10))
+    limits = dict(config.sla)
+    if sla:
+        try:
+            limits = {k.strip(): float(v) for k, v in
+                      (part.split("=", 1) for part in sla.split(",") if part.strip())}
+        except ValueError:
+            raise click.BadParameter(f"{sla!r}: expected column=limit[,column=limit]") from None
+    root = _root(data_dir)
+    prepared = prepare(scan(root, t.REQUESTS).collect(), scan(root, t.INSTANCE_GPUS).collect(),
+                       scan(root, t.GPU_SAMPLES).collect(),
+                       scan(root, t.REQUEST_ENERGY).collect())
+    board = board_of(prepared, config, by_bucket=by_bucket)
+    try:
+        best = best_under_sla(board, limits) if board.height else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps({"leaderboard": board.to_dicts(), "sla": limits,
+                               "best_under_sla": best}, indent=2, default=str))
+        return
+    from analytics.cli_table import leaderboard_table
+
+    click.echo(leaderboard_table(board, best, limits), nl=False)

@@ -47,3 +47,27 @@ def baselines_table(frame: pl.DataFrame) -> str:
             f"{row[c.LOWER]:.4g} .. {row[c.UPPER]:.4g}",
         )
     return _render(table) + f"{frame.height} series\n"
+
+
+def leaderboard_table(board: pl.DataFrame, best: dict | None, sla: dict[str, float]) -> str:
+    """Ranked configurations with CIs, Pareto flag and the best under the SLA."""
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    table = Table("rank (95% CI)", "model", "gpu", "config", "bucket", "ttft p99", "tpot p99",
+                  "tok/s/GPU", "J/token", "HBM util", "score", "entropy", "pareto")
+    for row in board.iter_rows(named=True):
+        table.add_row(
+            f"{row[c.RANK]} ({row[c.RANK_LO]}-{row[c.RANK_HI]})", row[c.MODEL],
+            row[c.GPU_MODEL], row[c.CONFIG], row.get(c.PROMPT_BUCKET) or "all",
+            num(row[c.percentile_column("ttft", "p99")], ".3f"),
+            num(row[c.percentile_column("tpot", "p99")], ".4f"),
+            num(row[c.TOK_S_PER_GPU], ".1f"), num(row[c.J_PER_TOKEN], ".3f"),
+            num(row[c.MEM_BW_UTIL], ".0%"), num(row[c.WEIGHTED_SCORE], ".3f"),
+            num(row[c.ENTROPY_SCORE], ".3f"), "yes" if row[c.PARETO] else "",
+        )
+    limits = ", ".join(f"{k} <= {v:g}" for k, v in sla.items())
+    verdict = (f"best under SLA ({limits}): {best[c.MODEL]} on {best[c.GPU_MODEL]} "
+               f"{best[c.CONFIG]} at {num(best[c.J_PER_TOKEN], '.3f')} J/token"
+               if best else f"no configuration meets the SLA ({limits})")
+    return _render(table) + verdict + "\n"

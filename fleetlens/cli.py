@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "incidents": ("analytics.cli:incidents", "List incidents with severity and top cause."),
     "explain": ("analytics.cli:explain", "Explain an incident: causes, evidence, provenance."),
     "baselines": ("analytics.cli:baselines", "Show series against their baseline bands."),
+    "leaderboard": ("analytics.cli:leaderboard", "Rank model/GPU/config: latency, tok/s, J/token."),
 }
 
 

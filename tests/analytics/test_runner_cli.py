@@ -128,3 +128,18 @@ def test_empty_data_dir_is_quiet(tmp_path) -> None:
     assert result.analysis.incidents.height == 0
     assert read_table(DataDir(tmp_path / "empty"), t.INCIDENTS).height == 0
     assert isinstance(result.analysis.causes, pl.DataFrame)
+
+
+def test_cli_leaderboard(filled) -> None:
+    root, _ = filled
+    runner = CliRunner()
+    args = ["leaderboard", "--data-dir", str(root.root), "--samples", "10"]
+    out = runner.invoke(cli, [*args, "--format", "json", "--sla", "ttft_p99_s=100"])
+    assert out.exit_code == 0, out.output
+    body = json.loads(out.output)
+    assert body["leaderboard"][0][c.RANK] == 1
+    assert body["best_under_sla"][c.MODEL] == "llama-8b"
+    table = runner.invoke(cli, [*args, "--by-bucket"])
+    assert "best under SLA" in table.output or "no configuration" in table.output
+    bad = runner.invoke(cli, [*args, "--sla", "ttft_p99_s"])
+    assert bad.exit_code == 2
