@@ -48,6 +48,7 @@ class Instance:
         self.finished: list[Request] = []
         self.now = 0.0
         self.blocked = False  # head of the queue did not fit; retry once blocks are freed
+        self.prefilling = False  # a running request still has prompt tokens to compute
         # incident modifiers (simulator.incidents)
         self.extra_overhead_s = 0.0
         self.link_slowdown = 1.0
@@ -94,8 +95,7 @@ class Instance:
             if now >= until:
                 return
             running, waiting = self.running, self.waiting
-            if (waiting and not self.blocked and len(running) < self.max_seqs) or any(
-                    r.prompt_len + r.generated - r.computed > 1 for r in running):
+            if (waiting and not self.blocked and len(running) < self.max_seqs) or self.prefilling:
                 if self._step():
                     continue
             elif running:
@@ -162,6 +162,7 @@ class Instance:
         end = self.now + overhead + kernel + comm
         self.now = end
         done = []
+        prefilling = False
         for r, n in sched:
             r.computed += n
             if r.computed >= r.prompt_len + r.generated:
@@ -173,6 +174,10 @@ class Instance:
                 r.last_token_t = end
                 if r.generated >= r.out_target:
                     done.append(r)
+            else:
+                prefilling = True
+        # requests preempted or not scheduled this step (budget) may still be in prefill
+        self.prefilling = prefilling or len(sched) < len(running)
         for r in done:
             self._finish(r)
         return True
@@ -191,6 +196,7 @@ class Instance:
         if not self.pool.acquire(hashed, need - len(hashed)):
             return 0
         r.hashed, r.plain, r.computed = hashed, need - len(hashed), hit
+        r.capacity = need * BLOCK_TOKENS
         self.prefix_queries += known
         self.prefix_hits += hit
         if r.scheduled_t < 0:
@@ -199,18 +205,19 @@ class Instance:
 
     def _grow(self, r: Request, tokens: int) -> bool:
         """Make ``r`` hold enough blocks for ``tokens`` KV tokens (plain blocks)."""
-        need = -(-tokens // BLOCK_TOKENS) - len(r.hashed) - r.plain
-        if need <= 0:
+        if tokens <= r.capacity:
             return True
-        if not self.pool.acquire((), need):
+        need = -(-(tokens - r.capacity) // BLOCK_TOKENS)
+        if not self.pool.acquire_plain(need):
             return False
         r.plain += need
+        r.capacity += need * BLOCK_TOKENS
         return True
 
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
         self.pool.release(r.hashed, r.plain)
-        r.hashed, r.plain, r.computed = [], 0, 0
+        r.hashed, r.plain, r.capacity, r.computed = [], 0, 0, 0
         r.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(r)
@@ -219,7 +226,7 @@ class Instance:
     def _finish(self, r: Request) -> None:
         self.running.remove(r)
         self.pool.release(r.hashed, r.plain)
-        r.hashed, r.plain = [], 0
+        r.hashed, r.plain, r.capacity = [], 0, 0
         r.finish_t = r.last_token_t + r.post_s
         self.finished.append(r)
         self.blocked = False
@@ -236,7 +243,7 @@ class Instance:
             left = r.out_target - r.generated
             if left < remaining:
                 remaining = left
-            room = (len(r.hashed) + r.plain) * BLOCK_TOKENS - computed
+            room = r.capacity - computed
             if room < slack:
                 slack = room
         free = self.pool.free
@@ -264,15 +271,16 @@ class Instance:
             computed = r.computed + k
             r.computed = computed
             r.generated += k
-            need = -(-computed // BLOCK_TOKENS) - len(r.hashed) - r.plain
-            if need > 0:
+            if computed > r.capacity:
+                need = -(-(computed - r.capacity) // BLOCK_TOKENS)
                 r.plain += need
+                r.capacity += need * BLOCK_TOKENS
                 grown += need
             r.last_token_t = end
             if r.generated >= r.out_target:
                 done.append(r)
         if grown:
-            self.pool.acquire((), grown)  # by_blocks guarantees the room
+            self.pool.acquire_plain(grown)  # by_blocks guarantees the room
         for r in done:
             self._finish(r)
 

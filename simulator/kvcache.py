@@ -84,6 +84,14 @@ class BlockPool:
         self.plain_used += plain
         return True
 
+    def acquire_plain(self, n: int) -> bool:
+        """Take ``n`` unhashed blocks (evicting cached ones if needed); all or nothing."""
+        if self.total - self.reserved - self.plain_used - len(self.refs) < n and \
+                not self._make_room(n):
+            return False
+        self.plain_used += n
+        return True
+
     def release(self, hashed: list[Hashable], plain: int) -> None:
         """Give blocks back; hashed blocks stay resident (most recently used) when caching."""
         refs, evictable = self.refs, self.evictable

@@ -31,12 +31,13 @@ class Request:
         "seq", "service", "client_ns", "engine_ns", "net_s", "prompt_len", "out_target",
         "max_tokens", "temperature", "top_p", "prefix_key", "prefix_blocks", "hash_ids",
         "trace", "span", "gateway_span_id", "rid", "instance",
-        "queued_t", "computed", "generated", "hashed", "plain", "scheduled_t",
+        "queued_t", "computed", "generated", "hashed", "plain", "capacity", "scheduled_t",
         "first_token_t", "last_token_t", "finish_t", "preemptions", "post_s", "gateway",
     )
 
     def __init__(self) -> None:
-        self.computed = self.generated = self.plain = self.preemptions = 0
+        # capacity: KV tokens the held blocks (hashed + plain) can store
+        self.computed = self.generated = self.plain = self.capacity = self.preemptions = 0
         self.hashed: list = []
         self.scheduled_t = self.first_token_t = self.last_token_t = self.finish_t = -1.0
         self.hash_ids: list[int] | None = None
