@@ -118,8 +118,14 @@ class Sink:
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            if self._due():
+            if not self._due():
+                continue
+            try:
                 self.flush()
+            except Exception:  # e.g. sealing the WAL failed: keep the thread, retry later
+                self.telemetry.add("flush_failures")
+                log.exception("flush failed; will retry")
+                self._stop.wait(1.0)
 
     def flush(self) -> bool:
         """Publish everything buffered; True when nothing is left unpublished."""
