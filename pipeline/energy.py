@@ -43,8 +43,8 @@ def _ceil_slot(ts: pl.Expr, slot_ns: int) -> pl.Expr:
 def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int) -> pl.DataFrame:
     """Measured energy (µJ) and covered time (ns) per (host, GPU, slot).
 
-    Input: ``gpu_samples`` sorted by (host, gpu, ts) with ``energy_delta_j``. Output columns:
-    host_name, gpu_uuid, slot start, measured µJ, covered ns. A sample's interval
+    Input: ``gpu_samples`` (each GPU's rows in time order) with ``energy_delta_j``. Output
+    columns: host_name, gpu_uuid, slot start, measured µJ, covered ns. A sample's interval
     ``(previous ts, ts]`` needs the previous sample in the frame, so callers load one gap back.
     """
     slot_ns = slot_s * NS
@@ -174,8 +174,9 @@ def attribute(
     shares = rows.join(per_slot.select(*gpu_key, "__attr_uj", "__wsum", COVERED),
                        on=gpu_key, how="left")
     shares = shares.with_columns(
-        (pl.col("__attr_uj") * (pl.col(W) / pl.col("__wsum"))).floor().fill_null(0)
-        .cast(pl.Int64).alias(SHARE),
+        pl.when(pl.col("__wsum") > 0)
+        .then((pl.col("__attr_uj") * (pl.col(W) / pl.col("__wsum"))).floor())
+        .otherwise(0).fill_null(0).cast(pl.Int64).alias(SHARE),
         (pl.col(W) * pl.col(COVERED).fill_null(0).clip(upper_bound=slot_ns) // slot_ns)
         .alias("__wcov"),
     )
