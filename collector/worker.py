@@ -27,11 +27,13 @@ from collector.signals import BY_CODE
 from collector.sink import Segments, Sink
 from collector.telemetry import Telemetry, log
 from collector.wal import Wal, orphan_dirs, read_segment, remove_dir, segments
-from pipeline.storage import DataDir, safe_component
+from pipeline.storage import TMP_SUFFIX, DataDir, safe_component
 
 #: Seconds gRPC waits for in-flight Exports at shutdown.
 DRAIN_GRACE_S = 10.0
 SUMMARY_EVERY_S = 60.0
+#: Age after which a hidden temporary Parquet file is taken as left by a dead writer.
+STALE_TMP_S = 600.0
 
 
 def new_writer_id() -> str:
@@ -66,6 +68,24 @@ def replay_orphans(data_dir: DataDir, ingest: Ingest, segs: Segments, telemetry:
     return replayed
 
 
+def remove_stale_tmp(data_dir: DataDir, older_than_s: float = STALE_TMP_S) -> int:
+    """Delete hidden temporary Parquet files that a killed writer left under ``raw/``.
+
+    Only old ones: a live collector sharing the data root may be writing a fresh one (and if
+    it were removed anyway, that publish fails and is retried, losing nothing).
+    """
+    cutoff = time.time() - older_than_s
+    removed = 0
+    for path in (data_dir.root / "raw").rglob(f".*{TMP_SUFFIX}"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            continue
+    return removed
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Linux: get SIGKILLed when the supervisor dies, so no orphan holds the ports."""
     try:
@@ -93,6 +113,8 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     ingest = Ingest(config, None, telemetry)
     wal = Wal(data_dir.wal, writer_id)
     replay_orphans(data_dir, ingest, segs, telemetry)
+    if removed := remove_stale_tmp(data_dir):
+        log.info("removed %d stale temporary Parquet files", removed)
     sink = Sink(segs, wal, telemetry, flush_rows=config.flush_rows,
                 flush_interval_s=config.flush_interval_s,
                 max_buffered_bytes=config.max_buffered_bytes)

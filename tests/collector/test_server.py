@@ -133,3 +133,19 @@ def test_missing_tls_files_are_a_clear_error(tmp_path, workers) -> None:
         assert "Traceback" not in out.stderr
     else:
         assert "a worker failed 3 times right after starting" in out.stderr
+
+
+def test_stale_temporary_parquet_files_are_removed_at_start(tmp_path) -> None:
+    import os
+    import time
+
+    data = tmp_path / "data"
+    hour = data / "raw" / "spans" / "date=2026-01-01" / "hour=00"
+    hour.mkdir(parents=True)
+    old, fresh = hour / ".x-1.parquet.ab12.tmp", hour / ".x-2.parquet.cd34.tmp"
+    old.write_bytes(b"torn")
+    fresh.write_bytes(b"being written")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    with running_collector(data) as col:
+        col.stop()
+    assert not old.exists() and fresh.exists()
