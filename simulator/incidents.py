@@ -26,7 +26,7 @@ from pipeline.schema.causes import Cause, subject
 from simulator.arrivals import Stream
 from simulator.engine import Instance
 from simulator.power import INLET_C, GpuState
-from simulator.scenario import Incident, Scenario
+from simulator.scenario import Incident, Scenario, ScenarioError
 
 
 @dataclass
@@ -36,6 +36,30 @@ class Targets:
     streams: list[Stream]
     instances: list[Instance]
     gpus: list[GpuState]
+    streams_of_instances: list[Stream]  # workloads that send requests to ``instances``
+
+
+#: kinds whose mechanism lives in the engines (they need an engine on the target)
+ENGINE_KINDS = frozenset({Cause.KV_CACHE_PRESSURE, Cause.PREFIX_CACHE_DROP,
+                          Cause.NETWORK_OVERHEAD, Cause.COLLECTIVE_STALL,
+                          Cause.ENGINE_OVERHEAD})
+
+
+def _check(x: Incident, t: Targets, where: str) -> None:
+    """Refuse an incident that could not show anything (the ground truth would lie)."""
+    kind = Cause(x.kind)
+    if kind in (Cause.TRAFFIC_SURGE, Cause.LONG_PROMPTS) and not t.streams:
+        raise ScenarioError(f"{where}: service {x.service!r} has no workload")
+    if kind in ENGINE_KINDS and not t.instances:
+        raise ScenarioError(f"{where}: no engine runs on the target")
+    if kind is Cause.COLLECTIVE_STALL and not any(i.deployment.tp > 1 for i in t.instances):
+        raise ScenarioError(f"{where}: no tensor-parallel (tp > 1) engine on the target")
+    if kind is Cause.NETWORK_OVERHEAD and not any(
+            s.w.gateway_share > 0 for s in t.streams_of_instances):
+        raise ScenarioError(f"{where}: no gateway traffic reaches the target "
+                            "(set gateway_share on its workload)")
+    if kind in (Cause.THERMAL_THROTTLE, Cause.POWER_CAP, Cause.SLOW_GPU) and not t.gpus:
+        raise ScenarioError(f"{where}: no GPU matches the target")
 
 
 class Injector:
@@ -47,6 +71,9 @@ class Injector:
             scenario, streams, instances, gpus)
         self.active: tuple[int, ...] = ()
         self.targets = [self._targets(i) for i in scenario.incidents]
+        for n, (incident, targets) in enumerate(zip(scenario.incidents, self.targets,
+                                                    strict=True)):
+            _check(incident, targets, f"[[incident]] #{n + 1} ({incident.kind})")
         #: extra one-way network delay per instance id (network_overhead)
         self.net_delay: dict[str, float] = {}
 
@@ -63,7 +90,9 @@ class Injector:
                 and (incident.gpu < 0 or g.index == incident.gpu)]
         if incident.service and not incident.host:
             gpus = [g for inst in instances for g in inst.gpus]
-        return Targets(streams, instances, gpus)
+        served = {inst.deployment.service for inst in instances}
+        return Targets(streams, instances, gpus,
+                       [s for s in self.streams if s.w.service in served])
 
     def update(self, t: float) -> bool:
         """Apply what is active at virtual time ``t``; True when the set changed."""

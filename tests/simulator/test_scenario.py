@@ -60,6 +60,11 @@ def test_hash_follows_content() -> None:
                                      "duration_s": 1}), "needs a 'service'"),
     (lambda d: d["incident"].append({"kind": "power_cap", "service": "chat", "start_s": 1,
                                      "duration_s": 1}), "needs a 'host'"),
+    (lambda d: d["incident"].append({"kind": "collective_stall", "host": "h01", "start_s": 1,
+                                     "duration_s": 1}), "tensor-parallel"),
+    (lambda d: d["workload"][0].update(gateway_share=0.0) or d["incident"].append(
+        {"kind": "network_overhead", "host": "h01", "start_s": 1, "duration_s": 1}),
+     "no gateway traffic"),
     (lambda d: d["fleet"].update(start="yesterday"), "ISO time"),
     (lambda d: d["fleet"].update(duration_s=0), "positive"),
 ])

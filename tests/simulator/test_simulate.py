@@ -99,3 +99,24 @@ def test_cli_names_a_bad_scenario_key(tmp_path: Path) -> None:
     bad.write_text(QUICK.read_text().replace("max_num_seqs = 128", "max_num_seq = 128"))
     result = CliRunner().invoke(cli, ["simulate", "--scenario", str(bad)])
     assert result.exit_code != 0 and "max_num_seq" in result.output
+
+
+def test_pacing_changes_nothing_but_the_wall_clock(memory_exporters) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.simulator.conftest import MemoryMetricExporter
+
+    doc = small(duration=20.0)
+    doc["fleet"]["drain_s"] = 10
+    paced_spans, paced_metrics = memory_exporters
+    paced = run(parse_scenario(doc), exporters=memory_exporters, speed=100.0)
+    fast_spans = InMemorySpanExporter()
+    fast = run(parse_scenario(doc), exporters=(fast_spans, MemoryMetricExporter()))
+
+    def key(exporter):
+        return sorted((s.context.span_id, s.start_time, s.end_time)
+                      for s in exporter.get_finished_spans())
+
+    assert paced.spans == fast.spans > 0 and key(paced_spans) == key(fast_spans)
+    assert paced.sim_s == fast.sim_s == 30.0
+    assert len(paced_metrics.data) == 3  # one agent collection per 10 s sample
