@@ -19,6 +19,8 @@ RANGES = {"Last 15 min": 900, "Last 1 h": 3600, "Last 6 h": 6 * 3600, "Last 24 h
           "Last 7 d": 7 * 86400, "All data": None}
 FILTER_KEYS = {"services": c.SERVICE_NAME, "models": c.MODEL, "hosts": c.HOST_NAME,
                "regions": c.REGION}
+#: "Last 24 h": what on-call looks at first, and a bounded number of points per chart.
+DEFAULT_RANGE = list(RANGES).index("Last 24 h")
 PHASE_COLOURS = {"queue": "#e45756", "prefill": "#f58518", "decode": "#4c78a8",
                  "overhead": "#bab0ac", "span": "#9ecae9"}
 
@@ -49,7 +51,7 @@ def sidebar() -> Filters:
     opts = data.load("options")
     with st.sidebar:
         st.caption(f"Data: `{data.data_dir().root}`")
-        choice = st.selectbox("Time range", [*RANGES, "Custom"], index=len(RANGES) - 1,
+        choice = st.selectbox("Time range", [*RANGES, "Custom"], index=DEFAULT_RANGE,
                               key="f_range", help="Relative to the newest data.")
         start = end = None
         if lo is not None and hi is not None:

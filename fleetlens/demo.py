@@ -114,7 +114,8 @@ def write_scenario(root: Path, minutes: int) -> Path:
     start = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=duration + 60)
     text = SCENARIO_TEMPLATE.read_text().format(
         minutes=minutes, start=start.strftime("%Y-%m-%dT%H:%M:%SZ"), duration_s=duration,
-        t1=int(duration * 0.55), t2=int(duration * 0.72), t3=int(duration * 0.87))
+        t1=int(duration * 0.52), t2=int(duration * 0.64), t3=int(duration * 0.76),
+        t4=int(duration * 0.88))
     path = root / "demo-scenario.toml"
     path.write_text(text)
     return path
@@ -134,7 +135,7 @@ def build(root: Path, minutes: int, speed: float | None, missing: list[str],
             "collector", "--data-dir", str(root), "--grpc-address", f"127.0.0.1:{grpc}",
             "--http-address", f"127.0.0.1:{http}", "--workers", "1"])
         wait_for(lambda: _port_open(grpc), "collector", collector)
-        click.echo(f"[2/4] simulating {minutes} minutes of a 16-GPU fleet with 3 incidents")
+        click.echo(f"[2/4] simulating {minutes} minutes of a 16-GPU fleet with 4 incidents")
         args = ["simulate", "--scenario", str(write_scenario(root, minutes)), "--endpoint",
                 f"127.0.0.1:{grpc}", "--ground-truth", str(root / "ground-truth.json")]
         if speed:
@@ -167,8 +168,10 @@ def summarize(root: Path, analysis) -> None:  # noqa: ANN001 - analytics.Analysi
     from pipeline.schema import columns as c
 
     truth_path = root / "ground-truth.json"
+    injected = []
     if truth_path.exists():
-        for item in json.loads(truth_path.read_text()).get("incidents", []):
+        injected = json.loads(truth_path.read_text()).get("incidents", [])
+        for item in injected:
             click.echo(f"      injected: {item['cause']:<20} {item['subject']}")
     incidents = getattr(analysis, "incidents", None)
     causes = getattr(analysis, "causes", None)
@@ -183,6 +186,11 @@ def summarize(root: Path, analysis) -> None:  # noqa: ANN001 - analytics.Analysi
         cause = top.get(row[c.INCIDENT_ID])
         what = f"{cause[c.CAUSE]} {cause[c.SUBJECT]}" if cause else "(no cause)"
         click.echo(f"      found:    {row[c.METRIC]:<12} {row[c.HOST_NAME]:<6} -> {what}")
+    if injected:
+        found = {(row[c.CAUSE], row[c.SUBJECT]) for row in top.values()}
+        hits = sum((item["cause"], item["subject"]) in found for item in injected)
+        click.echo(f"      {hits} of {len(injected)} injected incidents found with the right "
+                   "top cause and subject")
 
 
 @click.command()
