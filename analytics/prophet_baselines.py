@@ -13,6 +13,7 @@ import logging
 import math
 import multiprocessing
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -65,8 +66,11 @@ def _fit_chunk(tasks: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
             yearly_seasonality=False, uncertainty_samples=params["uncertainty_samples"],
             interval_width=params["interval_width"],
         )
-        model.fit(pd.DataFrame({"ds": pd.to_datetime(ts, unit="ns"), "y": values}))
-        forecast = model.predict(pd.DataFrame({"ds": pd.to_datetime(future, unit="ns")}))
+        with warnings.catch_warnings():
+            # Prophet's own pandas deprecation warnings are not ours to act on.
+            warnings.simplefilter("ignore")
+            model.fit(pd.DataFrame({"ds": pd.to_datetime(ts, unit="ns"), "y": values}))
+            forecast = model.predict(pd.DataFrame({"ds": pd.to_datetime(future, unit="ns")}))
         yhat = forecast["yhat"].to_numpy()
         if params["uncertainty_samples"] > 0:
             lower, upper = forecast["yhat_lower"].to_numpy(), forecast["yhat_upper"].to_numpy()
@@ -147,6 +151,10 @@ def refresh_prophet(data_dir: DataDir, banded: pl.DataFrame, config: AnalyticsCo
                            & pl.col(c.METRIC).is_in(list(config.detect_metrics)))
     started = time.perf_counter()
     fitted = fit_prophet(chosen, config)
+    # Same extra columns as the rolling rows, so readers filter both methods alike.
+    scope = chosen.select(c.SERIES, c.METRIC, c.SERVICE_NAME, c.MODEL, c.HOST_NAME,
+                          c.LEVEL).unique(c.SERIES)
+    fitted = fitted.join(scope, on=c.SERIES, how="left")
     publish(data_dir, t.BASELINES, fitted, c.TS_NS, name=FILE_NAME)
     n = int(fitted[c.SERIES].n_unique()) if fitted.height else 0
     write_json_atomic(state_path, {"last_fit_data_ns": latest, "series": n,

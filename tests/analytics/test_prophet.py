@@ -54,3 +54,23 @@ def test_missing_prophet_gives_a_precise_error(monkeypatch) -> None:
         require_prophet()
     with pytest.raises(ProphetUnavailable):
         fit_prophet(_daily("a", days=0.1), AnalyticsConfig())
+
+
+@pytest.mark.slow
+def test_refresh_prophet_publishes_on_schedule(tmp_path) -> None:
+    from analytics.prophet_baselines import refresh_prophet
+    from analytics.runner import read_table
+    from pipeline.storage import DataDir
+
+    root = DataDir(tmp_path / "data")
+    series = _daily("e2e_p99_s{service_name=chat,model=m,host_name=*}", days=2.2)
+    banded = series.with_columns(
+        pl.lit("e2e_p99_s").alias(c.METRIC), pl.lit("chat").alias(c.SERVICE_NAME),
+        pl.lit("m").alias(c.MODEL), pl.lit("*").alias(c.HOST_NAME),
+        pl.lit("service").alias(c.LEVEL))
+    cfg = dataclasses.replace(AnalyticsConfig(), prophet_workers=1, prophet_refit_s=3600)
+    assert refresh_prophet(root, banded, cfg) == 1
+    table = read_table(root, t.BASELINES)
+    assert set(table[c.METHOD]) == {"prophet"} and set(table[c.METRIC]) == {"e2e_p99_s"}
+    assert refresh_prophet(root, banded, cfg) == 0  # not due: same data time
+    assert refresh_prophet(root, banded, cfg, force=True) == 1
