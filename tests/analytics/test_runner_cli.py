@@ -143,3 +143,33 @@ def test_cli_leaderboard(filled) -> None:
     assert "best under SLA" in table.output or "no configuration" in table.output
     bad = runner.invoke(cli, [*args, "--sla", "ttft_p99_s"])
     assert bad.exit_code == 2
+
+
+def test_cli_analyze_prints_new_incidents_once(tmp_path) -> None:
+    from pipeline.storage import DataDir
+
+    root = DataDir(tmp_path / "data")
+    data = generate(FleetSpec(hosts=2, gpus_per_host=1, duration_s=2 * H, seed=9), [
+        Injected("traffic_surge", "service_name=chat", 1.5 * H, 900)])
+    write_tables(data, root)
+    runner = CliRunner()
+    first = runner.invoke(cli, ["analyze", "--data-dir", str(root.root)])
+    assert first.exit_code == 0, first.output
+    lines = [json.loads(line) for line in first.stdout.splitlines() if line.startswith("{")]
+    assert lines and lines[0]["causes"][0][c.CAUSE] == "traffic_surge"
+    assert "new" in first.stderr
+    again = runner.invoke(cli, ["analyze", "--data-dir", str(root.root)])
+    assert not [line for line in again.stdout.splitlines() if line.startswith("{")]
+
+
+def test_package_entry_point_and_grouped_baselines(filled) -> None:
+    import analytics
+
+    root, _ = filled
+    cfg = dataclasses.replace(AnalyticsConfig(), group_by=(c.REGION,))
+    result = analytics.run(root, cfg, notify=False)
+    grouped = result.analysis.baselines.filter(pl.col(c.SERIES).str.contains("region="))
+    assert set(grouped[c.SERIES].str.extract(r"\{(.*)\}")) == {"region=eu", "region=us"}
+    # grouped series are baselined, not turned into incidents of their own
+    assert result.analysis.incidents[c.INCIDENT_ID].to_list() == read_table(
+        root, t.INCIDENTS)[c.INCIDENT_ID].to_list()
