@@ -46,6 +46,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "power_vs_limit": explore.power_vs_limit,
     "request_energy": explore.request_energy,
     "leaderboard_windows": explore.leaderboard_windows,
+    "leaderboard": explore.ranked,
     "find_trace": explore.find_trace,
     "trace_requests": explore.trace_requests,
     "slow_requests": explore.slow_requests,

@@ -167,6 +167,11 @@ def leaderboard(frame: pl.DataFrame, *, reps: int = 200, seed: int = 0) -> pl.Da
                    .alias("pareto")).sort("rank")
 
 
+def ranked(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """The leaderboard of the windows in scope (what the Leaderboard page shows)."""
+    return leaderboard(leaderboard_windows(con, f))
+
+
 def pareto(latency: np.ndarray, cost: np.ndarray) -> pl.Series:
     """True for points no other point beats on both latency and cost (lower is better)."""
     front = []

@@ -4,16 +4,14 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import data, ui
-from dashboard.explore import leaderboard
 from pipeline.schema import columns as c
 
 f = st.session_state["filters"]
 st.title("Leaderboard")
-windows = data.load("leaderboard_windows", f)
-if windows.is_empty():
+board = data.load("leaderboard", f)
+if board.is_empty():
     ui.empty_note("windows")
     st.stop()
-board = leaderboard(windows)
 st.caption("Score: mean of min-max normalised p99 TTFT, p99 TPOT and J/token (lower is better);"
            " rank intervals are bootstrap 95% over windows.")
 st.dataframe(board, hide_index=True, key="lb_table")
