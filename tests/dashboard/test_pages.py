@@ -145,3 +145,35 @@ def test_sql_console_runs_and_rejects(app) -> None:
     assert set(result[c.SERVICE_NAME]) == set(SERVICES)
     app.text_area(key="sql_query").set_value("DROP VIEW requests").run()
     assert app.error and "only SELECT" in app.error[0].value
+
+
+@pytest.mark.parametrize("page", ["incidents", "incident_detail", "baselines", "kv_cache",
+                                  "energy", "leaderboard", "trace", "sql"])
+def test_pages_on_an_empty_data_dir_say_so(tmp_path, monkeypatch, page: str) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboard.conftest import APP
+
+    monkeypatch.setenv("FLEETLENS_DATA", str(tmp_path / "nothing-yet"))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    assert not at.exception and any("No windows" in i.value for i in at.info)
+    open_page(at, page)
+
+
+def test_data_arriving_while_the_dashboard_runs_is_picked_up(tmp_path, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from pipeline.storage import DataDir
+    from tests.dashboard.conftest import APP
+    from tests.dashboard.synth import Fleet, build_all
+
+    root = DataDir(tmp_path / "live")
+    monkeypatch.setenv("FLEETLENS_DATA", str(root.root))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    assert not at.metric
+    build_all(root, Fleet(hosts=2, gpus_per_host=1, hours=1.0))
+    at.run()  # new tables change the connection's cache key: no restart, no stale views
+    assert not at.exception
+    assert any(m.label == "Requests/s" for m in at.metric)
