@@ -24,14 +24,17 @@ import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.schema import tables as t
 from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR
+
+if TYPE_CHECKING:  # DuckDB is imported only by readers: the collector never loads it (RSS)
+    import duckdb
 
 PARQUET_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
@@ -211,6 +214,8 @@ def connect(data_dir: DataDir, *, read_only_sandbox: bool = False) -> duckdb.Duc
         read_only_sandbox: turn off external access and lock the configuration after the
             views are made (for consoles that run user SQL).
     """
+    import duckdb
+
     con = duckdb.connect(":memory:")
     present = set(existing_tables(data_dir))
     for name in t.TABLES:
