@@ -55,9 +55,10 @@ def _fit_chunk(tasks: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
     """Fit and predict a chunk of series in one worker (top level: picklable)."""
     import pandas as pd
 
+    prophet_cls = require_prophet()
+    # After the import: cmdstanpy sets its logger up when it is first imported.
     for name in ("cmdstanpy", "prophet"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    prophet_cls = require_prophet()
     out = []
     for series, ts, values, future in tasks:
         span_days = (ts[-1] - ts[0]) / NS / 86400
