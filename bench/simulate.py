@@ -2,7 +2,7 @@
 
 Usage: ``.venv/bin/python bench/simulate.py [--duration 3600] [--repeat 1] [--collector]``
 
-Runs ``simulator/scenarios/fleet64.toml`` (8 hosts x 8 H100, 40 engines, ~125 req/s, every
+Runs ``simulator/scenarios/fleet64.toml`` (8 hosts x 8 H100, 40 engines, ~150 req/s, every
 incident kind once) and prints, as medians over ``--repeat`` runs:
 
 - model only: the simulation with exporters that drop everything (no protobuf encoding);
