@@ -78,6 +78,7 @@ def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: 
                          ground_truth_path=ground_truth, on_progress=update)
         except ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
+        bar.update(task, completed=scenario.duration_s + scenario.drain_s)  # drained early
     e = result.exported
     console.print(
         f"simulated {result.sim_s:,.0f} s in {result.wall_s:,.1f} s "
