@@ -205,12 +205,23 @@ def parse_scenario(raw: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
         tick_s=_positive(fleet.get("tick_s", 1.0), "[fleet].tick_s"),
         seed=int(fleet.get("seed", 0)),
         hosts=hosts, deployments=deployments, workloads=workloads, incidents=incidents,
-        sha256=hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest(),
+        sha256=_digest(raw, workloads, Path(base_dir)),
         base_dir=Path(base_dir),
     )
     if scenario.sample_interval_s < scenario.tick_s:
         raise ScenarioError("[fleet]: sample_interval_s must be >= tick_s")
     return scenario
+
+
+def _digest(raw: dict[str, Any], workloads: tuple[Workload, ...], base_dir: Path) -> str:
+    """sha256 of the scenario's content and of every replayed trace file it names."""
+    digest = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
+    for w in workloads:
+        path = Path(w.replay) if Path(w.replay).is_absolute() else base_dir / w.replay
+        if w.replay and path.is_file():
+            with open(path, "rb") as handle:
+                digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
 
 
 def _known(table: dict[str, Any], allowed: set[str], where: str) -> None:

@@ -83,3 +83,11 @@ def test_a_bad_trace_row_is_named(tmp_path: Path) -> None:
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,x,3\n")
     with pytest.raises(ScenarioError, match="bad.csv:2"):
         simulate(replay_doc(trace, "azure", duration=10))
+
+
+def test_the_scenario_hash_covers_the_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,10,3\n")
+    before = parse_scenario(replay_doc(trace, "azure", 10)).sha256
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,11,3\n")
+    assert parse_scenario(replay_doc(trace, "azure", 10)).sha256 != before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,7 +11,7 @@ from simulator.kvcache import BlockPool
 from simulator.power import REASON_SW_POWER_CAP, GpuState
 from simulator.roofline import StepModel, _sum_max
 from simulator.specs import GPU_PRESETS, MODEL_PRESETS
-from simulator.telemetry import llm_request_record
+from simulator.telemetry import ProcessExporter, llm_request_record
 from simulator.workload import Request
 
 
@@ -93,3 +94,14 @@ def test_llm_request_record_leaves_out_zero_sampling_parameters() -> None:
     assert abs(attrs[a.GEN_AI_E2E] - 0.501) < 1e-9 and end - start == 501_000_000
     assert abs(attrs[a.GEN_AI_INFERENCE] - attrs[a.GEN_AI_PREFILL]
                - attrs[a.GEN_AI_DECODE]) < 1e-12
+
+
+def test_a_dead_export_process_fails_the_run_instead_of_hanging() -> None:
+    exporter = ProcessExporter("127.0.0.1:9", {}, 0)
+    exporter._process.kill()
+    exporter._process.wait()
+    record = ("x", 1, 2, 0, a.VLLM_REQUEST_SPAN, 1, 2, {a.GEN_AI_REQUEST_ID: "r" * 1000})
+    with pytest.raises(RuntimeError, match="export process died"):
+        for _ in range(200):  # more than the pipe holds
+            exporter.spans([record] * 1024)
+    exporter.abort()
