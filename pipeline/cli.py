@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -86,23 +87,47 @@ def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None
     bar, report = _progress_printer(show)
     job = Pipeline(root, cfg, progress=report)
     pause = interval if interval is not None else cfg.follow_interval_s
+    stop = _StopFlag(enabled=follow)
     first = True
-    try:
-        while True:
-            if bar is not None:
-                bar.start()
-            try:
-                summary = job.run_once(full=full and first)
-            finally:
-                if bar is not None:
-                    bar.stop()
+    while True:
+        if bar is not None:
+            bar.start()
+        try:
+            summary = job.run_once(full=full and first)
+        except Exception as exc:  # noqa: BLE001 - a live monitor reports and retries
+            if not follow:
+                raise
+            click.echo(f"pipeline run failed, retrying in {pause:g} s: {exc!r}", err=True)
+        else:
             _print_summary(summary, as_json)
             first = False
-            if not follow:
-                return
-            time.sleep(pause)
-    except KeyboardInterrupt:
-        click.echo("stopped", err=True)
+        finally:
+            if bar is not None:
+                bar.stop()
+        if not follow or stop.wait(pause):
+            if follow:
+                click.echo("stopped", err=True)
+            return
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM set a flag in --follow mode: the current run finishes, then we exit."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.stopped = False
+        if enabled:
+            signal.signal(signal.SIGINT, self._set)
+            signal.signal(signal.SIGTERM, self._set)
+
+    def _set(self, _signum: int, _frame: object) -> None:
+        self.stopped = True
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True as soon as a stop was asked for."""
+        deadline = time.monotonic() + seconds
+        while not self.stopped and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+        return self.stopped
 
 
 def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
