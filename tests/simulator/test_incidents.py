@@ -217,3 +217,18 @@ def test_engine_overhead_raises_tpot_and_idles_the_gpu(baseline) -> None:
 def test_every_cause_is_covered() -> None:
     tested = {name.split("_", 1)[1] for name in globals() if name.startswith("test_")}
     assert all(any(cause in t for t in tested) for cause in CAUSES)
+
+
+def test_a_tensor_parallel_group_runs_at_its_slowest_gpu(baseline) -> None:
+    out, _ = case("thermal_throttle", gpu="h03:0")
+    big, base = in_window(out.requests(), "h03", lag=40), in_window(baseline.requests(), "h03",
+                                                                     lag=40)
+    assert median(map(tpot, big)) > 1.2 * median(map(tpot, base))
+    # GPU 1 is not throttled: full clock, but it waits for GPU 0 in every all-reduce
+    assert set(gpu_series(out, a.GPU_CLOCK_SM, "h03", 1)) == {1980.0}
+    assert max(gpu_series(out, a.GPU_CLOCK_SM, "h03", 0)) < 0.9 * 1980
+    assert median(gpu_series(out, a.HW_POWER, "h03", 1)) < median(
+        gpu_series(baseline, a.HW_POWER, "h03", 1))
+    assert median(gpu_series(out, a.HW_GPU_UTILIZATION, "h03", 1)) >= median(
+        gpu_series(baseline, a.HW_GPU_UTILIZATION, "h03", 1))
+    identical_elsewhere(out, baseline, {"h03"})
