@@ -163,3 +163,26 @@ def test_five_minute_windows(tmp_path: Path, fleet) -> None:
     energy = con.sql("select sum(measured_j), sum(attributed_j + idle_j) from gpu_window_energy"
                      ).fetchall()[0]
     assert energy[0] == pytest.approx(energy[1], rel=1e-12)
+
+
+def test_a_crashed_run_is_redone_by_the_next(tmp_path: Path, fleet, full_run,
+                                             monkeypatch) -> None:
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    job = Pipeline(dd, PipelineConfig())
+    real = Pipeline._phase2
+    calls = []
+
+    def crash_on_second_hour(self, hour, dirty, summary):
+        calls.append(hour)
+        if len(calls) == 2:
+            raise OSError("disk gone")
+        return real(self, hour, dirty, summary)
+
+    monkeypatch.setattr(Pipeline, "_phase2", crash_on_second_hour)
+    with pytest.raises(OSError):
+        job.run_once()
+    assert not (dd.state / "pipeline.json").exists()
+    monkeypatch.setattr(Pipeline, "_phase2", real)
+    assert job.run_once().dirty_hours == 2
+    assert _digest(dd) == _digest(full_run[0])
