@@ -51,7 +51,7 @@ class Deployment:
     prefix_caching: bool = True
     step_overhead_ms: float = 2.0
     mfu: float = 0.6
-    bandwidth_efficiency: float = 0.8
+    bandwidth_efficiency: float = 0.75
 
 
 @dataclass(frozen=True)
