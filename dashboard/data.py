@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import polars as pl
 import streamlit as st
 
 from dashboard import explore, incident, queries
@@ -119,11 +118,6 @@ def report_text(root: DataDir, incident_id: str, fmt: str) -> tuple[str | None, 
         return None, str(exc)
     except Exception as exc:  # noqa: BLE001 - a broken report must not break the page
         return None, f"{type(exc).__name__}: {exc}"
-
-
-def frame_or_empty(value: Any) -> pl.DataFrame:
-    """``value`` if it is a frame, else an empty frame (for optional sections)."""
-    return value if isinstance(value, pl.DataFrame) else pl.DataFrame()
 
 
 def clear() -> None:
