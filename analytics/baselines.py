@@ -2,7 +2,8 @@
 
 Always on and cheap: one vectorised pass over all series with ``.over(series)``. The current
 window is excluded from its own baseline (``shift(1)``) so a spike cannot raise the bar it is
-judged against. The band is ``expected +- max(k x 1.4826 x MAD, min_rel x |expected|)``.
+judged against. The band is ``expected +- max(k x 1.4826 x MAD, min_rel x |expected|)``
+(the IQR / 1.349 stands in for the MAD's sigma in the first windows, before it exists).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ METHOD_ROLLING = "rolling"
 METHOD_PROPHET = "prophet"
 #: MAD to standard deviation for normally distributed data.
 MAD_TO_SIGMA = 1.4826
+#: Interquartile range to standard deviation for normally distributed data.
+IQR_TO_SIGMA = 1.349
 
 
 def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig) -> pl.LazyFrame:
@@ -34,11 +37,19 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
     expected = value.rolling_median(n, min_samples=m).shift(1).over(c.SERIES)
     frame = frame.with_columns(expected.alias(c.EXPECTED))
     deviation = (value - pl.col(c.EXPECTED)).abs()
-    mad = deviation.rolling_median(n, min_samples=m).shift(1).over(c.SERIES)
-    # No MAD yet (too little history): no band, so no judgement, rather than a floor-only
+    mad_sigma = deviation.rolling_median(n, min_samples=m).shift(1).over(c.SERIES) * (
+        MAD_TO_SIGMA)
+    # The MAD needs m deviations from an expected value that itself needs m windows; until
+    # then the interquartile range of the same windows gives the robust sigma, so a series
+    # is judged after m windows, not 2m.
+    iqr_sigma = ((value.rolling_quantile(0.75, "linear", n, min_samples=m)
+                  - value.rolling_quantile(0.25, "linear", n, min_samples=m))
+                 / IQR_TO_SIGMA).shift(1).over(c.SERIES)
+    sigma = pl.coalesce(mad_sigma, iqr_sigma)
+    # No sigma yet (too little history): no band, so no judgement, rather than a floor-only
     # band that would flag ordinary noise.
-    half = pl.when(mad.is_not_null()).then(pl.max_horizontal(
-        mad * (config.band_k * MAD_TO_SIGMA),
+    half = pl.when(sigma.is_not_null()).then(pl.max_horizontal(
+        sigma * config.band_k,
         pl.col(c.EXPECTED).abs() * config.band_min_rel,
     ))
     return frame.with_columns(half.alias("_half")).with_columns(

@@ -47,7 +47,7 @@ class AnalyticsConfig:
     #: Rolling baseline: windows looked back (the current window is excluded).
     rolling_windows: int = 60
     #: Fewest earlier windows before a series gets a band (no band, no breach).
-    rolling_min_windows: int = 30
+    rolling_min_windows: int = 20
     #: Band half-width in robust standard deviations (1.4826 x MAD).
     band_k: float = 4.0
     #: Band half-width at least this share of the expected value (flat series stay quiet).

@@ -34,7 +34,7 @@ from pipeline.storage import DataDir  # noqa: E402
 from simulator import parse_scenario  # noqa: E402
 from simulator import run as simulate  # noqa: E402
 
-WARMUP_S = 3900  # baselines need about an hour of windows before they judge
+WARMUP_S = 1800  # baselines judge a series after 20 windows; leave 30 minutes
 SPACING_S = 1500
 INCIDENT_S = 600
 

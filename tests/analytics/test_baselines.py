@@ -46,9 +46,21 @@ def test_no_band_without_history(config) -> None:
     out = rolling_baseline(_frame([1.0] * 30), cfg).collect()
     assert out[c.EXPECTED][:5].is_null().all()
     assert out[c.EXPECTED][5] == 1.0
-    # the MAD needs deviations from an expected value first, so the band comes later
-    assert out[c.UPPER][:10].is_null().all()
+    # the band comes with the expected value (IQR sigma until the MAD exists): a flat series
+    # gets the min_rel floor
+    assert out[c.UPPER][:5].is_null().all()
+    assert out[c.UPPER][5] == pytest.approx(1.15)
     assert out[c.UPPER][11] == pytest.approx(1.15)
+
+
+def test_iqr_stands_in_until_the_mad_exists(config) -> None:
+    cfg = dataclasses.replace(config, rolling_windows=20, rolling_min_windows=5,
+                              band_min_rel=0.0, band_k=1.0)
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    out = rolling_baseline(_frame(values), cfg).collect()
+    row = out.row(5, named=True)  # judged on windows 0..4: median 3, IQR 2..4
+    assert row[c.EXPECTED] == 3.0
+    assert row[c.UPPER] == pytest.approx(3.0 + 2.0 / 1.349)
 
 
 def test_series_are_independent(config) -> None:
