@@ -92,16 +92,46 @@ def connection() -> duckdb.DuckDBPyConnection:
 @st.cache_data(show_spinner=False, max_entries=512)
 def _cached(name: str, root: str, present: tuple[str, ...], epoch: int,
             args: tuple[Any, ...]) -> Any:
-    # ``epoch`` (time // cache_ttl_s) is only a cache key: results expire when it moves on.
+    # ``epoch`` (see cache_epoch) is only a cache key: results expire when it moves on.
     del epoch
     return QUERIES[name](_connection(root, present), *args)
 
 
+#: Per data directory: (data version, when that epoch began, epoch number).
+_EPOCHS: dict[str, tuple[tuple[int, ...], float, int]] = {}
+
+
+def data_version(root: DataDir) -> tuple[int, ...] | None:
+    """When the pipeline and analytics last published (their state files), or ``None`` when
+    neither has (data written by something else: fall back to plain time-based expiry)."""
+    files = (root.state / "pipeline.json", root.state / "analytics" / "provenance.json")
+    stamps = tuple(f.stat().st_mtime_ns if f.exists() else 0 for f in files)
+    return stamps if any(stamps) else None
+
+
+def cache_epoch(root: DataDir, ttl: int, now: float | None = None) -> int:
+    """The cache generation of ``root``: it moves on only when the data changed *and* the
+    current generation is at least ``ttl`` seconds old. A quiet data directory (a demo, a
+    post-mortem) stays cached; a live one is re-read at most every ``ttl`` seconds."""
+    version = data_version(root)
+    if not ttl:
+        return time.monotonic_ns()
+    if version is None:
+        return int(time.time() // ttl)
+    now = time.monotonic() if now is None else now
+    key = str(root.root)
+    seen = _EPOCHS.get(key)
+    if seen is None or (seen[0] != version and now - seen[1] >= ttl):
+        seen = (version, now, seen[2] + 1 if seen else 0)
+        _EPOCHS[key] = seen
+    return seen[2]
+
+
 def load(name: str, *args: Any) -> Any:
-    """Run query ``name`` with ``args`` (after the connection), cached for ``cache_ttl_s``."""
+    """Run query ``name`` with ``args`` (after the connection), cached per
+    :func:`cache_epoch`."""
     root = data_dir()
-    ttl = config().cache_ttl_s
-    epoch = int(time.time() // ttl) if ttl else time.monotonic_ns()
+    epoch = cache_epoch(root, config().cache_ttl_s)
     return _cached(name, str(root.root), present_tables(root), epoch, args)
 
 

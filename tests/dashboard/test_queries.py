@@ -144,3 +144,21 @@ def test_find_trace_by_trace_or_request_id_with_and_without_time_hint(con, demo_
                               ).is_empty()
     reqs = explore.trace_requests(con, req[c.TRACE_ID], req[c.ARRIVAL_NS])
     assert reqs[c.REQUEST_ID].to_list() == [req[c.REQUEST_ID]]
+
+
+def test_cache_epoch_moves_only_when_data_changed_and_ttl_passed(tmp_path) -> None:
+    import os
+
+    from dashboard.data import cache_epoch
+
+    root = DataDir(tmp_path / "d")
+    state = root.state / "pipeline.json"
+    state.parent.mkdir(parents=True)
+    state.write_text("{}")
+    first = cache_epoch(root, 30, now=1000.0)
+    assert cache_epoch(root, 30, now=5000.0) == first  # quiet data: stays cached
+    os.utime(state, ns=(1, state.stat().st_mtime_ns + 10**9))  # the pipeline published
+    assert cache_epoch(root, 30, now=5010.0) == first + 1  # old enough: re-read
+    os.utime(state, ns=(1, state.stat().st_mtime_ns + 10**9))
+    assert cache_epoch(root, 30, now=5020.0) == first + 1  # too soon: at most every ttl
+    assert cache_epoch(root, 30, now=5041.0) == first + 2
