@@ -56,6 +56,10 @@ class Facts:
         """Hosts a host-bound cause may be on: the incident's, or every host of the scope."""
         return [self.ctx.host] if self.ctx.host else sorted(self.signals.hosts)
 
+    def all_hosts(self) -> list[str]:
+        """Every host of the incident's service/model with signals (for spread checks)."""
+        return sorted(set(self.signals.hosts) | set(self.hosts()))
+
     def gpus(self) -> list[str]:
         hosts = set(self.hosts())
         return sorted(g for g, h in self.signals.gpu_host.items() if h in hosts)
@@ -74,17 +78,20 @@ class Facts:
 
 
 def place(facts: Facts, strengths: dict[str, float]) -> tuple[str, float]:
-    """Subject for a per-host strength map: the host, or the service when it is spread."""
+    """Subject for a per-host strength map: the host, or the service when the signal is
+    spread over at least two and half of its hosts (even if only one host's latency
+    breached: a service-wide cause hurts the busiest host first). The strength returned is
+    the incident host's, for a host incident."""
     if not strengths:
         return facts.service_subject(), 0.0
-    best = max(strengths, key=strengths.__getitem__)
-    top = strengths[best]
-    if facts.ctx.host:
-        return fmt_subject(c.HOST_NAME, best), top
+    best = facts.ctx.host if facts.ctx.host in strengths else max(
+        strengths, key=strengths.__getitem__)
+    top = max(strengths.values())
+    own = strengths[best]
     strong = [h for h, s in strengths.items() if s >= 0.5 * top and top > 0]
-    if len(strong) >= 2 and len(strong) >= 0.5 * len(strengths):
-        return facts.service_subject(), top
-    return fmt_subject(c.HOST_NAME, best), top
+    if len(strong) >= 2 and len(strong) >= 0.5 * len(strengths) and best in strong:
+        return facts.service_subject(), own
+    return fmt_subject(c.HOST_NAME, best), own
 
 
 def gpu_place(facts: Facts, strengths: dict[str, float]) -> tuple[str, float, str | None]:
@@ -105,6 +112,13 @@ def gpu_place(facts: Facts, strengths: dict[str, float]) -> tuple[str, float, st
     if host and len(on_host) > 1 and set(on_host) <= set(strong):
         return fmt_subject(c.HOST_NAME, host), top, host
     return fmt_subject(c.GPU_UUID, best), top, host
+
+
+def _focus(f: Facts, per_host: dict[str, float]) -> str:
+    """The host whose signals a summary quotes: the incident's, else the strongest."""
+    if f.ctx.host:
+        return f.ctx.host
+    return max(per_host, key=per_host.__getitem__) if per_host else ""
 
 
 def _where(subject: str) -> str:
@@ -132,13 +146,13 @@ def surge_strength(f: Facts) -> float:
 
 def kv_pressure(f: Facts) -> Candidate:
     per_host = {}
-    for h in f.hosts():
+    for h in f.all_hosts():
         s = f.signals.hosts.get(h, {})
         kv_term = clip01((value(s.get("kv_max")) - 0.9) / 0.08)
         pre_term = clip01((delta(s.get("preempt_per_min")) - 0.5) / 5.0)
         per_host[h] = 0.35 * kv_term + 0.65 * pre_term if pre_term > 0 else 0.3 * kv_term
     subject, strength = place(f, per_host)
-    host = max(per_host, key=per_host.__getitem__) if per_host else ""
+    host = _focus(f, per_host)
     s = f.signals.hosts.get(host, {})
     damp = 1 - 0.6 * surge_strength(f)
     return Candidate(
@@ -155,7 +169,7 @@ def kv_pressure(f: Facts) -> Candidate:
 
 def prefix_drop(f: Facts) -> Candidate:
     per_host = {}
-    for h in f.hosts():
+    for h in f.all_hosts():
         hit = f.signals.hosts.get(h, {}).get(c.PREFIX_HIT_RATE)
         base = value(hit, 0)
         per_host[h] = clip01((base - value(hit) - 0.05) / 0.25) if base >= 0.1 else 0.0
@@ -164,7 +178,7 @@ def prefix_drop(f: Facts) -> Candidate:
     subject, strength = place(f, per_host)
     if from_requests > strength:
         strength = from_requests
-    host = max(per_host, key=per_host.__getitem__) if per_host else ""
+    host = _focus(f, per_host)
     hit = f.signals.hosts.get(host, {}).get(c.PREFIX_HIT_RATE)
     return Candidate(
         Cause.PREFIX_CACHE_DROP, subject,

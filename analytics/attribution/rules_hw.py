@@ -176,7 +176,7 @@ def _overhead(f: Facts) -> tuple[float, float, dict[str, float]]:
     net_frac = net / (net + eng) if net + eng > 0 else 0.0
     per_host = {h: max(delta(f.signals.hosts.get(h, {}).get("overhead")), 0.0)
                 + max(delta(f.signals.hosts.get(h, {}).get("network")), 0.0)
-                for h in f.hosts()}
+                for h in f.all_hosts()}
     return strength, net_frac, per_host
 
 
@@ -215,7 +215,7 @@ def _idle_slow(f: Facts, host: str) -> float:
 
 def engine_overhead(f: Facts) -> Candidate:
     strength, net_frac, per_host = _overhead(f)
-    idle = {h: _idle_slow(f, h) for h in f.hosts()}
+    idle = {h: _idle_slow(f, h) for h in f.all_hosts()}
     if max(idle.values(), default=0.0) > strength * (1 - net_frac):
         subject, top = place(f, idle)
         util = min((_host_util(f, h) for h in idle if idle[h] >= 0.5 * top), default=1.0)
