@@ -149,14 +149,17 @@ def main() -> None:
     parser.add_argument("--rps-per-gpu", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--skip-prophet", action="store_true")
+    parser.add_argument("--only", choices=["all", "fleet", "rolling", "prophet"], default="all")
     parser.add_argument("--prophet-series", type=int, default=1000)
     parser.add_argument("--prophet-compare", action="store_true",
                         help="Also time Prophet with one worker (the peer for 2 workers).")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="fleetlens-bench-analytics-") as tmp:
-        fleet_day(args, Path(tmp))
-    rolling_1000(args)
-    if not args.skip_prophet:
+    if args.only in ("all", "fleet"):
+        with tempfile.TemporaryDirectory(prefix="fleetlens-bench-analytics-") as tmp:
+            fleet_day(args, Path(tmp))
+    if args.only in ("all", "rolling"):
+        rolling_1000(args)
+    if args.only in ("all", "prophet") and not args.skip_prophet:
         prophet_1000(args)
 
 
