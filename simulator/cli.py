@@ -33,11 +33,13 @@ def _receiver_reachable(endpoint: str, timeout_s: float) -> bool:
 @click.option("--seed", type=int, default=None, help="Random seed (default: the scenario's).")
 @click.option("--start", default=None,
               help="Virtual start time instead of [fleet].start: ISO time, now, now-6h.")
+@click.option("--token", envvar="FLEETLENS_SIMULATE_TOKEN", default=None,
+              help="Bearer token for a collector with auth_tokens [env FLEETLENS_SIMULATE_TOKEN].")
 @click.option("--connect-timeout", type=float, default=5.0, show_default=True,
               help="Seconds to wait for the collector before giving up.")
 def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: bool,
              ground_truth: str | None, seed: int | None, start: str | None,
-             connect_timeout: float) -> None:
+             token: str | None, connect_timeout: float) -> None:
     """Simulate a vLLM fleet with injected incidents and send its OTLP telemetry.
 
     Spans (llm_request, gateway), GPU and engine metrics go to ENDPOINT over OTLP/gRPC on a
@@ -75,7 +77,7 @@ def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: 
 
         try:
             result = run(scenario, endpoint, seed=seed, speed=speed, start_ns=start_ns,
-                         ground_truth_path=ground_truth, on_progress=update)
+                         ground_truth_path=ground_truth, on_progress=update, token=token)
         except ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
         bar.update(task, completed=scenario.duration_s + scenario.drain_s)  # drained early

@@ -57,7 +57,7 @@ class RunResult:
 def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317", *,
         seed: int | None = None, speed: float | None = None, start_ns: int | None = None,
         exporters: tuple[SpanExporter, MetricExporter] | None = None,
-        ground_truth_path: str | Path | None = None,
+        ground_truth_path: str | Path | None = None, token: str | None = None,
         on_progress: Callable[[Progress], None] | None = None) -> RunResult:
     """Simulate a scenario and send its telemetry.
 
@@ -70,6 +70,7 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
         speed: simulated seconds per wall second; ``None`` runs as fast as it can.
         exporters: a (span exporter, metric exporter) pair to use instead, on a thread.
         ground_truth_path: where to write the ground-truth JSON.
+        token: bearer token for a collector with ``auth_tokens`` (OTLP/gRPC only).
         on_progress: called after every tick with a :class:`Progress`.
 
     Returns:
@@ -88,7 +89,8 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
     if exporters is not None:
         exporter = ThreadExporter(*exporters, resources, scenario.start_ns)
     else:
-        exporter = ProcessExporter(endpoint or "127.0.0.1:4317", resources, scenario.start_ns)
+        exporter = ProcessExporter(endpoint or "127.0.0.1:4317", resources, scenario.start_ns,
+                                   token=token)
     try:
         progress = _loop(scenario, fleet, exporter, speed, on_progress)
     except BaseException:  # interrupted or failed: stop the exporter, drop what is queued

@@ -232,15 +232,16 @@ class ThreadExporter(_Batcher):
 
 
 def serve(endpoint: str, insecure: bool, timeout_s: float, stream: BinaryIO) -> ExportCounts:
-    """Body of the export process: read pickled items from ``stream`` (first the resources
-    and start time, then export items, then ``None``) and export them over OTLP/gRPC."""
+    """Body of the export process: read pickled items from ``stream`` (first the resources,
+    start time and gRPC headers, then export items, then ``None``) and export them over
+    OTLP/gRPC. The headers (a bearer token) travel on the pipe, never on the command line."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    resources, start_ns = pickle.load(stream)
-    worker = _Worker(OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
-                     OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
-                     resources, start_ns)
+    resources, start_ns, headers = pickle.load(stream)
+    options = dict(endpoint=endpoint, insecure=insecure, timeout=timeout_s, headers=headers)
+    worker = _Worker(OTLPSpanExporter(**options), OTLPMetricExporter(**options), resources,
+                     start_ns)
     while (item := pickle.load(stream)) is not None:
         worker.handle(item)
     worker.shutdown()
@@ -253,7 +254,8 @@ class ProcessExporter(_Batcher):
     the pipe's buffer bounds what is in flight."""
 
     def __init__(self, endpoint: str, resources: dict[str, dict[str, str]], start_ns: int,
-                 insecure: bool = True, timeout_s: float = 30.0, batch: int = 1024) -> None:
+                 insecure: bool = True, timeout_s: float = 30.0, batch: int = 1024,
+                 token: str | None = None) -> None:
         super().__init__(batch, self._send)
         args = [sys.executable, "-m", "simulator.export_process", endpoint,
                 "--insecure" if insecure else "--secure", str(timeout_s)]
@@ -263,7 +265,8 @@ class ProcessExporter(_Batcher):
             p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
         self._process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          env=env)
-        self._send((resources, start_ns))
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        self._send((resources, start_ns, headers))
 
     def _send(self, item: Any) -> None:
         try:

@@ -51,3 +51,16 @@ def test_simulated_fleet_lands_in_the_collectors_tables(tmp_path: Path) -> None:
             a.ENGINE_GENERATION_TOKENS, a.ENGINE_INSTANCE_GPUS} <= names
     energy = points.filter(pl.col(c.METRIC_NAME) == a.HW_ENERGY)
     assert energy[c.HOST_NAME].n_unique() == 2 and energy[c.VALUE].min() > 0
+
+
+@pytest.mark.e2e
+def test_a_token_opens_a_collector_that_requires_one(tmp_path: Path) -> None:
+    scenario = parse_scenario(small(duration=20.0))
+    start_ns = (time.time_ns() // 10**9 - 600) * 10**9
+    with running_collector(tmp_path / "data", config={"auth_tokens": ["s3cret"]}) as col:
+        refused = run(scenario, col.grpc_address, start_ns=start_ns)
+        accepted = run(scenario, col.grpc_address, start_ns=start_ns, token="s3cret")
+        assert col.stop() == 0
+    assert refused.exported.spans_sent == 0 and refused.exported.spans_failed == refused.spans
+    assert accepted.exported.spans_sent == accepted.spans > 0
+    assert accepted.exported.spans_failed == accepted.exported.spans_rejected == 0
