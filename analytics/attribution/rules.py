@@ -144,6 +144,10 @@ def surge_strength(f: Facts) -> float:
     return clip01((ratio(f.signals.scope.get("rps")) - 1.25) / 1.0)
 
 
+def long_prompt_strength(f: Facts) -> float:
+    return clip01((ratio(f.signals.scope.get(c.INPUT_TOKENS)) - 1.3) / 1.2)
+
+
 def kv_pressure(f: Facts) -> Candidate:
     per_host = {}
     for h in f.all_hosts():
@@ -154,7 +158,8 @@ def kv_pressure(f: Facts) -> Candidate:
     subject, strength = place(f, per_host)
     host = _focus(f, per_host)
     s = f.signals.hosts.get(host, {})
-    damp = 1 - 0.6 * surge_strength(f)
+    # A full cache because of more or longer requests is the demand change's doing.
+    damp = 1 - 0.6 * max(surge_strength(f), long_prompt_strength(f))
     return Candidate(
         Cause.KV_CACHE_PRESSURE, subject,
         strength * damp * (0.4 + 0.6 * f.share("queue", "decode")), f.share("queue", "decode"),
@@ -192,7 +197,7 @@ def prefix_drop(f: Facts) -> Candidate:
 def long_prompts(f: Facts) -> Candidate:
     tokens = f.signals.scope.get(c.INPUT_TOKENS)
     r = ratio(tokens)
-    strength = clip01((r - 1.3) / 1.2)
+    strength = long_prompt_strength(f)
     return Candidate(
         Cause.LONG_PROMPTS, f.service_subject(),
         strength * (0.4 + 0.6 * f.share("prefill", "queue")), f.share("prefill", "queue"),
