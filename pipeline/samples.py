@@ -3,15 +3,17 @@
 
 Metric names and units follow TEAM.md (OpenTelemetry hardware conventions for GPUs, the
 agent's ``vllm.*`` names for engines; vLLM's own Prometheus family names are accepted too).
-Values are normalised to the units in the column names (W, J, bytes, MHz, 0..1). Points are
-deduplicated on (metric, service, host, attributes, timestamp): delivery is at least once.
+Values are normalised to the units in the column names (W, J, bytes, MHz, 0..1). Delivery is
+at least once: repeated points of a series at one timestamp collapse into one sample.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import polars as pl
 
-from pipeline.attrs import code, extract_keys_distinct
+from pipeline.attrs import code, extract_keys
 from pipeline.schema import attributes as a
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
@@ -57,13 +59,6 @@ _UUID, _NAME, _INDEX, _INSTANCE, _MODEL_LABEL = (
     "__hw_id", "__hw_name", "__gpu_index", "__instance", "__model_label")
 
 
-def dedup_points(points: pl.DataFrame) -> pl.DataFrame:
-    """One row per (metric, service, host, attributes, ts_ns): the first received."""
-    key = list(t.table(t.METRIC_POINTS).key)
-    return points.sort([*key, c.RECEIVED_NS], nulls_last=True).unique(
-        key, keep="first", maintain_order=True)
-
-
 def normalised_value() -> pl.Expr:
     """The point's value in the canonical unit of its metric."""
     factor = pl.col(c.UNIT).replace_strict(UNIT_FACTORS, default=1.0, return_dtype=pl.Float64)
@@ -75,45 +70,48 @@ _PACK_BITS = 43
 _PACK_TS = 1 << _PACK_BITS  # ns: about 2.4 hours of timestamps packed beside the series rank
 
 
-def _wide(points: pl.DataFrame, keys: list[str], metrics: dict[str, str],
+_SOURCE = [c.HOST_NAME, c.SERVICE_NAME, c.ATTRIBUTES]
+_SOURCE_CODES = ["__h", "__s", "__a"]
+
+
+def _wide(points: pl.DataFrame, metrics: dict[str, str], series: list[str],
+          describe: Callable[[pl.DataFrame], pl.DataFrame],
           labels: tuple[pl.Expr, ...] = ()) -> pl.DataFrame:
     """One row per (series, ts_ns) with one column per metric, sorted by series then time.
 
-    ``keys`` are the series' string columns followed by ``ts_ns``. Repeated points of one metric
-    at one key (duplicate deliveries) collapse to their maximum: the value itself for a
-    duplicate, the latest value for a counter. The result carries :data:`GROUP`, the series'
-    rank in sorted order, for ``shift``-based per-series computations, and the ``labels``
-    aggregations computed once per series.
-
-    Speed: the series strings are encoded once; (series rank, time) is packed into one int64
-    so the grouping and the sort run on a single integer column.
+    A point's series comes from its (host, service, attributes) combination: ``describe`` gets
+    the distinct combinations (a few per GPU or instance) and adds the ``series`` columns and
+    whatever ``labels`` aggregate per series. Only integer codes of the combinations touch the
+    per-point rows, and (series rank, time) is packed into one int64 so the grouping and the
+    sort run on a single integer column. Repeated points of one metric at one key (duplicate
+    deliveries) collapse to their maximum: the value itself for a duplicate, the latest value
+    for a counter. The result carries :data:`GROUP`, the series' rank in sorted order, for
+    ``shift``-based per-series computations.
     """
-    strings = keys[:-1]
     present = set(points.get_column(c.METRIC_NAME).unique().to_list())
     value_cols = [col for name, col in metrics.items() if name in present]
-    cols = [pl.when(pl.col(c.METRIC_NAME) == name).then(pl.col(c.VALUE)).alias(column)
-            for name, column in metrics.items() if name in present]
-    if len(strings) > 1:
-        frame = points.with_columns(pl.concat_str(strings, separator="\x00").alias("__series"))
-        sid = code("__series")
-    else:
-        frame, sid = points, code(strings[0])
-    frame = frame.with_columns(sid.alias("__sid"), *cols)
-    series = (frame.group_by("__sid").agg(pl.col(strings).first(), *labels).sort(strings)
-              .with_row_index(GROUP).with_columns(pl.col(GROUP).cast(pl.Int64)))
-    frame = frame.join(series.select("__sid", GROUP), on="__sid", how="left")
+    frame = points.with_columns(
+        *[code(col).alias(k) for col, k in zip(_SOURCE, _SOURCE_CODES, strict=True)],
+        *[pl.when(pl.col(c.METRIC_NAME) == name).then(pl.col(c.VALUE)).alias(column)
+          for name, column in metrics.items() if name in present])
+    combos = describe(frame.group_by(_SOURCE_CODES).agg(pl.col(_SOURCE).first()))
+    ranks = (combos.group_by(series).agg(*labels).sort(series).with_row_index(GROUP)
+             .with_columns(pl.col(GROUP).cast(pl.Int64)))
+    combos = combos.join(ranks.select(*series, GROUP), on=series, how="left", nulls_equal=True)
+    frame = frame.select(*_SOURCE_CODES, c.TS_NS, *value_cols).join(
+        combos.select(*_SOURCE_CODES, GROUP), on=_SOURCE_CODES, how="left", nulls_equal=True)
     base = int(frame.get_column(c.TS_NS).min() or 0)
     span = int(frame.get_column(c.TS_NS).max() or 0) - base
-    if span < _PACK_TS and series.height < (1 << (62 - _PACK_BITS)):
+    if span < _PACK_TS and ranks.height < (1 << (62 - _PACK_BITS)):
         packed = pl.col(GROUP) * _PACK_TS + (pl.col(c.TS_NS) - base)
         wide = (frame.group_by(packed.alias("__key")).agg(pl.col(value_cols).max())
                 .sort("__key").with_columns(
                     (pl.col("__key") // _PACK_TS).alias(GROUP),
                     (pl.col("__key") % _PACK_TS + base).alias(c.TS_NS)).drop("__key"))
-    else:  # more than ~146 days or 1M series in one frame: group on two integer columns
+    else:  # more than ~2.4 hours or 500k series in one frame: group on two integer columns
         wide = frame.group_by(GROUP, c.TS_NS).agg(pl.col(value_cols).max()).sort(
             GROUP, c.TS_NS)
-    wide = wide.join(series.drop("__sid"), on=GROUP, how="left", maintain_order="left")
+    wide = wide.join(ranks, on=GROUP, how="left", maintain_order="left")
     missing = [pl.lit(None, pl.Float64).alias(col) for name, col in metrics.items()
                if name not in present]
     return wide.with_columns(missing)
@@ -137,20 +135,23 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
     """
     # Duplicate deliveries collapse in the pivot below (no sort needed).
     gpu = points.filter(pl.col(c.METRIC_NAME).is_in(list(GPU_METRICS)))
-    gpu = extract_keys_distinct(gpu, c.ATTRIBUTES, {
-        a.HW_ID: (_UUID, pl.String()), a.HW_NAME: (_NAME, pl.String()),
-        a.GPU_INDEX: (_INDEX, pl.Int64()),
-    })
-    gpu = gpu.with_columns(normalised_value().alias(c.VALUE),
-                           pl.col(_UUID).fill_null("").alias(c.GPU_UUID))
+    gpu = gpu.with_columns(normalised_value().alias(c.VALUE))
     # An energy sum with delta temporality already holds the energy since the last point.
     is_delta = (pl.col(c.METRIC_NAME) == a.HW_ENERGY) & (pl.col(c.TEMPORALITY) == _DELTA)
     gpu = gpu.with_columns(pl.when(is_delta).then(pl.lit(_ENERGY_DELTA))
                            .otherwise(pl.col(c.METRIC_NAME)).alias(c.METRIC_NAME))
+
+    def describe(combos: pl.DataFrame) -> pl.DataFrame:
+        combos = extract_keys(combos, c.ATTRIBUTES, {
+            a.HW_ID: (_UUID, pl.String()), a.HW_NAME: (_NAME, pl.String()),
+            a.GPU_INDEX: (_INDEX, pl.Int64()),
+        })
+        return combos.with_columns(pl.col(_UUID).fill_null("").alias(c.GPU_UUID))
+
     labels = (pl.col(_NAME).drop_nulls().max().fill_null("").alias(c.GPU_MODEL),
               pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX))
-    wide = _wide(gpu, [c.HOST_NAME, c.GPU_UUID, c.TS_NS],
-                 {**GPU_METRICS, _ENERGY_DELTA: _ENERGY_DELTA}, labels)
+    wide = _wide(gpu, {**GPU_METRICS, _ENERGY_DELTA: _ENERGY_DELTA},
+                 [c.HOST_NAME, c.GPU_UUID], describe, labels)
     wide = wide.with_columns(pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64))
     dt_s = (pl.col(c.TS_NS) - _previous(pl.col(c.TS_NS))) / _NS
     increase = pl.col(c.ENERGY_J) - _previous(pl.col(c.ENERGY_J))
@@ -164,16 +165,21 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
 
 
 def _engine_points(points: pl.DataFrame) -> pl.DataFrame:
+    """The engine metric points, under our metric names."""
     eng = points.filter(pl.col(c.METRIC_NAME).is_in(list(ENGINE_ALIASES)))
-    eng = eng.with_columns(pl.col(c.METRIC_NAME).replace_strict(ENGINE_ALIASES))
-    eng = extract_keys_distinct(eng, c.ATTRIBUTES, {
+    return eng.with_columns(pl.col(c.METRIC_NAME).replace_strict(ENGINE_ALIASES))
+
+
+def _describe_instances(combos: pl.DataFrame) -> pl.DataFrame:
+    """Instance id (the agent's label, else ``host/service``) and model of each combination."""
+    combos = extract_keys(combos, c.ATTRIBUTES, {
         a.ENGINE_INSTANCE: (_INSTANCE, pl.String()),
         a.ENGINE_MODEL_NAME: (_MODEL_LABEL, pl.String()),
     })
     instance = pl.coalesce(
         _INSTANCE, pl.concat_str(pl.col(c.HOST_NAME), pl.lit("/"), c.SERVICE_NAME))
-    return eng.with_columns(instance.alias(c.INSTANCE_ID),
-                            pl.col(_MODEL_LABEL).fill_null("").alias(c.MODEL))
+    return combos.with_columns(instance.alias(c.INSTANCE_ID),
+                               pl.col(_MODEL_LABEL).fill_null("").alias(c.MODEL))
 
 
 @stage(t.ENGINE_SAMPLES)
@@ -188,8 +194,8 @@ def engine_samples(points: pl.DataFrame) -> pl.DataFrame:
     eng = eng.with_columns(
         pl.when(pl.col(c.UNIT) == "%").then(pl.col(c.VALUE) / 100).otherwise(pl.col(c.VALUE))
         .alias(c.VALUE))
-    keys = [c.HOST_NAME, c.INSTANCE_ID, c.TS_NS]
-    wide = _wide(eng, keys, ENGINE_METRICS, (pl.col(c.MODEL).max(),))
+    wide = _wide(eng, ENGINE_METRICS, [c.HOST_NAME, c.INSTANCE_ID], _describe_instances,
+                 (pl.col(c.MODEL).max(),))
     return wide.select(list(t.table(t.ENGINE_SAMPLES).columns))
 
 
@@ -201,21 +207,27 @@ def instance_gpus(points: pl.DataFrame) -> pl.DataFrame:
     Output: ``instance_gpus``, one row per (host, instance, model, gpu) seen, with the first and
     last time seen; ``gpu_uuid`` is empty for instances with no mapping gauge.
     """
-    mapping = dedup_points(points.filter(pl.col(c.METRIC_NAME) == a.ENGINE_INSTANCE_GPUS))
-    mapping = extract_keys_distinct(mapping, c.ATTRIBUTES, {
+    is_mapping = (pl.col(c.METRIC_NAME) == a.ENGINE_INSTANCE_GPUS) & (pl.col(c.VALUE) > 0)
+    mapping = extract_keys(_first_last(points.filter(is_mapping)), c.ATTRIBUTES, {
         a.ENGINE_INSTANCE: (c.INSTANCE_ID, pl.String()), a.HW_ID: (c.GPU_UUID, pl.String()),
         a.ENGINE_MODEL_NAME: (c.MODEL, pl.String()),
-    }).filter(pl.col(c.INSTANCE_ID).is_not_null() & pl.col(c.GPU_UUID).is_not_null()
-              & (pl.col(c.VALUE) > 0))
-    labelled = _engine_points(points).with_columns(pl.lit("").alias(c.GPU_UUID))
-    cols = [c.HOST_NAME, c.INSTANCE_ID, c.MODEL, c.GPU_UUID, c.TS_NS]
-    both = pl.concat([
-        mapping.with_columns(pl.col(c.MODEL).fill_null("")).select(cols), labelled.select(cols),
-    ])
+    }).filter(pl.col(c.INSTANCE_ID).is_not_null() & pl.col(c.GPU_UUID).is_not_null())
+    labelled = _describe_instances(_first_last(_engine_points(points)))
     keys = [c.HOST_NAME, c.INSTANCE_ID, c.MODEL, c.GPU_UUID]
-    out = both.group_by(keys).agg(pl.col(c.TS_NS).min().alias(c.START_NS),
-                                  pl.col(c.TS_NS).max().alias(c.END_NS))
+    both = pl.concat([
+        mapping.with_columns(pl.col(c.MODEL).fill_null("")).select(*keys, c.START_NS, c.END_NS),
+        labelled.with_columns(pl.lit("").alias(c.GPU_UUID)).select(*keys, c.START_NS, c.END_NS),
+    ])
+    out = both.group_by(keys).agg(pl.col(c.START_NS).min(), pl.col(c.END_NS).max())
     return out.sort(keys).select(list(t.table(t.INSTANCE_GPUS).columns))
+
+
+def _first_last(points: pl.DataFrame) -> pl.DataFrame:
+    """First and last timestamp per distinct (host, service, attributes) combination."""
+    codes = [code(col).alias(k) for col, k in zip(_SOURCE, _SOURCE_CODES, strict=True)]
+    return points.group_by(codes).agg(
+        pl.col(_SOURCE).first(), pl.col(c.TS_NS).min().alias(c.START_NS),
+        pl.col(c.TS_NS).max().alias(c.END_NS))
 
 
 def counter_increase(value: pl.Expr, over: list[str]) -> pl.Expr:
