@@ -10,6 +10,7 @@ import datetime as dt
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from pipeline.schema import tables as t
 from pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
@@ -66,13 +67,21 @@ def existing_hours(data_dir: DataDir, table: str) -> list[int]:
 
 
 def read_raw(files: list[str], table: str, predicate: pl.Expr,
-             columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+             columns: tuple[str, ...] | None = None,
+             categorical: tuple[str, ...] = ()) -> pl.DataFrame:
     """Rows of raw segments matching ``predicate``: ``columns`` of the contract (all by
-    default) with the contract's dtypes, a column missing from a file read as nulls."""
+    default) with the contract's dtypes, a column missing from a file read as nulls.
+
+    The ``categorical`` columns come back as ``pl.Categorical`` instead, decoded straight from
+    the files' Parquet dictionaries: no string is materialised per row, so a metric point's
+    attribute map (the same string for millions of points) costs a 4-byte code.
+    """
     spec = t.table(table)
     names = list(columns or spec.columns)
     if not files:
         return spec.empty().select(names)
+    if categorical:
+        return _read_dictionaries(files, spec, names, predicate, categorical)
     frame = pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
     present = frame.collect_schema()
     frame = frame.select(
@@ -80,3 +89,22 @@ def read_raw(files: list[str], table: str, predicate: pl.Expr,
         for n in names
     )
     return frame.filter(predicate).collect()
+
+
+def _read_dictionaries(files: list[str], spec: t.Table, names: list[str], predicate: pl.Expr,
+                       categorical: tuple[str, ...]) -> pl.DataFrame:
+    """:func:`read_raw` through pyarrow, keeping the ``categorical`` columns dictionary-coded."""
+    frames = []
+    for path in files:
+        present = set(pq.read_schema(path).names)
+        read = [n for n in names if n in present]
+        arrow = pq.read_table(path, columns=read,
+                              read_dictionary=[n for n in categorical if n in present])
+        frame = pl.from_arrow(arrow)
+        assert isinstance(frame, pl.DataFrame)
+        frames.append(frame.select(
+            (pl.col(n) if n in present else pl.lit(None, spec.columns[n]).alias(n)).cast(
+                pl.Categorical() if n in categorical else spec.columns[n])
+            for n in names
+        ).filter(predicate))
+    return pl.concat(frames)

@@ -64,6 +64,13 @@ _COLUMNS = {
     "metrics": (c.METRIC_NAME, c.UNIT, c.TS_NS, c.VALUE, c.TEMPORALITY, c.SERVICE_NAME,
                 c.HOST_NAME, c.ATTRIBUTES, c.RECEIVED_NS),
 }
+#: Raw string columns read as Parquet dictionaries (pl.Categorical): a handful of distinct
+#: values repeated over millions of rows, which the stages only ever group on.
+_CATEGORICAL = {
+    "spans": (),
+    "metrics": (c.METRIC_NAME, c.UNIT, c.TEMPORALITY, c.SERVICE_NAME, c.HOST_NAME,
+                c.ATTRIBUTES),
+}
 
 Progress = Callable[[str, int, int], None]
 
@@ -179,7 +186,7 @@ class Pipeline:
     def _raw(self, state: PipelineState, signal: str, lo: int, hi: int,
              predicate: pl.Expr) -> pl.DataFrame:
         return read_raw(state.files(signal, lo, hi, self.dd.root), _SIGNALS[signal], predicate,
-                        _COLUMNS[signal])
+                        _COLUMNS[signal], _CATEGORICAL[signal])
 
     def _phase1(self, state: PipelineState, hour: int, summary: RunSummary) -> None:
         lo, hi = hour, hour + HOUR_NS

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import polars as pl
 
-from pipeline.attrs import code, extract_keys
+from pipeline.attrs import extract_keys
+from pipeline.pivot import KEY, SLOT, SRC, pivot_sorted, split_sources
 from pipeline.schema import attributes as a
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
@@ -60,60 +61,60 @@ _UUID, _NAME, _INDEX, _INSTANCE, _MODEL_LABEL = (
 
 
 def normalised_value() -> pl.Expr:
-    """The point's value in the canonical unit of its metric."""
-    factor = pl.col(c.UNIT).replace_strict(UNIT_FACTORS, default=1.0, return_dtype=pl.Float64)
-    return pl.col(c.VALUE) * factor
+    """Factor from the unit of the point (or combination) to the canonical unit of its metric."""
+    return pl.col(c.UNIT).replace_strict(UNIT_FACTORS, default=1.0, return_dtype=pl.Float64)
 
 
 GROUP = "__group"
 _PACK_BITS = 43
 _PACK_TS = 1 << _PACK_BITS  # ns: about 2.4 hours of timestamps packed beside the series rank
+#: Per source combination: the output column its points go to (null: ignored), and the factor
+#: and divisor taking its values to the column's unit.
+_COLUMN, _MUL, _DIV = "__column", "__mul", "__div"
 
 
-_SOURCE = [c.HOST_NAME, c.SERVICE_NAME, c.ATTRIBUTES]
-_SOURCE_CODES = ["__h", "__s", "__a"]
-
-
-def _wide(points: pl.DataFrame, metrics: dict[str, str], series: list[str],
+def _wide(points: pl.DataFrame, columns_of: Callable[[pl.DataFrame], pl.DataFrame],
+          columns: list[str], series: list[str],
           describe: Callable[[pl.DataFrame], pl.DataFrame],
           labels: tuple[pl.Expr, ...] = ()) -> pl.DataFrame:
     """One row per (series, ts_ns) with one column per metric, sorted by series then time.
 
-    A point's series comes from its (host, service, attributes) combination: ``describe`` gets
-    the distinct combinations (a few per GPU or instance) and adds the ``series`` columns and
-    whatever ``labels`` aggregate per series. Only integer codes of the combinations touch the
-    per-point rows, and (series rank, time) is packed into one int64 so the grouping and the
-    sort run on a single integer column. Repeated points of one metric at one key (duplicate
-    deliveries) collapse to their maximum: the value itself for a duplicate, the latest value
-    for a counter. The result carries :data:`GROUP`, the series' rank in sorted order, for
-    ``shift``-based per-series computations.
+    A point's source is its (host, service, attributes, metric, unit, temporality) combination
+    (:func:`pipeline.pivot.split_sources`): ``columns_of`` gets the distinct combinations and
+    adds the output column (one of ``columns``, null to ignore the combination), factor and
+    divisor; ``describe`` adds the ``series`` columns, and ``labels`` aggregate per series. Only
+    the integer code of a combination touches the per-point rows, and (series rank, time) is
+    packed into one int64 so the pivot sorts a single integer column. Repeated points of one
+    column at one key (duplicate deliveries) collapse to their maximum: the value itself for a
+    duplicate, the latest value for a counter. The result carries :data:`GROUP`, the series'
+    rank in sorted order, for ``shift``-based per-series computations.
     """
-    present = set(points.get_column(c.METRIC_NAME).unique().to_list())
-    value_cols = [col for name, col in metrics.items() if name in present]
-    frame = points.with_columns(
-        *[code(col).alias(k) for col, k in zip(_SOURCE, _SOURCE_CODES, strict=True)],
-        *[pl.when(pl.col(c.METRIC_NAME) == name).then(pl.col(c.VALUE)).alias(column)
-          for name, column in metrics.items() if name in present])
-    combos = describe(frame.group_by(_SOURCE_CODES).agg(pl.col(_SOURCE).first()))
+    slim, combos = split_sources(points, [c.TS_NS, c.VALUE])
+    combos = columns_of(combos).filter(pl.col(_COLUMN).is_not_null())
+    seen = set(combos.get_column(_COLUMN).to_list())
+    present = [col for col in columns if col in seen]
+    combos = describe(combos)
     ranks = (combos.group_by(series).agg(*labels).sort(series).with_row_index(GROUP)
              .with_columns(pl.col(GROUP).cast(pl.Int64)))
     combos = combos.join(ranks.select(*series, GROUP), on=series, how="left", nulls_equal=True)
-    frame = frame.select(*_SOURCE_CODES, c.TS_NS, *value_cols).join(
-        combos.select(*_SOURCE_CODES, GROUP), on=_SOURCE_CODES, how="left", nulls_equal=True)
+    combos = combos.with_columns(pl.col(_COLUMN).replace_strict(
+        present, list(range(len(present))), return_dtype=pl.Int64).alias(SLOT))
+    frame = slim.join(combos.select(SRC, GROUP, SLOT, _MUL, _DIV), on=SRC, how="inner")
+    frame = frame.with_columns((pl.col(c.VALUE) * pl.col(_MUL) / pl.col(_DIV)).alias(c.VALUE))
     base = int(frame.get_column(c.TS_NS).min() or 0)
     span = int(frame.get_column(c.TS_NS).max() or 0) - base
     if span < _PACK_TS and ranks.height < (1 << (62 - _PACK_BITS)):
         packed = pl.col(GROUP) * _PACK_TS + (pl.col(c.TS_NS) - base)
-        wide = (frame.group_by(packed.alias("__key")).agg(pl.col(value_cols).max())
-                .sort("__key").with_columns(
-                    (pl.col("__key") // _PACK_TS).alias(GROUP),
-                    (pl.col("__key") % _PACK_TS + base).alias(c.TS_NS)).drop("__key"))
+        wide = pivot_sorted(frame, present, packed).with_columns(
+            (pl.col(KEY) // _PACK_TS).alias(GROUP),
+            (pl.col(KEY) % _PACK_TS + base).alias(c.TS_NS)).drop(KEY)
     else:  # more than ~2.4 hours or 500k series in one frame: group on two integer columns
-        wide = frame.group_by(GROUP, c.TS_NS).agg(pl.col(value_cols).max()).sort(
-            GROUP, c.TS_NS)
+        wide = frame.with_columns([
+            pl.when(pl.col(SLOT) == slot).then(pl.col(c.VALUE)).alias(column)
+            for slot, column in enumerate(present)
+        ]).group_by(GROUP, c.TS_NS).agg(pl.col(present).max()).sort(GROUP, c.TS_NS)
     wide = wide.join(ranks, on=GROUP, how="left", maintain_order="left")
-    missing = [pl.lit(None, pl.Float64).alias(col) for name, col in metrics.items()
-               if name not in present]
+    missing = [pl.lit(None, pl.Float64).alias(col) for col in columns if col not in seen]
     return wide.with_columns(missing)
 
 
@@ -122,25 +123,27 @@ def _previous(expr: pl.Expr) -> pl.Expr:
     return pl.when(pl.col(GROUP) == pl.col(GROUP).shift(1)).then(expr.shift(1))
 
 
+def _gpu_columns(combos: pl.DataFrame) -> pl.DataFrame:
+    """Output column and unit factor of each GPU metric combination."""
+    # An energy sum with delta temporality already holds the energy since the last point.
+    is_delta = (pl.col(c.METRIC_NAME) == a.HW_ENERGY) & (pl.col(c.TEMPORALITY) == _DELTA)
+    column = pl.when(is_delta).then(pl.lit(_ENERGY_DELTA)).otherwise(
+        pl.col(c.METRIC_NAME).replace_strict(GPU_METRICS, default=None, return_dtype=pl.String))
+    return combos.with_columns(column.alias(_COLUMN), normalised_value().alias(_MUL),
+                               pl.lit(1.0).alias(_DIV))
+
+
 @stage(t.GPU_SAMPLES)
 def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
     """GPU metric points -> one row per (host, GPU, timestamp).
 
-    Input: ``metric_points`` (deduplicated or not; other metrics are ignored). Output:
-    ``gpu_samples`` sorted by (host_name, gpu_uuid, ts_ns), plus ``mem_total_bytes`` and
-    ``energy_delta_j``: the GPU's energy since its previous sample: the point's value for an
-    energy sum with delta temporality, else the counter's increase (a drop means the counter
-    restarted: the increase is then the new value), else the trapezoid of power; null for a
-    GPU's first sample or across a gap longer than ``max_gap_s``.
+    Input: ``metric_points`` (deduplicated or not; other metrics are ignored; source columns
+    String or Categorical). Output: ``gpu_samples`` sorted by (host_name, gpu_uuid, ts_ns), plus
+    ``mem_total_bytes`` and ``energy_delta_j``: the GPU's energy since its previous sample: the
+    point's value for an energy sum with delta temporality, else the counter's increase (a drop
+    means the counter restarted: the increase is then the new value), else the trapezoid of
+    power; null for a GPU's first sample or across a gap longer than ``max_gap_s``.
     """
-    # Duplicate deliveries collapse in the pivot below (no sort needed).
-    gpu = points.filter(pl.col(c.METRIC_NAME).is_in(list(GPU_METRICS)))
-    gpu = gpu.with_columns(normalised_value().alias(c.VALUE))
-    # An energy sum with delta temporality already holds the energy since the last point.
-    is_delta = (pl.col(c.METRIC_NAME) == a.HW_ENERGY) & (pl.col(c.TEMPORALITY) == _DELTA)
-    gpu = gpu.with_columns(pl.when(is_delta).then(pl.lit(_ENERGY_DELTA))
-                           .otherwise(pl.col(c.METRIC_NAME)).alias(c.METRIC_NAME))
-
     def describe(combos: pl.DataFrame) -> pl.DataFrame:
         combos = extract_keys(combos, c.ATTRIBUTES, {
             a.HW_ID: (_UUID, pl.String()), a.HW_NAME: (_NAME, pl.String()),
@@ -150,7 +153,8 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
 
     labels = (pl.col(_NAME).drop_nulls().max().fill_null("").alias(c.GPU_MODEL),
               pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX))
-    wide = _wide(gpu, {**GPU_METRICS, _ENERGY_DELTA: _ENERGY_DELTA},
+    # Duplicate deliveries collapse in the pivot (no sort needed).
+    wide = _wide(points, _gpu_columns, [*GPU_METRICS.values(), _ENERGY_DELTA],
                  [c.HOST_NAME, c.GPU_UUID], describe, labels)
     wide = wide.with_columns(pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64))
     dt_s = (pl.col(c.TS_NS) - _previous(pl.col(c.TS_NS))) / _NS
@@ -164,10 +168,18 @@ def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
     return wide.select(columns)
 
 
-def _engine_points(points: pl.DataFrame) -> pl.DataFrame:
-    """The engine metric points, under our metric names."""
-    eng = points.filter(pl.col(c.METRIC_NAME).is_in(list(ENGINE_ALIASES)))
-    return eng.with_columns(pl.col(c.METRIC_NAME).replace_strict(ENGINE_ALIASES))
+def _engine_name() -> pl.Expr:
+    """Our name of an engine metric (null for any other metric)."""
+    return pl.col(c.METRIC_NAME).replace_strict(ENGINE_ALIASES, default=None,
+                                                return_dtype=pl.String)
+
+
+def _engine_columns(combos: pl.DataFrame) -> pl.DataFrame:
+    """Output column and divisor (percent to fraction) of each engine metric combination."""
+    column = _engine_name().replace_strict(ENGINE_METRICS, default=None, return_dtype=pl.String)
+    divisor = pl.when(pl.col(c.UNIT) == "%").then(100.0).otherwise(1.0)
+    return combos.with_columns(column.alias(_COLUMN), pl.lit(1.0).alias(_MUL),
+                               divisor.alias(_DIV))
 
 
 def _describe_instances(combos: pl.DataFrame) -> pl.DataFrame:
@@ -190,12 +202,8 @@ def engine_samples(points: pl.DataFrame) -> pl.DataFrame:
     ts_ns); the ``*_total`` columns are the cumulative counters as sent (consumers diff them
     with reset handling, see :func:`counter_increase`); KV-cache usage is a 0..1 fraction.
     """
-    eng = _engine_points(points)
-    eng = eng.with_columns(
-        pl.when(pl.col(c.UNIT) == "%").then(pl.col(c.VALUE) / 100).otherwise(pl.col(c.VALUE))
-        .alias(c.VALUE))
-    wide = _wide(eng, ENGINE_METRICS, [c.HOST_NAME, c.INSTANCE_ID], _describe_instances,
-                 (pl.col(c.MODEL).max(),))
+    wide = _wide(points, _engine_columns, list(ENGINE_METRICS.values()),
+                 [c.HOST_NAME, c.INSTANCE_ID], _describe_instances, (pl.col(c.MODEL).max(),))
     return wide.select(list(t.table(t.ENGINE_SAMPLES).columns))
 
 
@@ -207,12 +215,15 @@ def instance_gpus(points: pl.DataFrame) -> pl.DataFrame:
     Output: ``instance_gpus``, one row per (host, instance, model, gpu) seen, with the first and
     last time seen; ``gpu_uuid`` is empty for instances with no mapping gauge.
     """
-    is_mapping = (pl.col(c.METRIC_NAME) == a.ENGINE_INSTANCE_GPUS) & (pl.col(c.VALUE) > 0)
-    mapping = extract_keys(_first_last(points.filter(is_mapping)), c.ATTRIBUTES, {
-        a.ENGINE_INSTANCE: (c.INSTANCE_ID, pl.String()), a.HW_ID: (c.GPU_UUID, pl.String()),
-        a.ENGINE_MODEL_NAME: (c.MODEL, pl.String()),
-    }).filter(pl.col(c.INSTANCE_ID).is_not_null() & pl.col(c.GPU_UUID).is_not_null())
-    labelled = _describe_instances(_first_last(_engine_points(points)))
+    slim, combos = split_sources(points, [c.TS_NS, c.VALUE])
+    is_mapping = combos.get_column(c.METRIC_NAME) == a.ENGINE_INSTANCE_GPUS
+    mapping = extract_keys(
+        _first_last(slim.filter(pl.col(c.VALUE) > 0), combos.filter(is_mapping)), c.ATTRIBUTES, {
+            a.ENGINE_INSTANCE: (c.INSTANCE_ID, pl.String()), a.HW_ID: (c.GPU_UUID, pl.String()),
+            a.ENGINE_MODEL_NAME: (c.MODEL, pl.String()),
+        }).filter(pl.col(c.INSTANCE_ID).is_not_null() & pl.col(c.GPU_UUID).is_not_null())
+    engine = combos.filter(_engine_name().is_not_null())
+    labelled = _describe_instances(_first_last(slim, engine))
     keys = [c.HOST_NAME, c.INSTANCE_ID, c.MODEL, c.GPU_UUID]
     both = pl.concat([
         mapping.with_columns(pl.col(c.MODEL).fill_null("")).select(*keys, c.START_NS, c.END_NS),
@@ -222,12 +233,12 @@ def instance_gpus(points: pl.DataFrame) -> pl.DataFrame:
     return out.sort(keys).select(list(t.table(t.INSTANCE_GPUS).columns))
 
 
-def _first_last(points: pl.DataFrame) -> pl.DataFrame:
-    """First and last timestamp per distinct (host, service, attributes) combination."""
-    codes = [code(col).alias(k) for col, k in zip(_SOURCE, _SOURCE_CODES, strict=True)]
-    return points.group_by(codes).agg(
-        pl.col(_SOURCE).first(), pl.col(c.TS_NS).min().alias(c.START_NS),
-        pl.col(c.TS_NS).max().alias(c.END_NS))
+def _first_last(slim: pl.DataFrame, combos: pl.DataFrame) -> pl.DataFrame:
+    """First and last timestamp of the points of each of the given source combinations."""
+    rows = slim.filter(pl.col(SRC).is_in(combos.get_column(SRC).implode()))
+    times = rows.group_by(SRC).agg(pl.col(c.TS_NS).min().alias(c.START_NS),
+                                   pl.col(c.TS_NS).max().alias(c.END_NS))
+    return combos.join(times, on=SRC, how="inner")
 
 
 def counter_increase(value: pl.Expr, over: list[str]) -> pl.Expr:
