@@ -41,12 +41,31 @@ def publish(data_dir: DataDir, table: str, hour_ns: int, frame: pl.DataFrame) ->
     return frame.height
 
 
-def read_hours(data_dir: DataDir, table: str, hours: list[int] | range) -> pl.DataFrame:
-    """The rows of the given hour partitions (an empty contract frame when none exist)."""
-    files = [partition_file(data_dir, table, h) for h in hours]
-    frames = [pl.read_parquet(f) for f in files if f.exists()]
+def read_hours(data_dir: DataDir, table: str, hours: list[int] | range,
+               columns: list[str] | None = None,
+               cache: dict[tuple[Path, tuple[str, ...] | None], pl.DataFrame] | None = None,
+               ) -> pl.DataFrame:
+    """The rows of the given hour partitions (an empty contract frame when none exist).
+
+    Args:
+        columns: read only these columns (every column by default); the empty frame then
+            holds those of them the contract has.
+        cache: partitions already read (by path and columns), filled as files are read; for a
+            caller that reads overlapping hours several times while nothing is published.
+    """
+    frames = []
+    for path in (partition_file(data_dir, table, h) for h in hours):
+        key = (path, None if columns is None else tuple(columns))
+        if cache is not None and key in cache:
+            frames.append(cache[key])
+        elif path.exists():
+            frames.append(pl.read_parquet(path, columns=columns))
+            if cache is not None:
+                cache[key] = frames[-1]
     if not frames:
-        return t.table(table).empty()
+        empty = t.table(table).empty()
+        return empty if columns is None else empty.select(
+            n for n in columns if n in empty.columns)
     return pl.concat(frames, how="diagonal_relaxed")
 
 

@@ -72,6 +72,9 @@ _CATEGORICAL = {
                 c.ATTRIBUTES),
 }
 
+#: The gpu_samples columns phase 2 reads (energy per sample; the rest is for readers).
+_GPU_ENERGY = [c.HOST_NAME, c.GPU_UUID, c.TS_NS, c.ENERGY_DELTA_J]
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -209,10 +212,11 @@ class Pipeline:
                                        + publish(self.dd, table, hour, frame))
 
     # --- phase 2 -------------------------------------------------------------------------
-    def _requests_active(self, lo: int, hi: int) -> pl.DataFrame:
+    def _requests_active(self, lo: int, hi: int, cache: dict | None = None) -> pl.DataFrame:
         """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
         back = -(-self.cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
-        frame = read_hours(self.dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS))
+        frame = read_hours(self.dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS),
+                           cache=cache)
         end = pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
         return frame.filter((pl.col(c.ARRIVAL_NS) < hi)
                             & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo)))
@@ -220,20 +224,23 @@ class Pipeline:
     def _phase2(self, hour: int, dirty: set[int], summary: RunSummary) -> None:
         lo, hi = hour, hour + HOUR_NS
         slot_ns = self.cfg.slot_s * NS
-        active = self._requests_active(lo, hi)
+        read: dict = {}  # request partitions read for `active` serve `everyone` too
+        active = self._requests_active(lo, hi, read)
         e_lo = min(lo, int(active[c.ARRIVAL_NS].min() or lo))
         e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
                            .item() or hi) + 1)
         e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
-        everyone = self._requests_active(e_lo, e_hi)
+        everyone = self._requests_active(e_lo, e_hi, read)
         gpu = read_hours(self.dd, t.GPU_SAMPLES, range(
-            hour_of(e_lo - self.gap_ns), e_hi + self.gap_ns, HOUR_NS)).filter(
+            hour_of(e_lo - self.gap_ns), e_hi + self.gap_ns, HOUR_NS), _GPU_ENERGY).filter(
             pl.col(c.TS_NS).is_between(e_lo - self.gap_ns, e_hi + self.gap_ns))
         if c.ENERGY_DELTA_J not in gpu.columns:  # no partition at all: the bare contract frame
             gpu = gpu.with_columns(pl.lit(None, pl.Float64).alias(c.ENERGY_DELTA_J))
         # No sort needed: each partition is sorted by (host, gpu, ts) and hours come in order,
         # so every GPU's rows are in time order, which is all the per-GPU shift needs.
-        arrival_hours = sorted({hour_of(int(x)) for x in everyone[c.ARRIVAL_NS].unique()})
+        arrival_hours = everyone.select(
+            (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).unique().sort()
+        ).to_series().to_list()
         mapping = pl.concat([
             read_hours(self.dd, t.INSTANCE_GPUS, [h]).with_columns(pl.lit(h).alias(en.HOUR))
             for h in arrival_hours
