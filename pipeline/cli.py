@@ -7,7 +7,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,6 +23,10 @@ from pipeline.schema.settings import (
     merge,
     read_toml,
 )
+from pipeline.storage import DataDir
+
+if TYPE_CHECKING:
+    from pipeline.runner import RunSummary
 
 _DATA_DIR_HELP = "Data directory [default: $FLEETLENS_DATA or ./fleetlens-data]."
 
@@ -55,28 +61,52 @@ def _progress_printer(enabled: bool):  # noqa: ANN202 - a callback
     return bar, report
 
 
-@click.command()
-@click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
-              help=_DATA_DIR_HELP)
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
-@click.option("--window-s", type=int, default=None, help="Window length (10, 60, 300, ...).")
-@click.option("--full", is_flag=True, help="Recompute everything instead of only new data.")
-@click.option("--follow", is_flag=True, help="Keep running, processing new data as it comes.")
-@click.option("--interval", type=float, default=None,
-              help="Seconds between runs with --follow [default: pipeline.follow_interval_s].")
-@click.option("--progress/--no-progress", default=None,
-              help="Show a progress bar [default: when stderr is a terminal].")
-@click.option("--json", "as_json", is_flag=True, help="Print each run's summary as JSON.")
-def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None, full: bool,
-             follow: bool, interval: float | None, progress: bool | None, as_json: bool) -> None:
-    """Turn raw telemetry into requests, samples, windows and per-request energy.
+#: Called after each successful run with the data dir, the config file and the run summary
+#: (e.g. analytics, wired in by the fleetlens command line, since pipeline may not import it).
+AfterRun = Callable[[DataDir, "str | None", "RunSummary"], None]
 
-    Processes only raw segments that are new since the last run (state in
-    DATA_DIR/state/pipeline.json); rerunning over the same data gives identical files.
-    """
+
+def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
+    """Build the ``pipeline`` command; ``after_run`` runs after every run that wrote rows
+    when ``--follow`` is given (or ``--analyze`` asks for it)."""
+
+    @click.command("pipeline")
+    @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
+                  help=_DATA_DIR_HELP)
+    @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+                  help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
+    @click.option("--window-s", type=int, default=None, help="Window length (10, 60, 300, ...).")
+    @click.option("--full", is_flag=True, help="Recompute everything instead of only new data.")
+    @click.option("--follow", is_flag=True, help="Keep running, processing new data as it comes.")
+    @click.option("--interval", type=float, default=None,
+                  help="Seconds between runs with --follow [default: pipeline.follow_interval_s].")
+    @click.option("--progress/--no-progress", default=None,
+                  help="Show a progress bar [default: when stderr is a terminal].")
+    @click.option("--json", "as_json", is_flag=True, help="Print each run's summary as JSON.")
+    @click.option("--analyze/--no-analyze", "analyze", default=None, hidden=after_run is None,
+                  help="After each run with new data, detect incidents and post new ones to "
+                       "the [analytics] webhooks and stdout [default: with --follow].")
+    def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
+                 full: bool, follow: bool, interval: float | None, progress: bool | None,
+                 as_json: bool, analyze: bool | None) -> None:
+        """Turn raw telemetry into requests, samples, windows and per-request energy.
+
+        Processes only raw segments that are new since the last run (state in
+        DATA_DIR/state/pipeline.json); rerunning over the same data gives identical files.
+        With --follow it keeps running and, after each run with new data, also detects
+        incidents (baselines, incidents, causes) and posts the new ones.
+        """
+        hook = after_run if (follow if analyze is None else analyze) else None
+        _run_pipeline(data_dir, config_file, window_s, full, follow, interval, progress,
+                      as_json, hook)
+
+    return pipeline
+
+
+def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
+                  full: bool, follow: bool, interval: float | None, progress: bool | None,
+                  as_json: bool, after_run: AfterRun | None) -> None:
     from pipeline.runner import Pipeline
-    from pipeline.storage import DataDir
 
     try:
         cfg = load_pipeline_config(config_file, window_s=window_s)
@@ -100,6 +130,8 @@ def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None
             click.echo(f"pipeline run failed, retrying in {pause:g} s: {exc!r}", err=True)
         else:
             _print_summary(summary, as_json)
+            if after_run is not None and (first or summary.new_rows):
+                _after(after_run, root, config_file, summary, follow)
             first = False
         finally:
             if bar is not None:
@@ -108,6 +140,19 @@ def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None
             if follow:
                 click.echo("stopped", err=True)
             return
+
+
+def _after(after_run: AfterRun, root: DataDir, config_file: str | None, summary: RunSummary,
+           follow: bool) -> None:
+    try:
+        after_run(root, config_file, summary)
+    except Exception as exc:  # noqa: BLE001 - a live monitor reports and goes on
+        if not follow:
+            raise
+        click.echo(f"analysis after the pipeline run failed: {exc!r}", err=True)
+
+
+pipeline = make_pipeline_command()
 
 
 class _StopFlag:

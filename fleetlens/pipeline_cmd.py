@@ -1,0 +1,29 @@
+"""``fleetlens pipeline``: the pipeline command with analytics run after each live run.
+
+The pipeline package may not import analytics (imports flow one way), so the command line,
+which may import everything, hands the pipeline's follow loop a hook that runs detection
+and posts new incidents (webhooks and stdout as JSON lines).
+"""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.cli import make_pipeline_command
+from pipeline.runner import RunSummary
+from pipeline.storage import DataDir
+
+
+def analyze_after_run(root: DataDir, config_file: str | None, summary: RunSummary) -> None:
+    """Run analytics over ``root`` and report new incidents (called after a pipeline run)."""
+    from analytics.cli import load_analytics_config
+    from analytics.runner import run
+
+    result = run(root, load_analytics_config(config_file), echo=click.echo)
+    for error in result.post_errors:
+        click.echo(f"webhook failed (will retry): {error}", err=True)
+    click.echo(f"analytics: {result.analysis.incidents.height} incidents "
+               f"({len(result.new_incidents)} new) in {result.seconds:.2f} s", err=True)
+
+
+pipeline = make_pipeline_command(after_run=analyze_after_run)
