@@ -25,6 +25,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
 import polars as pl
@@ -113,6 +114,8 @@ class Pipeline:
         self.progress = progress or (lambda _phase, _done, _total: None)
         self.gap_ns = int(cfg.max_sample_gap_s * NS)
         self.dims = cfg.dimension_map()
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: list[Future[int]] = []
 
     # --- discovery -----------------------------------------------------------------------
     def _listing(self) -> dict[str, tuple[str, int]]:
@@ -192,6 +195,7 @@ class Pipeline:
                         _COLUMNS[signal], _CATEGORICAL[signal])
 
     def _phase1(self, state: PipelineState, hour: int, summary: RunSummary) -> None:
+        self._flush()  # at most one hour of output in flight
         lo, hi = hour, hour + HOUR_NS
         points = self._raw(state, "metrics", lo - self.gap_ns, hi,
                            pl.col(c.TS_NS).is_between(lo - self.gap_ns, hi, closed="left"))
@@ -208,8 +212,17 @@ class Pipeline:
             self._publish(table, hour, frame, summary)
 
     def _publish(self, table: str, hour: int, frame: pl.DataFrame, summary: RunSummary) -> None:
-        summary.rows_written[table] = (summary.rows_written.get(table, 0)
-                                       + publish(self.dd, table, hour, frame))
+        """Publish a partition on the writer thread: Parquet encoding (pyarrow) and Polars
+        both release the GIL, so writing hour h overlaps computing the next step on the other
+        core. Writes run one at a time in submission order; :meth:`_flush` waits for them."""
+        summary.rows_written[table] = summary.rows_written.get(table, 0) + frame.height
+        self._pending.append(self._writer.submit(publish, self.dd, table, hour, frame))
+
+    def _flush(self) -> None:
+        """Wait for every submitted publish (re-raising the first failure)."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
 
     # --- phase 2 -------------------------------------------------------------------------
     def _requests_active(self, lo: int, hi: int, cache: dict | None = None) -> pl.DataFrame:
@@ -222,6 +235,7 @@ class Pipeline:
                             & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo)))
 
     def _phase2(self, hour: int, dirty: set[int], summary: RunSummary) -> None:
+        self._flush()  # it reads what phase 1 and the previous hours published
         lo, hi = hour, hour + HOUR_NS
         slot_ns = self.cfg.slot_s * NS
         read: dict = {}  # request partitions read for `active` serve `everyone` too
@@ -272,6 +286,7 @@ class Pipeline:
             if int(h) in dirty:
                 continue  # that hour's own phase 2 writes them
             fresh = en.request_energy(shares, group)
+            self._flush()
             old = read_hours(self.dd, t.REQUEST_ENERGY, [int(h)])
             keep = old.filter(~pl.col(c.REQUEST_ID).is_in(fresh[c.REQUEST_ID].implode()))
             merged = pl.concat([keep, fresh], how="diagonal_relaxed").sort(c.REQUEST_ID)
@@ -289,8 +304,15 @@ class Pipeline:
         dirty = self._discover(state, summary)
         hours = sorted(dirty)
         summary.dirty_hours = len(hours)
-        self._each(hours, "normalize", lambda h: self._phase1(state, h, summary))
-        self._each(hours, "energy+windows", lambda h: self._phase2(h, dirty, summary))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish") as self._writer:
+            try:
+                self._each(hours, "normalize", lambda h: self._phase1(state, h, summary))
+                self._each(hours, "energy+windows", lambda h: self._phase2(h, dirty, summary))
+            finally:  # even when failing: no write may outlive the run
+                pending, self._pending = self._pending, []
+                wait(pending)
+            for future in pending:
+                future.result()
         if full or not state.segments:
             oldest = min((hour_of(s.min_ns) for s in state.segments.values() if s.rows),
                          default=None)

@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from pipeline import runner
 from pipeline.config import PipelineConfig
 from pipeline.runner import OUTPUTS, Pipeline
 from pipeline.schema import FLEET_WIDE
@@ -184,5 +185,32 @@ def test_a_crashed_run_is_redone_by_the_next(tmp_path: Path, fleet, full_run,
         job.run_once()
     assert not (dd.state / "pipeline.json").exists()
     monkeypatch.setattr(Pipeline, "_phase2", real)
+    assert job.run_once().dirty_hours == 2
+    assert _digest(dd) == _digest(full_run[0])
+
+
+def test_a_failed_background_write_fails_the_run_and_is_redone(tmp_path: Path, fleet, full_run,
+                                                               monkeypatch) -> None:
+    # Partitions are published on a writer thread: its failure must surface, leave the state
+    # unsaved, and no write may still run after run_once returns.
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    real = runner.publish
+    writes = []
+
+    def fail_on_windows(data_dir, table, hour, frame):
+        if table == t.WINDOWS:
+            raise OSError("disk full")
+        writes.append(table)
+        return real(data_dir, table, hour, frame)
+
+    monkeypatch.setattr(runner, "publish", fail_on_windows)
+    job = Pipeline(dd, PipelineConfig())
+    with pytest.raises(OSError, match="disk full"):
+        job.run_once()
+    done = len(writes)
+    assert done > 0 and not (dd.state / "pipeline.json").exists()
+    assert len(writes) == done  # nothing left running in the background
+    monkeypatch.setattr(runner, "publish", real)
     assert job.run_once().dirty_hours == 2
     assert _digest(dd) == _digest(full_run[0])
