@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -11,15 +10,7 @@ from pathlib import Path
 import click
 
 from analytics.config import AnalyticsConfig
-from pipeline.schema.settings import (
-    DEFAULT_CONFIG_FILE,
-    ENV_CONFIG_FILE,
-    ConfigError,
-    build,
-    env_overrides,
-    merge,
-    read_toml,
-)
+from pipeline.schema.settings import ConfigError, load_section
 
 NS = 1_000_000_000
 _DATA_DIR = click.option("--data-dir", "data_dir", type=click.Path(file_okay=False),
@@ -32,13 +23,8 @@ _CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False
 
 def load_analytics_config(path: str | None) -> AnalyticsConfig:
     """The ``[analytics]`` section: defaults, config file, then FLEETLENS_ANALYTICS__*."""
-    file = path or os.environ.get(ENV_CONFIG_FILE)
-    if not file and Path(DEFAULT_CONFIG_FILE).exists():
-        file = DEFAULT_CONFIG_FILE
-    data = read_toml(file) if file else {}
-    section = merge(dict(data.get("analytics", {})), env_overrides().get("analytics", {}))
     try:
-        return build(AnalyticsConfig, section, "analytics")
+        return load_section(AnalyticsConfig, "analytics", path)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
 

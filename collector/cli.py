@@ -10,15 +10,11 @@ import click
 
 from collector.config import CollectorConfig
 from pipeline.schema.settings import (
-    DEFAULT_CONFIG_FILE,
     DEFAULT_DATA_DIR,
-    ENV_CONFIG_FILE,
     ENV_DATA_DIR,
     ConfigError,
-    build,
-    env_overrides,
-    merge,
-    read_toml,
+    load_section,
+    read_config,
 )
 
 SECTION = "collector"
@@ -31,13 +27,8 @@ def load(config_file: str | None, overrides: dict[str, Any]) -> tuple[CollectorC
     Raises:
         ConfigError: naming the bad field.
     """
-    path = config_file or os.environ.get(ENV_CONFIG_FILE)
-    if not path and os.path.exists(DEFAULT_CONFIG_FILE):
-        path = DEFAULT_CONFIG_FILE
-    data = read_toml(path) if path else {}
-    section = merge(dict(data.get(SECTION, {})), env_overrides().get(SECTION, {}))
-    section = merge(section, {k: v for k, v in overrides.items() if v is not None})
-    return build(CollectorConfig, section, SECTION), data.get("data_dir")
+    config = load_section(CollectorConfig, SECTION, config_file, overrides=overrides)
+    return config, read_config(config_file).get("data_dir")
 
 
 @click.command()

@@ -11,18 +11,8 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from pipeline.schema.settings import (
-    DEFAULT_CONFIG_FILE,
-    ENV_CONFIG_FILE,
-    build,
-    env_overrides,
-    merge,
-    read_toml,
-    require,
-)
+from pipeline.schema.settings import load_section, require
 
 LOOPBACK = "127.0.0.1"
 AUTH_MODES = ("none", "password", "oidc")
@@ -92,12 +82,4 @@ def load_dashboard_config(
     (the same resolution as :func:`fleetlens.config.load_config`, which the dashboard may not
     import).
     """
-    environ = os.environ if environ is None else environ
-    file: Path | None = Path(path) if path else None
-    if file is None and environ.get(ENV_CONFIG_FILE):
-        file = Path(environ[ENV_CONFIG_FILE])
-    if file is None and Path(DEFAULT_CONFIG_FILE).exists():
-        file = Path(DEFAULT_CONFIG_FILE)
-    data: dict[str, Any] = read_toml(file) if file else {}
-    data = merge(data, env_overrides(environ))
-    return build(DashboardConfig, data.get("dashboard", {}), "dashboard")
+    return load_section(DashboardConfig, "dashboard", path, environ=environ)

@@ -13,13 +13,10 @@ from collector.config import CollectorConfig
 from dashboard.config import DashboardConfig
 from pipeline.config import PipelineConfig
 from pipeline.schema.settings import (
-    DEFAULT_CONFIG_FILE,
     DEFAULT_DATA_DIR,
-    ENV_CONFIG_FILE,
     build,
-    env_overrides,
-    merge,
-    read_toml,
+    config_file,
+    read_config,
     require,
 )
 
@@ -42,12 +39,7 @@ class FleetlensConfig:
 def resolve_config_file(path: str | os.PathLike[str] | None) -> Path | None:
     """The config file to read: ``path``, else ``$FLEETLENS_CONFIG``, else ``./fleetlens.toml``
     if it exists, else none (defaults only)."""
-    if path:
-        return Path(path)
-    if os.environ.get(ENV_CONFIG_FILE):
-        return Path(os.environ[ENV_CONFIG_FILE])
-    default = Path(DEFAULT_CONFIG_FILE)
-    return default if default.exists() else None
+    return config_file(path)
 
 
 def load_config(
@@ -58,7 +50,4 @@ def load_config(
     Raises:
         pipeline.schema.settings.ConfigError: naming the bad field.
     """
-    file = resolve_config_file(path)
-    data = read_toml(file) if file else {}
-    data = merge(data, env_overrides(environ))
-    return build(FleetlensConfig, data)
+    return build(FleetlensConfig, read_config(path, environ))

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from pipeline.config import PipelineConfig
-from pipeline.schema.settings import (
-    DEFAULT_CONFIG_FILE,
-    ENV_CONFIG_FILE,
-    ConfigError,
-    build,
-    env_overrides,
-    merge,
-    read_toml,
-)
+from pipeline.schema.settings import ConfigError, load_section
 from pipeline.storage import DataDir
 
 if TYPE_CHECKING:
@@ -34,13 +24,7 @@ _DATA_DIR_HELP = "Data directory [default: $FLEETLENS_DATA or ./fleetlens-data].
 def load_pipeline_config(path: str | None, **overrides: object) -> PipelineConfig:
     """The ``[pipeline]`` section: defaults, then the config file, then FLEETLENS_PIPELINE__*
     variables, then command-line overrides (those that are not None)."""
-    file = path or os.environ.get(ENV_CONFIG_FILE)
-    if not file and Path(DEFAULT_CONFIG_FILE).exists():
-        file = DEFAULT_CONFIG_FILE
-    data = read_toml(file) if file else {}
-    section = merge(dict(data.get("pipeline", {})), env_overrides().get("pipeline", {}))
-    section.update({k: v for k, v in overrides.items() if v is not None})
-    return build(PipelineConfig, section, "pipeline")
+    return load_section(PipelineConfig, "pipeline", path, overrides=overrides)
 
 
 def _progress_printer(enabled: bool):  # noqa: ANN202 - a callback

@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import signal
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 import click
 
 from collector.agent.config import AgentConfig, VllmTarget
 from collector.agent.gpu import GpuBackend, NoGpu, open_nvml
 from collector.agent.runner import Agent
-from pipeline.schema.settings import (
-    DEFAULT_CONFIG_FILE,
-    ENV_CONFIG_FILE,
-    ConfigError,
-    build,
-    env_overrides,
-    merge,
-    read_toml,
-)
+from pipeline.schema.settings import ConfigError, load_section
 
 SECTION = "agent"
 
@@ -104,11 +94,4 @@ def load_agent_config(path: str | None, overrides: Mapping[str, object] | None =
     Raises:
         ConfigError: naming the bad field (``agent.<field>``).
     """
-    path = path or (environ if environ is not None else os.environ).get(ENV_CONFIG_FILE)
-    if not path and Path(DEFAULT_CONFIG_FILE).exists():
-        path = DEFAULT_CONFIG_FILE
-    data = read_toml(path).get(SECTION, {}) if path else {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{SECTION}: expected a table, got {type(data).__name__}")
-    data = merge(dict(data), env_overrides(environ).get(SECTION, {}))
-    return build(AgentConfig, merge(data, overrides or {}), SECTION)
+    return load_section(AgentConfig, SECTION, path, environ=environ, overrides=overrides)

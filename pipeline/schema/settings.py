@@ -172,6 +172,50 @@ SECRET_FIELDS = frozenset({"auth_tokens", "auth_token", "password_hash"})
 REDACTED = "<redacted>"
 
 
+def config_file(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Path | None:
+    """The config file to read: ``path``, else ``$FLEETLENS_CONFIG``, else
+    ``./fleetlens.toml`` if it exists, else ``None`` (defaults only)."""
+    environ = os.environ if environ is None else environ
+    if path:
+        return Path(path)
+    if environ.get(ENV_CONFIG_FILE):
+        return Path(environ[ENV_CONFIG_FILE])
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.exists() else None
+
+
+def read_config(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The whole config tree as data: the file (see :func:`config_file`), then
+    ``FLEETLENS_*`` environment overrides."""
+    file = config_file(path, environ)
+    return merge(read_toml(file) if file else {}, env_overrides(environ))
+
+
+def load_section(
+    cls: type[T],
+    section: str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """One component's config: defaults, the file's ``[section]``, ``FLEETLENS_SECTION__*``
+    variables, then ``overrides`` (command-line options; ``None`` values are ignored).
+
+    Raises:
+        ConfigError: naming the bad field (``section.field``).
+    """
+    data = read_config(path, environ).get(section, {})
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{section}: expected a table, got {type(data).__name__}")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return build(cls, merge(dict(data), given), section)
+
+
 def to_dict(config: Any, *, redact: bool = False) -> dict[str, Any]:
     """The config as plain TOML-able data (tuples become lists, ``None`` fields are dropped).
 
