@@ -115,10 +115,12 @@ def _read_dictionaries(files: list[str], spec: t.Table, names: list[str], predic
     """:func:`read_raw` through pyarrow, keeping the ``categorical`` columns dictionary-coded."""
     frames = []
     for path in files:
+        # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose import
+        # (pandas included) costs half a second per process.
         present = set(pq.read_schema(path).names)
-        read = [n for n in names if n in present]
-        arrow = pq.read_table(path, columns=read,
-                              read_dictionary=[n for n in categorical if n in present])
+        coded = [n for n in categorical if n in present]
+        with pq.ParquetFile(path, read_dictionary=coded) as handle:
+            arrow = handle.read(columns=[n for n in names if n in present])
         frame = pl.from_arrow(arrow)
         assert isinstance(frame, pl.DataFrame)
         frames.append(frame.select(
