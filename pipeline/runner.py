@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -75,6 +76,10 @@ _CATEGORICAL = {
 
 #: The gpu_samples columns phase 2 reads (energy per sample; the rest is for readers).
 _GPU_ENERGY = [c.HOST_NAME, c.GPU_UUID, c.TS_NS, c.ENERGY_DELTA_J]
+
+#: Hours whose phase 1 runs at once: the two cores of the target machine, with at most two
+#: hours of metric points in memory (the 4 GB budget holds about two and a half).
+PHASE1_PARALLEL = 2
 
 Progress = Callable[[str, int, int], None]
 
@@ -194,8 +199,10 @@ class Pipeline:
         return read_raw(state.files(signal, lo, hi, self.dd.root), _SIGNALS[signal], predicate,
                         _COLUMNS[signal], _CATEGORICAL[signal])
 
-    def _phase1(self, state: PipelineState, hour: int, summary: RunSummary) -> None:
-        self._flush()  # at most one hour of output in flight
+    def _phase1(self, state: PipelineState, hour: int) -> list[tuple[str, pl.DataFrame]]:
+        """Phase 1 of one hour: raw segments in, the hour's partitions out (not yet published).
+
+        Reads nothing any other hour's phase 1 writes, so hours can run side by side."""
         lo, hi = hour, hour + HOUR_NS
         points = self._raw(state, "metrics", lo - self.gap_ns, hi,
                            pl.col(c.TS_NS).is_between(lo - self.gap_ns, hi, closed="left"))
@@ -207,9 +214,29 @@ class Pipeline:
             pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
         gpu = gpu_samples(points, self.cfg.max_sample_gap_s).filter(in_hour)
         eng = engine_samples(points).filter(in_hour)
-        for table, frame in ((t.REQUESTS, requests), (t.GPU_SAMPLES, gpu),
-                             (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping)):
-            self._publish(table, hour, frame, summary)
+        return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu), (t.ENGINE_SAMPLES, eng),
+                (t.INSTANCE_GPUS, mapping)]
+
+    def _phase1_all(self, state: PipelineState, hours: list[int], summary: RunSummary) -> None:
+        """Phase 1 of :data:`PHASE1_PARALLEL` hours at a time on worker threads (Polars and
+        pyarrow release the GIL); this thread publishes the results in hour order, so the
+        writes, the summary and the files are the same as one hour after the other."""
+        def publish_hour(hour: int, outputs: Future[list[tuple[str, pl.DataFrame]]]) -> None:
+            frames = outputs.result()
+            self._flush()  # at most one hour of output waiting to be written
+            for table, frame in frames:
+                self._publish(table, hour, frame, summary)
+
+        running: deque[tuple[int, Future[list[tuple[str, pl.DataFrame]]]]] = deque()
+        with ThreadPoolExecutor(PHASE1_PARALLEL, thread_name_prefix="phase1") as pool:
+            for done, hour in enumerate(hours):
+                self.progress("normalize", done, len(hours))
+                if len(running) >= PHASE1_PARALLEL:
+                    publish_hour(*running.popleft())
+                running.append((hour, pool.submit(self._phase1, state, hour)))
+            while running:
+                publish_hour(*running.popleft())
+        self.progress("normalize", len(hours), len(hours))
 
     def _publish(self, table: str, hour: int, frame: pl.DataFrame, summary: RunSummary) -> None:
         """Publish a partition on the writer thread: Parquet encoding (pyarrow) and Polars
@@ -306,7 +333,7 @@ class Pipeline:
         summary.dirty_hours = len(hours)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish") as self._writer:
             try:
-                self._each(hours, "normalize", lambda h: self._phase1(state, h, summary))
+                self._phase1_all(state, hours, summary)
                 self._each(hours, "energy+windows", lambda h: self._phase2(h, dirty, summary))
             finally:  # even when failing: no write may outlive the run
                 pending, self._pending = self._pending, []

@@ -214,3 +214,33 @@ def test_a_failed_background_write_fails_the_run_and_is_redone(tmp_path: Path, f
     monkeypatch.setattr(runner, "publish", real)
     assert job.run_once().dirty_hours == 2
     assert _digest(dd) == _digest(full_run[0])
+
+
+def test_hours_one_at_a_time_give_the_same_files_and_summary(tmp_path: Path, fleet, full_run,
+                                                             monkeypatch) -> None:
+    # Phase 1 runs PHASE1_PARALLEL hours side by side: one at a time must not differ.
+    monkeypatch.setattr(runner, "PHASE1_PARALLEL", 1)
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    summary = Pipeline(dd, PipelineConfig()).run_once()
+    assert _digest(dd) == _digest(full_run[0])
+    assert summary.rows_written == full_run[1].rows_written
+
+
+def test_a_failing_hour_in_parallel_phase_1_fails_the_run(tmp_path: Path, fleet,
+                                                          monkeypatch) -> None:
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    real = Pipeline._phase1
+    hours = []
+
+    def fail_second_hour(self, state, hour):
+        hours.append(hour)
+        if len(hours) == 2:
+            raise MemoryError("hour too big")
+        return real(self, state, hour)
+
+    monkeypatch.setattr(Pipeline, "_phase1", fail_second_hour)
+    with pytest.raises(MemoryError):
+        Pipeline(dd, PipelineConfig()).run_once()
+    assert len(hours) == 2 and not (dd.state / "pipeline.json").exists()
