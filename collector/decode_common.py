@@ -26,7 +26,14 @@ MAX_MESSAGES = 5
 OVERFLOW_NAME = "__overflow__"
 BYTES_KEY = "bytes_b64"
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# The C encoder built once: JSONEncoder.encode builds it anew on every call (about 0.8 us, a
+# third of encoding a span's attributes). markers=None skips the circular-reference check,
+# which decoded protobuf values (trees, depth-limited) never need. Same output as _ENCODER.
+_c_encode = json.encoder.c_make_encoder(
+    None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False,
+) if json.encoder.c_make_encoder is not None else None
+EMPTY_OBJECT = "{}"
 
 
 class Reject(Exception):
@@ -35,7 +42,9 @@ class Reject(Exception):
 
 def dumps(value: Any) -> str:
     """Compact JSON text (UTF-8 kept as is)."""
-    return _dumps(value)
+    if _c_encode is None:
+        return _ENCODER.encode(value)
+    return "".join(_c_encode(value, 0))
 
 
 @dataclass

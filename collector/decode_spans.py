@@ -12,6 +12,7 @@ from math import isfinite
 from typing import Any
 
 from collector.decode_common import (
+    EMPTY_OBJECT,
     Limits,
     NameLimiter,
     Outcome,
@@ -70,6 +71,18 @@ _PROMOTED_ORDER = tuple(col for col, _ in _PROMOTED.values())
 _PROMOTED_SLOT = {key: (i, types, types is _FLOAT_TYPES)
                   for i, (key, (_, types)) in enumerate(_PROMOTED.items())}
 _NO_PROMOTED = (None,) * len(_PROMOTED_ORDER)
+#: How a fast-path value is read: double, int, int into a float column, string.
+_F64, _I64, _I64_AS_F64, _STR = "f64", "i64", "i64->f64", "str"
+#: (promoted key, AnyValue kind that fits its column) -> (slot, how to read it).
+_FAST: dict[tuple[str, str], tuple[int, str]] = {}
+for _key, (_slot, _types, _is_float) in _PROMOTED_SLOT.items():
+    if _is_float:
+        _FAST[_key, "double_value"] = (_slot, _F64)
+        _FAST[_key, "int_value"] = (_slot, _I64_AS_F64)
+    elif _types == (str,):
+        _FAST[_key, "string_value"] = (_slot, _STR)
+    else:
+        _FAST[_key, "int_value"] = (_slot, _I64)
 _EMPTY_LIST = "[]"
 _ZERO16, _ZERO8 = bytes(16), bytes(8)
 
@@ -98,10 +111,33 @@ def _span_row(span: Any, limits: Limits) -> tuple:
     promoted = list(_NO_PROMOTED)
     dropped = span.dropped_attributes_count
     max_attributes = limits.max_attributes
+    short_text = limits.short_text
+    fast = _FAST
     for kv in span.attributes:
-        key, raw = kv.key, kv.value
+        raw = kv.value
         kind = raw.WhichOneof("value")
-        # Inline fast paths for the scalar kinds vLLM sends; the rest via any_value.
+        key = kv.key
+        # One dict probe on (key, kind) finds a promoted key whose value kind fits its
+        # column: the vLLM case, no wrapper or conversion beyond the value itself.
+        hit = fast.get((key, kind))
+        if hit is not None:
+            slot, mode = hit
+            if mode is _F64:
+                value = raw.double_value
+                if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+                    promoted[slot] = value
+                    continue
+            elif mode is _I64:
+                promoted[slot] = raw.int_value
+                continue
+            elif mode is _I64_AS_F64:
+                promoted[slot] = float(raw.int_value)
+                continue
+            else:
+                value = raw.string_value
+                promoted[slot] = value if len(value) <= short_text else limits.text(value)
+                continue
+        # Everything else: generic conversion, then the same promotion rule as always.
         if kind == "double_value":
             value = raw.double_value
             if not isfinite(value):
@@ -109,7 +145,9 @@ def _span_row(span: Any, limits: Limits) -> tuple:
         elif kind == "int_value":
             value = raw.int_value
         elif kind == "string_value":
-            value = limits.text(raw.string_value)
+            value = raw.string_value
+            if len(value) > short_text:
+                value = limits.text(value)
         else:
             value = any_value(raw, limits)
         slot = _PROMOTED_SLOT.get(key)
@@ -128,7 +166,7 @@ def _span_row(span: Any, limits: Limits) -> tuple:
         message = limits.text(message)
     return (
         trace_id, span_id, parent, span.trace_state, span.flags, name,
-        span.kind, start, end, status.code, message, dumps(attrs),
+        span.kind, start, end, status.code, message, dumps(attrs) if attrs else EMPTY_OBJECT,
         _events(span, limits) if span.events else _EMPTY_LIST,
         _links(span, limits) if span.links else _EMPTY_LIST,
         dropped, span.dropped_events_count, span.dropped_links_count, *promoted,
