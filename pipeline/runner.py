@@ -165,10 +165,13 @@ class Pipeline:
         per_host: list[pl.DataFrame] = []
         for rel, signal, size in new:
             rows = self._event_rows(signal, rel, marks)
+            # The export delay is reported for spans only: no per-host median (a sort) over
+            # the millions of metric points.
+            delay = (((pl.col("received") - pl.col("end")) / NS).median() if signal == "spans"
+                     else pl.lit(None, pl.Float64))
             stats = rows.group_by(c.HOST_NAME).agg(
                 pl.len().alias("n"), pl.col("lo").min(), pl.col("hi").max(),
-                pl.col("end").max(), pl.col("late").sum().alias("late"),
-                ((pl.col("received") - pl.col("end")) / NS).median().alias("delay"),
+                pl.col("end").max(), pl.col("late").sum().alias("late"), delay.alias("delay"),
             ).with_columns(pl.lit(signal).alias("signal")).collect()
             spans = rows.filter(~pl.col("late")).select(
                 (pl.col("lo") - pl.col("lo").mod(HOUR_NS)).alias("a"),
