@@ -8,7 +8,8 @@ and leaves its column null.
 
 from __future__ import annotations
 
-from math import isfinite
+import json
+import struct
 from typing import Any
 
 from collector.decode_common import (
@@ -22,6 +23,16 @@ from collector.decode_common import (
     decode_resource,
     dumps,
     hex_id,
+)
+from collector.lite_spans import (
+    MAX_HEADERS,
+    TAG_DOUBLE,
+    TAG_INT,
+    TAG_STRING,
+    KeyValue,
+    LiteRequest,
+    read_header,
+    varint,
 )
 from pipeline.schema import attributes as a
 from pipeline.schema import columns as c
@@ -71,18 +82,25 @@ _PROMOTED_ORDER = tuple(col for col, _ in _PROMOTED.values())
 _PROMOTED_SLOT = {key: (i, types, types is _FLOAT_TYPES)
                   for i, (key, (_, types)) in enumerate(_PROMOTED.items())}
 _NO_PROMOTED = (None,) * len(_PROMOTED_ORDER)
-#: How a fast-path value is read: double, int, int into a float column, string.
-_F64, _I64, _I64_AS_F64, _STR = "f64", "i64", "i64->f64", "str"
-#: (promoted key, AnyValue kind that fits its column) -> (slot, how to read it).
-_FAST: dict[tuple[str, str], tuple[int, str]] = {}
-for _key, (_slot, _types, _is_float) in _PROMOTED_SLOT.items():
-    if _is_float:
-        _FAST[_key, "double_value"] = (_slot, _F64)
-        _FAST[_key, "int_value"] = (_slot, _I64_AS_F64)
-    elif _types == (str,):
-        _FAST[_key, "string_value"] = (_slot, _STR)
-    else:
-        _FAST[_key, "int_value"] = (_slot, _I64)
+#: Encoded KeyValue header (key, value length, scalar tag) -> what :func:`_header` read.
+_HEADERS: dict[bytes, tuple[str, int, int, int, Any]] = {}
+_NOT_PLAIN = object()
+_double = struct.Struct("<d").unpack_from
+
+
+def _header(kvb: bytes) -> tuple[str, int, int, int, Any] | None:
+    """Read and remember the header of a plain encoded KeyValue (None when not plain)."""
+    head = read_header(kvb)
+    if head is None:
+        return None
+    if len(_HEADERS) >= MAX_HEADERS:
+        _HEADERS.clear()  # bounded; refilled by the shapes in use
+    key, tag, offset, total = head
+    entry = (key, tag, offset, total, _PROMOTED_SLOT.get(key))
+    _HEADERS[kvb[:offset]] = entry
+    return entry
+
+
 _EMPTY_LIST = "[]"
 _ZERO16, _ZERO8 = bytes(16), bytes(8)
 
@@ -112,45 +130,32 @@ def _span_row(span: Any, limits: Limits) -> tuple:
     dropped = span.dropped_attributes_count
     max_attributes = limits.max_attributes
     short_text = limits.short_text
-    fast = _FAST
-    for kv in span.attributes:
-        raw = kv.value
-        kind = raw.WhichOneof("value")
-        key = kv.key
-        # One dict probe on (key, kind) finds a promoted key whose value kind fits its
-        # column: the vLLM case, no wrapper or conversion beyond the value itself.
-        hit = fast.get((key, kind))
-        if hit is not None:
-            slot, mode = hit
-            if mode is _F64:
-                value = raw.double_value
-                if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
-                    promoted[slot] = value
-                    continue
-            elif mode is _I64:
-                promoted[slot] = raw.int_value
-                continue
-            elif mode is _I64_AS_F64:
-                promoted[slot] = float(raw.int_value)
-                continue
+    headers = _HEADERS
+    for kvb in span.attributes:  # encoded KeyValues (see collector.lite_spans)
+        head = headers.get(kvb[:kvb[1] + 5]) if len(kvb) > 4 else None
+        if head is None:
+            head = _header(kvb)
+        value = _NOT_PLAIN
+        if head is not None:
+            key, tag, offset, total, slot = head
+            if len(kvb) != total:
+                pass
+            elif tag == TAG_DOUBLE:
+                value = _double(kvb, offset)[0]
+                if value - value != 0.0:  # inf or nan: the string any_value gives them
+                    value = json.dumps(value)
+            elif tag == TAG_STRING:
+                if kvb[offset] == total - offset - 1:  # a one-byte length, nothing after
+                    value = kvb[offset + 1:].decode("utf-8")
+                    if len(value) > short_text:
+                        value = limits.text(value)
             else:
-                value = raw.string_value
-                promoted[slot] = value if len(value) <= short_text else limits.text(value)
-                continue
-        # Everything else: generic conversion, then the same promotion rule as always.
-        if kind == "double_value":
-            value = raw.double_value
-            if not isfinite(value):
-                value = any_value(raw, limits)
-        elif kind == "int_value":
-            value = raw.int_value
-        elif kind == "string_value":
-            value = raw.string_value
-            if len(value) > short_text:
-                value = limits.text(value)
-        else:
-            value = any_value(raw, limits)
-        slot = _PROMOTED_SLOT.get(key)
+                number = varint(kvb, offset)
+                if number is not None:
+                    value = number if tag == TAG_INT else number != 0
+        if value is _NOT_PLAIN:  # any other encoding: exactly what the real schema reads
+            kv = KeyValue.FromString(kvb)
+            key, value, slot = kv.key, any_value(kv.value, limits), _PROMOTED_SLOT.get(kv.key)
         if slot and isinstance(value, slot[1]) and value is not True and value is not False:
             promoted[slot[0]] = float(value) if slot[2] else value
         elif len(attrs) < max_attributes:
@@ -173,14 +178,17 @@ def _span_row(span: Any, limits: Limits) -> tuple:
     )
 
 
-def decode_spans(request: Any, limits: Limits, names: NameLimiter, received_ns: int) -> Outcome:
+def decode_spans(request: Any, limits: Limits, names: NameLimiter, received_ns: int,
+                 payload: bytes | None = None) -> Outcome:
     """Decode an ``ExportTraceServiceRequest`` into ``spans`` columns.
 
     Args:
-        request: the parsed request.
+        request: the parsed (hence validated) request.
         limits: validation limits (``now_ns`` is the receive time).
         names: the service/host cardinality cap.
         received_ns: the value of ``received_ns`` for every row.
+        payload: the protobuf bytes ``request`` was parsed from, when the caller has them
+            (saves re-encoding it for the attribute-bytes view).
 
     Returns:
         The accepted rows as columns (exactly ``SPAN_COLUMNS``), with the number of rejected
@@ -190,7 +198,10 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter, received_ns: 
     cols = out.columns
     own_columns = [cols[name] for name in (*_OWN, *_PROMOTED_ORDER)]
     index = 0
-    for resource_spans in request.resource_spans:
+    # The same request with span attributes as bytes (collector.lite_spans): the real parse
+    # above already validated it, this view only reads it faster.
+    lite = LiteRequest.FromString(request.SerializeToString() if payload is None else payload)
+    for resource_spans in lite.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
             try:

@@ -73,14 +73,22 @@ class Ingest:
             self.telemetry.add("invalid_requests")
             raise InvalidRequest(f"undecodable {signal.folder} request: {exc}") from None
 
-    def decode(self, signal: Signal, request: Any, received_ns: int) -> Outcome:
-        """Validate and convert a parsed request; timestamps are judged against receipt."""
+    def decode(self, signal: Signal, request: Any, received_ns: int,
+               payload: bytes | None = None) -> Outcome:
+        """Validate and convert a parsed request; timestamps are judged against receipt.
+
+        ``payload``, the bytes ``request`` was parsed from, lets a decoder that reads the
+        bytes too (spans) skip re-encoding the request.
+        """
         cfg = self.config
         limits = Limits(now_ns=received_ns, skew_ns=int(cfg.max_clock_skew_s * 1e9),
                         max_attributes=cfg.max_attributes,
                         max_value_bytes=cfg.max_attribute_value_bytes)
         before = self.names.overflowed
-        outcome = signal.decode(request, limits, self.names, received_ns)
+        if payload is not None and signal.reads_payload:
+            outcome = signal.decode(request, limits, self.names, received_ns, payload)
+        else:
+            outcome = signal.decode(request, limits, self.names, received_ns)
         if outcome.truncated:
             self.telemetry.add("truncated_values", outcome.truncated)
         if self.names.overflowed != before:
@@ -114,7 +122,7 @@ class Ingest:
         if request is None:
             request = self.parse(signal, payload)
         received_ns = time.time_ns()
-        outcome = self.decode(signal, request, received_ns)
+        outcome = self.decode(signal, request, received_ns, payload)
         table = signal.to_arrow(outcome)
         if self.sink is None:
             raise Overloaded("collector is starting; retry")
@@ -129,4 +137,5 @@ class Ingest:
         """Rows of a WAL record, decoded exactly as when it was first received."""
         signal = BY_CODE[record.signal]
         request = signal.request.FromString(record.payload)
-        return signal, signal.to_arrow(self.decode(signal, request, record.received_ns))
+        outcome = self.decode(signal, request, record.received_ns, record.payload)
+        return signal, signal.to_arrow(outcome)

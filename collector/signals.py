@@ -45,6 +45,8 @@ class Signal:
     http_path: str
     time_column: str
     counter: str
+    #: ``decode`` takes the request's protobuf bytes as a fifth argument.
+    reads_payload: bool = False
 
     @property
     def table(self) -> t.Table:
@@ -71,7 +73,7 @@ SPANS = Signal(
     1, "spans", trace_pb.ExportTraceServiceRequest, trace_pb.ExportTraceServiceResponse,
     trace_pb.ExportTracePartialSuccess, "rejected_spans", decode_spans,
     "/opentelemetry.proto.collector.trace.v1.TraceService/Export", "/v1/traces",
-    c.START_NS, "received_spans",
+    c.START_NS, "received_spans", reads_payload=True,
 )
 METRICS = Signal(
     2, "metrics", metrics_pb.ExportMetricsServiceRequest, metrics_pb.ExportMetricsServiceResponse,
