@@ -26,6 +26,7 @@ from collector.decode_common import (
 )
 from collector.lite_spans import (
     MAX_HEADERS,
+    TAG_BOOL,
     TAG_DOUBLE,
     TAG_INT,
     TAG_STRING,
@@ -83,12 +84,16 @@ _PROMOTED_SLOT = {key: (i, types, types is _FLOAT_TYPES)
                   for i, (key, (_, types)) in enumerate(_PROMOTED.items())}
 _NO_PROMOTED = (None,) * len(_PROMOTED_ORDER)
 #: Encoded KeyValue header (key, value length, scalar tag) -> what :func:`_header` read.
-_HEADERS: dict[bytes, tuple[str, int, int, int, Any]] = {}
+_HEADERS: dict[bytes, tuple] = {}
 _NOT_PLAIN = object()
+#: (limits, encoded non-promoted attributes) -> (attributes JSON, dropped, truncated).
+_JSON_CACHE: dict[tuple[int, int, bytes], tuple[str, int, int]] = {}
+_NO_ATTRIBUTES = (EMPTY_OBJECT, 0, 0)
+_KIND_OF_TAG = {TAG_DOUBLE: float, TAG_INT: int, TAG_STRING: str, TAG_BOOL: bool}
 _double = struct.Struct("<d").unpack_from
 
 
-def _header(kvb: bytes) -> tuple[str, int, int, int, Any] | None:
+def _header(kvb: bytes) -> tuple | None:
     """Read and remember the header of a plain encoded KeyValue (None when not plain)."""
     head = read_header(kvb)
     if head is None:
@@ -96,13 +101,78 @@ def _header(kvb: bytes) -> tuple[str, int, int, int, Any] | None:
     if len(_HEADERS) >= MAX_HEADERS:
         _HEADERS.clear()  # bounded; refilled by the shapes in use
     key, tag, offset, total = head
-    entry = (key, tag, offset, total, _PROMOTED_SLOT.get(key))
+    slot = _PROMOTED_SLOT.get(key)
+    # target: the promoted column this (key, value kind) always fits (a double must also be
+    # finite); a promoted key with a kind that does not fit stays in the JSON.
+    kind = _KIND_OF_TAG[tag]
+    fits = slot is not None and (kind in (str,) if slot[1] == (str,) else
+                                 kind in (float, int) if slot[2] else kind is int)
+    entry = (key, tag, offset, total, slot, slot[0] if fits else None,
+             bool(fits and slot[2] and kind is int))
     _HEADERS[kvb[:offset]] = entry
     return entry
 
 
 _EMPTY_LIST = "[]"
 _ZERO16, _ZERO8 = bytes(16), bytes(8)
+
+
+def _plain_value(kvb: bytes, head: tuple, limits: Limits) -> Any:
+    """The scalar of a KeyValue with a plain header, or _NOT_PLAIN when its value is not."""
+    tag, offset, total = head[1], head[2], head[3]
+    if tag == TAG_DOUBLE:
+        return _double(kvb, offset)[0]
+    if tag == TAG_STRING:
+        if kvb[offset] != total - offset - 1:  # not a one-byte length with nothing after
+            return _NOT_PLAIN
+        value = kvb[offset + 1:].decode("utf-8")
+        return value if len(value) <= limits.short_text else limits.text(value)
+    first = kvb[offset]
+    number = first if total - offset == 1 and first < 0x80 else varint(kvb, offset)
+    if number is None:
+        return _NOT_PLAIN
+    return number if tag == TAG_INT else number != 0
+
+
+def _attributes_json(rest: list[Any], only_bytes: bool, limits: Limits) -> tuple[str, int, int]:
+    """The ``attributes`` JSON of the non-promoted attributes, with (dropped, truncated).
+
+    Spans of one client mostly repeat the same non-promoted attributes (vLLM: n, temperature,
+    top_p, finish_reasons), so the result is remembered by their encoded bytes.
+    """
+    cache_key = (limits.max_attributes, limits.max_value_bytes, b"".join(rest)) \
+        if only_bytes else None
+    if cache_key is not None:
+        hit = _JSON_CACHE.get(cache_key)
+        if hit is not None:
+            return hit
+    attrs: dict[str, Any] = {}
+    truncated_before = limits.truncated
+    max_attributes = limits.max_attributes
+    dropped = 0
+    for entry in rest:
+        if isinstance(entry, bytes):
+            head = _HEADERS.get(entry[:entry[1] + 5]) or _header(entry)
+            key, value = head[0], _plain_value(entry, head, limits)
+            if value is _NOT_PLAIN:
+                value = any_value(KeyValue.FromString(entry).value, limits)
+            elif head[1] == TAG_DOUBLE and value - value != 0.0:
+                value = json.dumps(value)  # inf or nan: the string any_value gives them
+        else:
+            key, value = entry
+        if len(attrs) < max_attributes:
+            attrs[key] = value
+        else:
+            dropped += 1
+            limits.truncated += 1
+    truncated = limits.truncated - truncated_before
+    limits.truncated = truncated_before
+    result = (dumps(attrs) if attrs else EMPTY_OBJECT, dropped, truncated)
+    if cache_key is not None:
+        if len(_JSON_CACHE) >= MAX_HEADERS:
+            _JSON_CACHE.clear()
+        _JSON_CACHE[cache_key] = result
+    return result
 
 
 def _span_row(span: Any, limits: Limits) -> tuple:
@@ -125,44 +195,47 @@ def _span_row(span: Any, limits: Limits) -> tuple:
         limits.check_time(start, "start_time_unix_nano")
         limits.check_time(end, "end_time_unix_nano")
         raise Reject(f"end_time_unix_nano {end} is before start_time_unix_nano {start}")
-    attrs: dict[str, Any] = {}
     promoted = list(_NO_PROMOTED)
-    dropped = span.dropped_attributes_count
-    max_attributes = limits.max_attributes
-    short_text = limits.short_text
+    # Attributes bound for the JSON, in order: encoded bytes (plain, never-promoted keys,
+    # decoded in _attributes_json) or (key, value) pairs decoded here.
+    rest: list[Any] = []
+    only_bytes = True
     headers = _HEADERS
     for kvb in span.attributes:  # encoded KeyValues (see collector.lite_spans)
         head = headers.get(kvb[:kvb[1] + 5]) if len(kvb) > 4 else None
         if head is None:
             head = _header(kvb)
-        value = _NOT_PLAIN
-        if head is not None:
-            key, tag, offset, total, slot = head
-            if len(kvb) != total:
-                pass
-            elif tag == TAG_DOUBLE:
-                value = _double(kvb, offset)[0]
-                if value - value != 0.0:  # inf or nan: the string any_value gives them
-                    value = json.dumps(value)
-            elif tag == TAG_STRING:
-                if kvb[offset] == total - offset - 1:  # a one-byte length, nothing after
-                    value = kvb[offset + 1:].decode("utf-8")
-                    if len(value) > short_text:
-                        value = limits.text(value)
-            else:
-                number = varint(kvb, offset)
-                if number is not None:
-                    value = number if tag == TAG_INT else number != 0
-        if value is _NOT_PLAIN:  # any other encoding: exactly what the real schema reads
-            kv = KeyValue.FromString(kvb)
-            key, value, slot = kv.key, any_value(kv.value, limits), _PROMOTED_SLOT.get(kv.key)
+        if head is not None and len(kvb) == head[3]:
+            slot = head[4]
+            if slot is None:
+                rest.append(kvb)
+                continue
+            value = _plain_value(kvb, head, limits)
+            if value is not _NOT_PLAIN:
+                if head[1] == TAG_DOUBLE and value - value != 0.0:
+                    value = json.dumps(value)  # inf or nan: the string any_value gives them
+                elif head[5] is not None:  # this kind always fits the column
+                    promoted[head[5]] = float(value) if head[6] else value
+                    continue
+                # The general rule ("NaN" does fit a string column).
+                if isinstance(value, slot[1]) and value is not True and value is not False:
+                    promoted[slot[0]] = float(value) if slot[2] else value
+                else:
+                    rest.append((head[0], value))
+                    only_bytes = False
+                continue
+        # Any other encoding: exactly what the real schema reads, with the general rule.
+        kv = KeyValue.FromString(kvb)
+        key, value, slot = kv.key, any_value(kv.value, limits), _PROMOTED_SLOT.get(kv.key)
         if slot and isinstance(value, slot[1]) and value is not True and value is not False:
             promoted[slot[0]] = float(value) if slot[2] else value
-        elif len(attrs) < max_attributes:
-            attrs[key] = value
         else:
-            dropped += 1
-            limits.truncated += 1
+            rest.append((key, value))
+            only_bytes = False
+    attributes_json, dropped, truncated = _attributes_json(rest, only_bytes, limits) \
+        if rest else _NO_ATTRIBUTES
+    dropped += span.dropped_attributes_count
+    limits.truncated += truncated
     status = span.status
     name, message = span.name, status.message
     if len(name) > limits.short_text:
@@ -171,7 +244,7 @@ def _span_row(span: Any, limits: Limits) -> tuple:
         message = limits.text(message)
     return (
         trace_id, span_id, parent, span.trace_state, span.flags, name,
-        span.kind, start, end, status.code, message, dumps(attrs) if attrs else EMPTY_OBJECT,
+        span.kind, start, end, status.code, message, attributes_json,
         _events(span, limits) if span.events else _EMPTY_LIST,
         _links(span, limits) if span.links else _EMPTY_LIST,
         dropped, span.dropped_events_count, span.dropped_links_count, *promoted,

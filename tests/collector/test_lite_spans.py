@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,6 +37,32 @@ def _request_with_raw_attribute(kv_bytes: bytes) -> bytes:
     return b"\x0a" + bytes([len(resource)]) + resource
 
 
+def _expected(keyvalues) -> tuple[dict, dict]:
+    """Reference: every KeyValue read through upb with the generic conversion and the rule of
+    docs/collector.md (a promoted key goes to its column when the value fits its type)."""
+    attrs, columns = {}, {}
+    for kv in keyvalues:
+        value = any_value(kv.value, _limits())
+        column, dtype = a.PROMOTED_SPAN_ATTRIBUTES.get(kv.key, (None, None))
+        fits = column is not None and not isinstance(value, bool) and (
+            isinstance(value, str) if dtype == pl.String() else
+            isinstance(value, (int, float)) if dtype == pl.Float64() else isinstance(value, int))
+        if fits:
+            columns[column] = float(value) if dtype == pl.Float64() else value
+        else:
+            attrs[kv.key] = value
+    return attrs, columns
+
+
+def _check(out, keyvalues) -> None:
+    expected_attrs, expected_columns = _expected(keyvalues)
+    assert out.rows == 1
+    assert out.columns[c.ATTRIBUTES][0] == json.dumps(
+        expected_attrs, separators=(",", ":"), ensure_ascii=False)
+    for column, _ in a.PROMOTED_SPAN_ATTRIBUTES.values():
+        assert out.columns[column][0] == expected_columns.get(column)
+
+
 # Encodings a protobuf writer may legally produce that are not the plain key-then-scalar shape.
 ODD_KEYVALUES = [
     b"\x12\x09\x21" + bytes(8) + b"\x0a\x01k",  # value before key
@@ -47,6 +74,9 @@ ODD_KEYVALUES = [
     b"\x0a\x01k\x12\x03\x18\x80\x01",  # two-byte varint (128)
     b"\x0a\x01k\x12\x00",  # empty AnyValue
     b"",  # empty KeyValue
+    # NaN under a string-typed promoted key: any_value gives "NaN", which fits the column
+    b"\x0a\x11" + a.GEN_AI_REQUEST_ID.encode() + b"\x12\x09\x21" + bytes.fromhex("f87f")[::-1]
+    .rjust(8, b"\x00"),
 ]
 
 
@@ -54,11 +84,8 @@ ODD_KEYVALUES = [
 def test_odd_encodings_match_the_real_schema(kv_bytes: bytes) -> None:
     payload = _request_with_raw_attribute(kv_bytes)
     request = SPANS.request.FromString(payload)
-    kv = common_pb2.KeyValue.FromString(kv_bytes)
-    expected = {kv.key: any_value(kv.value, _limits())}
     out = decode_spans(request, _limits(), NameLimiter(10), 1, payload)
-    assert out.rows == 1
-    assert json.loads(out.columns[c.ATTRIBUTES][0]) == expected
+    _check(out, [common_pb2.KeyValue.FromString(kv_bytes)])
 
 
 scalars = st.one_of(
@@ -76,21 +103,8 @@ def test_bytes_view_equals_decoding_the_real_messages(attrs: dict) -> None:
     span.attributes.extend(kvs(attrs))
     request = trace_request([span])
     payload = request.SerializeToString()
-    with_payload = decode_spans(request, _limits(), NameLimiter(10), 1, payload)
-    # Reference: every KeyValue read through upb with the generic conversion.
-    reference = {}
-    for kv in request.resource_spans[0].scope_spans[0].spans[0].attributes:
-        reference[kv.key] = any_value(kv.value, _limits())
-    stored = json.loads(with_payload.columns[c.ATTRIBUTES][0])
-    for key, value in reference.items():
-        column = a.PROMOTED_SPAN_ATTRIBUTES.get(key, (None,))[0]
-        if column is not None and with_payload.columns[column][0] is not None:
-            assert key not in stored
-            stored_value = with_payload.columns[column][0]
-            # an int in a float column is stored converted
-            assert stored_value == (float(value) if isinstance(stored_value, float) else value)
-        else:
-            assert stored[key] == value or (value != value and stored[key] != stored[key])
+    out = decode_spans(request, _limits(), NameLimiter(10), 1, payload)
+    _check(out, request.resource_spans[0].scope_spans[0].spans[0].attributes)
 
 
 def test_helpers_reject_other_shapes() -> None:
@@ -100,3 +114,18 @@ def test_helpers_reject_other_shapes() -> None:
     assert varint(b"\x18\x80\x01", 1) == 128
     assert varint(b"\x18\x05\x00", 1) is None  # ends before the end
     assert LiteRequest.FromString(b"").resource_spans == []
+
+
+def test_repeated_attributes_reuse_their_json_with_exact_counts() -> None:
+    attrs = {"x": 1, "y": "y" * 50, "z": 2.5, "w": True, "v": "é"}
+    spans = [vllm_span() for _ in range(3)]
+    for span in spans:
+        del span.attributes[:]
+        span.attributes.extend(kvs(attrs))
+    request = trace_request(spans)
+    limits = Limits(now_ns=time.time_ns(), skew_ns=3600 * 10**9, max_attributes=2,
+                    max_value_bytes=20)
+    out = decode_spans(request, limits, NameLimiter(10), 1, request.SerializeToString())
+    assert out.columns[c.ATTRIBUTES] == ['{"x":1,"y":"' + "y" * 20 + '"}'] * 3
+    assert out.columns[c.DROPPED_ATTRIBUTES_COUNT] == [3] * 3
+    assert out.truncated == 3 * (3 + 1)  # per span: 3 dropped attributes, 1 cut string
