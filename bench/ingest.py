@@ -6,6 +6,7 @@ waits for its acknowledgement, i.e. for the WAL fsync). The collector runs as
 ``fleetlens collector`` with its default durable path (WAL + group commit, Parquet segments).
 
     .venv/bin/python bench/ingest.py [--runs 3] [--seconds 15] [--clients 4] [--workers 2]
+    .venv/bin/python bench/ingest.py --cpu [--runs 7]   # CPU per span, in process, no servers
 
 Prints the median over runs. Peer: Arize Phoenix is measured when ``--phoenix PYTHON`` points
 at a Python with ``arize-phoenix`` installed (its own venv); otherwise it is reported as not
@@ -209,6 +210,58 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
             "refused": float(sum(r for _, r in results))}
 
 
+def cpu_per_span(runs: int, requests: int = 40) -> dict[str, list[float]]:
+    """CPU microseconds per span of the collector's own path, in this process, no network.
+
+    ``requests`` pre-serialized 512-span vLLM-style requests go through ``Ingest.export`` with a
+    real WAL (append + group-commit ``fdatasync``) and Parquet segments (published by
+    ``flush_rows`` and at the end), as in a worker. ``time.process_time`` counts only this
+    process, so other jobs on a shared machine barely move it. Also timed: parse + decode +
+    Arrow alone. Returns the per-run figures of each stage.
+    """
+    import inspect
+
+    from collector.config import CollectorConfig
+    from collector.ingest import Ingest
+    from collector.signals import SPANS
+    from collector.sink import Segments, Sink
+    from collector.telemetry import Telemetry
+    from collector.testing import vllm_trace_request
+    from collector.wal import Wal
+    from pipeline.storage import DataDir
+
+    payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=i).SerializeToString()
+                for i in range(DISTINCT_REQUESTS)]
+    config = CollectorConfig()
+    takes_payload = "payload" in inspect.signature(Ingest.decode).parameters
+    spans = requests * SPANS_PER_REQUEST
+    out: dict[str, list[float]] = {"decode": [], "export": []}
+    for _ in range(runs):
+        for stage in out:
+            with tempfile.TemporaryDirectory(prefix="fleetlens-cpu-") as tmp:
+                data, telemetry = DataDir(Path(tmp)), Telemetry()
+                sink = Sink(Segments(data, "bench"), Wal(data.wal, "bench"), telemetry,
+                            flush_rows=config.flush_rows,
+                            flush_interval_s=config.flush_interval_s,
+                            max_buffered_bytes=config.max_buffered_bytes)
+                ingest = Ingest(config, sink, telemetry)
+                began = time.process_time()
+                for i in range(requests):
+                    payload = payloads[i % DISTINCT_REQUESTS]
+                    if stage == "decode":
+                        extra = (payload,) if takes_payload else ()
+                        request = SPANS.request.FromString(payload)
+                        SPANS.to_arrow(ingest.decode(SPANS, request, time.time_ns(), *extra))
+                        continue
+                    ingest.export(SPANS, payload)
+                    if sink._rows >= config.flush_rows:
+                        sink.flush()  # what the flusher thread does in a worker
+                sink.flush()
+                out[stage].append((time.process_time() - began) / spans * 1e6)
+                sink.close()
+    return out
+
+
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
@@ -221,7 +274,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--phoenix", default=None,
                         help="Python of a venv with arize-phoenix, to measure it as the peer")
+    parser.add_argument("--cpu", action="store_true",
+                        help="only the in-process CPU-per-span micro-benchmark (no servers)")
     args = parser.parse_args()
+    if args.cpu:
+        stages = cpu_per_span(max(args.runs, 5))
+        for stage, values in stages.items():
+            print(f"CPU per span, {stage}: median {statistics.median(values):.2f} us "
+                  f"(runs: {' / '.join(f'{v:.2f}' for v in values)})")
+        export = statistics.median(stages["export"])
+        print(f"=> {1e6 / export:,.0f} spans per CPU-second of the collector's own path "
+              f"(decode, WAL, Parquet; gRPC not included)")
+        return
     print(f"load average before: {Path('/proc/loadavg').read_text().split()[0]} "
           f"on {os.cpu_count()} CPUs (a shared machine inflates every figure below)")
     runs = [run_once(args.clients, args.seconds, args.workers) for _ in range(args.runs)]
