@@ -11,6 +11,11 @@ after the day) and runs the pipeline incrementally: the printed ratio is increme
 full time. Each pipeline run is a separate process, so its time and peak RSS are its own.
 
     .venv/bin/python bench/pipeline.py --scale 0.05 [--keep DIR]
+    .venv/bin/python bench/pipeline.py --rerun DIR --compare REF [--repeat 3]
+
+``--compare`` times full recomputes of a kept data dir by the pipeline as of git REF (e.g. the
+commit before an optimisation) and by this checkout, alternating, and prints medians and the
+ratio: before/after figures from one machine in one sitting.
 """
 
 from __future__ import annotations
@@ -191,8 +196,8 @@ print(json.dumps({{"wall_s": wall, "rss_mb": hwm / 1024,
 """
 
 
-def run_pipeline(data: Path, full: bool = False) -> dict:
-    code = _CHILD.format(repo=str(REPO), data=str(data), full=full)
+def run_pipeline(data: Path, full: bool = False, repo: Path = REPO) -> dict:
+    code = _CHILD.format(repo=str(repo), data=str(data), full=full)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -205,6 +210,38 @@ def _print_run(label: str, run: dict) -> None:
         print(f"  stage {name:24s} {rows:>12,} rows out {secs:8.2f} s")
 
 
+def export_ref(ref: str, into: Path) -> Path:
+    """The ``pipeline`` package as of git ``ref``, unpacked under ``into`` (a peer to time)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "pipeline"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def compare(data: Path, ref: str, repeat: int) -> None:
+    """Full recomputes of ``data`` by the code at ``ref`` and by this checkout, alternating
+    (same machine, same minute), ``repeat`` times each: medians and the ratio."""
+    import statistics
+
+    with tempfile.TemporaryDirectory(prefix="fleetlens-ref-") as tmp:
+        peer = export_ref(ref, Path(tmp))
+        runs: dict[str, list[dict]] = {ref: [], "this checkout": []}
+        for _ in range(repeat):
+            runs[ref].append(run_pipeline(data, full=True, repo=peer))
+            runs["this checkout"].append(run_pipeline(data, full=True))
+    med = {}
+    for label, done in runs.items():
+        med[label] = {k: statistics.median(r[k] for r in done)
+                      for k in ("wall_s", "cpu_s", "rss_mb")}
+        walls = ", ".join(f"{r['wall_s']:.2f}" for r in done)
+        print(f"{label}: median {med[label]['wall_s']:.2f} s wall ({walls}), "
+              f"{med[label]['cpu_s']:.2f} s CPU, peak RSS {med[label]['rss_mb']:.0f} MiB")
+    now = med["this checkout"]
+    print(f"ratio {ref} / this checkout: {med[ref]['wall_s'] / now['wall_s']:.2f}x wall, "
+          f"{med[ref]['cpu_s'] / now['cpu_s']:.2f}x CPU, "
+          f"{med[ref]['rss_mb'] / now['rss_mb']:.2f}x peak RSS")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0,
@@ -212,7 +249,13 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="data dir to keep")
     parser.add_argument("--rerun", type=Path, default=None,
                         help="only time a full recompute of a data dir made with --keep")
+    parser.add_argument("--compare", metavar="REF", default=None,
+                        help="with --rerun: time the pipeline of git REF against this checkout")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each side (--compare)")
     args = parser.parse_args()
+    if args.rerun and args.compare:
+        compare(args.rerun, args.compare, args.repeat)
+        return
     if args.rerun:
         _print_run("full recompute", run_pipeline(args.rerun, full=True))
         return
