@@ -201,27 +201,48 @@ def _span_row(span: Any, limits: Limits) -> tuple:
     rest: list[Any] = []
     only_bytes = True
     headers = _HEADERS
+    short_text = limits.short_text
     for kvb in span.attributes:  # encoded KeyValues (see collector.lite_spans)
         head = headers.get(kvb[:kvb[1] + 5]) if len(kvb) > 4 else None
         if head is None:
             head = _header(kvb)
         if head is not None and len(kvb) == head[3]:
-            slot = head[4]
+            key, tag, offset, total, slot, target, as_float = head
             if slot is None:
                 rest.append(kvb)
                 continue
+            if target is not None:  # inline paths for the values vLLM sends
+                if tag == TAG_DOUBLE:
+                    value = _double(kvb, offset)[0]
+                    if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+                        promoted[target] = value
+                        continue
+                elif tag == TAG_INT:
+                    first = kvb[offset]
+                    if first < 0x80 and total - offset == 1:
+                        promoted[target] = float(first) if as_float else first
+                        continue
+                    second = kvb[offset + 1] if total - offset == 2 else 0x80
+                    if first >= 0x80 and second < 0x80:  # two-byte varint
+                        number = (first & 0x7F) | second << 7
+                        promoted[target] = float(number) if as_float else number
+                        continue
+                elif kvb[offset] == total - offset - 1:  # string with a one-byte length
+                    value = kvb[offset + 1:].decode("utf-8")
+                    promoted[target] = value if len(value) <= short_text else limits.text(value)
+                    continue
             value = _plain_value(kvb, head, limits)
             if value is not _NOT_PLAIN:
-                if head[1] == TAG_DOUBLE and value - value != 0.0:
+                if tag == TAG_DOUBLE and value - value != 0.0:
                     value = json.dumps(value)  # inf or nan: the string any_value gives them
-                elif head[5] is not None:  # this kind always fits the column
-                    promoted[head[5]] = float(value) if head[6] else value
+                elif target is not None:  # this kind always fits the column
+                    promoted[target] = float(value) if as_float else value
                     continue
                 # The general rule ("NaN" does fit a string column).
                 if isinstance(value, slot[1]) and value is not True and value is not False:
                     promoted[slot[0]] = float(value) if slot[2] else value
                 else:
-                    rest.append((head[0], value))
+                    rest.append((key, value))
                     only_bytes = False
                 continue
         # Any other encoding: exactly what the real schema reads, with the general rule.
