@@ -89,6 +89,8 @@ _NOT_PLAIN = object()
 #: (limits, encoded non-promoted attributes) -> (attributes JSON, dropped, truncated).
 _JSON_CACHE: dict[tuple[int, int, bytes], tuple[str, int, int]] = {}
 _NO_ATTRIBUTES = (EMPTY_OBJECT, 0, 0)
+#: Cache bounds: at most 1,024 entries of <= 1 KiB of attributes each (a few MiB at worst).
+_JSON_CACHE_MAX_ENTRIES, _JSON_CACHE_MAX_ITEMS, _JSON_CACHE_MAX_KEY_BYTES = 1024, 32, 1024
 _KIND_OF_TAG = {TAG_DOUBLE: float, TAG_INT: int, TAG_STRING: str, TAG_BOOL: bool}
 _double = struct.Struct("<d").unpack_from
 
@@ -140,8 +142,11 @@ def _attributes_json(rest: list[Any], only_bytes: bool, limits: Limits) -> tuple
     Spans of one client mostly repeat the same non-promoted attributes (vLLM: n, temperature,
     top_p, finish_reasons), so the result is remembered by their encoded bytes.
     """
-    cache_key = (limits.max_attributes, limits.max_value_bytes, b"".join(rest)) \
-        if only_bytes else None
+    cache_key = None
+    if only_bytes and len(rest) <= _JSON_CACHE_MAX_ITEMS:
+        encoded = b"".join(rest)
+        if len(encoded) <= _JSON_CACHE_MAX_KEY_BYTES:  # bounds the cache's memory
+            cache_key = (limits.max_attributes, limits.max_value_bytes, encoded)
     if cache_key is not None:
         hit = _JSON_CACHE.get(cache_key)
         if hit is not None:
@@ -169,7 +174,7 @@ def _attributes_json(rest: list[Any], only_bytes: bool, limits: Limits) -> tuple
     limits.truncated = truncated_before
     result = (dumps(attrs) if attrs else EMPTY_OBJECT, dropped, truncated)
     if cache_key is not None:
-        if len(_JSON_CACHE) >= MAX_HEADERS:
+        if len(_JSON_CACHE) >= _JSON_CACHE_MAX_ENTRIES:
             _JSON_CACHE.clear()
         _JSON_CACHE[cache_key] = result
     return result

@@ -129,3 +129,15 @@ def test_repeated_attributes_reuse_their_json_with_exact_counts() -> None:
     assert out.columns[c.ATTRIBUTES] == ['{"x":1,"y":"' + "y" * 20 + '"}'] * 3
     assert out.columns[c.DROPPED_ATTRIBUTES_COUNT] == [3] * 3
     assert out.truncated == 3 * (3 + 1)  # per span: 3 dropped attributes, 1 cut string
+
+
+def test_json_cache_skips_large_attribute_sets() -> None:
+    from collector import decode_spans as module
+
+    span = vllm_span()
+    span.attributes.extend(kvs({f"extra.{i}": "v" * 100 for i in range(20)}))  # > 1 KiB
+    request = trace_request([span])
+    before = dict(module._JSON_CACHE)
+    out = decode_spans(request, _limits(), NameLimiter(10), 1, request.SerializeToString())
+    assert len(json.loads(out.columns[c.ATTRIBUTES][0])) == 20 + 4  # + vLLM's 4 non-promoted
+    assert module._JSON_CACHE.keys() - before.keys() == set()
