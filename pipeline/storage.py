@@ -26,15 +26,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.schema import tables as t
 from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR
 
-if TYPE_CHECKING:  # DuckDB is imported only by readers: the collector never loads it (RSS)
+if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
     import duckdb
+    import polars as pl
 
 PARQUET_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
@@ -162,7 +162,7 @@ def write_parquet_atomic(
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    table = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
+    table = frame if isinstance(frame, pa.Table) else frame.to_arrow()
     tmp = tmp_path_for(target)
     try:
         with open(tmp, "wb") as handle:
@@ -241,6 +241,8 @@ def connect(data_dir: DataDir, *, read_only_sandbox: bool = False) -> duckdb.Duc
 
 def scan(data_dir: DataDir, table: str) -> pl.LazyFrame:
     """A Polars LazyFrame over a table's Parquet files (an empty contract frame if none)."""
+    import polars as pl
+
     files = [str(p) for p in parquet_files(data_dir.table_dir(table))]
     if not files:
         return t.table(table).empty().lazy()

@@ -6,9 +6,10 @@ hardware semantic conventions, and vLLM's Prometheus ``/metrics``. See docs/tele
 
 from __future__ import annotations
 
-import polars as pl
+from typing import Any
 
 from pipeline.schema import columns as c
+from pipeline.schema import tables as t
 
 # --- resource attributes ------------------------------------------------------------------
 SERVICE_NAME = "service.name"
@@ -57,21 +58,31 @@ FLEETLENS_INSTANCE_ID = "fleetlens.instance_id"
 FLEETLENS_GPU_UUIDS = "fleetlens.gpu_uuids"  # comma-separated GPUs serving an instance
 SERVER_ADDRESS = "server.address"  # gateway span: the host the request was routed to
 
-#: gen_ai.* span attributes promoted to typed columns of ``spans``: key -> (column, dtype).
-#: The collector stores them in these columns and leaves them out of the JSON attribute map.
-PROMOTED_SPAN_ATTRIBUTES: dict[str, tuple[str, pl.DataType]] = {
-    GEN_AI_REQUEST_ID: (c.GEN_AI_REQUEST_ID, pl.String()),
-    GEN_AI_REQUEST_MODEL: (c.GEN_AI_REQUEST_MODEL, pl.String()),
-    GEN_AI_TIME_IN_QUEUE: (c.GEN_AI_TIME_IN_QUEUE_S, pl.Float64()),
-    GEN_AI_TTFT: (c.GEN_AI_TTFT_S, pl.Float64()),
-    GEN_AI_E2E: (c.GEN_AI_E2E_S, pl.Float64()),
-    GEN_AI_PREFILL: (c.GEN_AI_PREFILL_S, pl.Float64()),
-    GEN_AI_DECODE: (c.GEN_AI_DECODE_S, pl.Float64()),
-    GEN_AI_INFERENCE: (c.GEN_AI_INFERENCE_S, pl.Float64()),
-    GEN_AI_PROMPT_TOKENS: (c.GEN_AI_PROMPT_TOKENS, pl.Int64()),
-    GEN_AI_COMPLETION_TOKENS: (c.GEN_AI_COMPLETION_TOKENS, pl.Int64()),
-    GEN_AI_MAX_TOKENS: (c.GEN_AI_MAX_TOKENS, pl.Int64()),
+#: gen_ai.* span attributes promoted to typed columns of ``spans``: key -> (column, dtype
+#: name, see ``tables.I64``). The collector stores them in these columns and leaves them out of
+#: the JSON attribute map. ``PROMOTED_SPAN_ATTRIBUTES`` is the same with Polars dtypes.
+PROMOTED_SPAN_ATTRIBUTE_DTYPES: dict[str, tuple[str, str]] = {
+    GEN_AI_REQUEST_ID: (c.GEN_AI_REQUEST_ID, t.STR),
+    GEN_AI_REQUEST_MODEL: (c.GEN_AI_REQUEST_MODEL, t.STR),
+    GEN_AI_TIME_IN_QUEUE: (c.GEN_AI_TIME_IN_QUEUE_S, t.F64),
+    GEN_AI_TTFT: (c.GEN_AI_TTFT_S, t.F64),
+    GEN_AI_E2E: (c.GEN_AI_E2E_S, t.F64),
+    GEN_AI_PREFILL: (c.GEN_AI_PREFILL_S, t.F64),
+    GEN_AI_DECODE: (c.GEN_AI_DECODE_S, t.F64),
+    GEN_AI_INFERENCE: (c.GEN_AI_INFERENCE_S, t.F64),
+    GEN_AI_PROMPT_TOKENS: (c.GEN_AI_PROMPT_TOKENS, t.I64),
+    GEN_AI_COMPLETION_TOKENS: (c.GEN_AI_COMPLETION_TOKENS, t.I64),
+    GEN_AI_MAX_TOKENS: (c.GEN_AI_MAX_TOKENS, t.I64),
 }
+
+
+def __getattr__(name: str) -> Any:
+    # PROMOTED_SPAN_ATTRIBUTES (Polars dtypes) is built on first use, so importing this module
+    # does not import Polars (the collector does not load it).
+    if name == "PROMOTED_SPAN_ATTRIBUTES":
+        return {key: (col, t.polars_dtype(dtype)())
+                for key, (col, dtype) in PROMOTED_SPAN_ATTRIBUTE_DTYPES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --- OpenTelemetry hardware conventions (emitted by the fleetlens agent) ------------------
 HW_POWER = "hw.power"  # gauge, W

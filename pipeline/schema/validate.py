@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
-
-import polars as pl
+from typing import TYPE_CHECKING, TypeVar
 
 from pipeline.schema.tables import table as lookup
 
-F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
+if TYPE_CHECKING:  # imported in the functions: the collector imports this package, not Polars
+    import polars as pl
+
+F = TypeVar("F", "pl.DataFrame", "pl.LazyFrame")
 
 
 class SchemaError(ValueError):
@@ -31,6 +32,8 @@ def validate(frame: F, table: str) -> F:
     Raises:
         SchemaError: listing missing columns and columns with the wrong dtype.
     """
+    import polars as pl
+
     spec = lookup(table)
     actual = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
     missing = [name for name in spec.columns if name not in actual]
@@ -54,6 +57,8 @@ def conform(frame: pl.DataFrame, table: str) -> pl.DataFrame:
 
     Missing required columns are added as nulls; extra columns are kept after them.
     """
+    import polars as pl
+
     spec = lookup(table)
     exprs = [
         (pl.col(name).cast(dtype) if name in frame.columns else pl.lit(None, dtype)).alias(name)
