@@ -23,7 +23,7 @@ from collector.decode_common import (
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
 
-LOG_COLUMNS: tuple[str, ...] = tuple(t.table(t.LOG_RECORDS).columns)
+LOG_COLUMNS: tuple[str, ...] = tuple(t.table(t.LOG_RECORDS).dtypes)
 
 
 def _log_row(record: Any, limits: Limits, received_ns: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from collector.decode_common import (
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
 
-POINT_COLUMNS: tuple[str, ...] = tuple(t.table(t.METRIC_POINTS).columns)
+POINT_COLUMNS: tuple[str, ...] = tuple(t.table(t.METRIC_POINTS).dtypes)
 KINDS = ("gauge", "sum", "histogram", "exponential_histogram", "summary")
 TEMPORALITY = {0: "unspecified", 1: "delta", 2: "cumulative"}
 

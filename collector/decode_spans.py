@@ -39,12 +39,12 @@ from pipeline.schema import attributes as a
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
 
-SPAN_COLUMNS: tuple[str, ...] = tuple(t.table(t.SPANS).columns)
+SPAN_COLUMNS: tuple[str, ...] = tuple(t.table(t.SPANS).dtypes)
 _FLOAT_TYPES = (float, int)
 #: promoted key -> (column, accepted Python types of the decoded value)
 _PROMOTED: dict[str, tuple[str, tuple[type, ...]]] = {
     key: (col, (str,) if dtype == t.STR else _FLOAT_TYPES if dtype == t.F64 else (int,))
-    for key, (col, dtype) in a.PROMOTED_SPAN_ATTRIBUTES.items()
+    for key, (col, dtype) in a.PROMOTED_SPAN_ATTRIBUTE_DTYPES.items()
 }
 
 

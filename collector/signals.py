@@ -91,6 +91,23 @@ SIGNALS = (SPANS, METRICS, LOGS)
 BY_CODE = {s.code: s for s in SIGNALS}
 BY_METHOD = {s.grpc_method: s for s in SIGNALS}
 BY_PATH = {s.http_path: s for s in SIGNALS}
-_ARROW = {
-    s.folder: t.table(t.RAW_SIGNALS[s.folder]).empty().to_arrow().schema for s in SIGNALS
-}
+#: Arrow types of the contract's dtype names, as Polars' ``to_arrow`` gives them (tested), so
+#: the collector writes the raw tables without importing Polars.
+_ARROW_TYPES = {t.I64: pa.int64(), t.F64: pa.float64(), t.STR: pa.large_string(),
+                t.BOOL: pa.bool_()}
+
+
+def arrow_type(dtype: str) -> pa.DataType:
+    """The Arrow type of a dtype name of the contract (``tables.I64``, ``list_of(...)``)."""
+    for inner, arrow in _ARROW_TYPES.items():
+        if dtype == t.list_of(inner):
+            return pa.large_list(arrow)
+    return _ARROW_TYPES[dtype]
+
+
+def arrow_schema(table: str) -> pa.Schema:
+    """The Arrow schema of a contract table: its required columns in order."""
+    return pa.schema([(name, arrow_type(d)) for name, d in t.table(table).dtypes.items()])
+
+
+_ARROW = {s.folder: arrow_schema(t.RAW_SIGNALS[s.folder]) for s in SIGNALS}

@@ -1,0 +1,102 @@
+"""The collector's memory footprint: its processes never load Polars, and the supervisor loads
+no Arrow either (each library costs tens of MiB of RSS per process; see docs/collector.md).
+
+Checked twice: by importing the entry modules in a fresh interpreter, and in the shared
+libraries mapped by a real collector with two workers after it has stored spans.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from collector.signals import SIGNALS, arrow_schema
+from collector.testing import running_collector, vllm_trace_request
+from pipeline.schema import tables as t
+from pipeline.storage import DataDir, scan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _loaded(code: str) -> set[str]:
+    """Which of polars/pyarrow/grpc a fresh interpreter has imported after running ``code``."""
+    probe = (f"import sys\n{code}\n"
+             "print(' '.join(m for m in ('polars', 'pyarrow', 'grpc') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=120)
+    return set(out.stdout.split())
+
+
+def test_supervisor_entry_imports_neither_polars_nor_arrow() -> None:
+    loaded = _loaded("from fleetlens.cli import main\nimport collector.cli, collector.supervisor")
+    assert "polars" not in loaded and "pyarrow" not in loaded
+
+
+def test_worker_decodes_and_writes_parquet_without_polars(tmp_path) -> None:
+    code = f"""
+import time
+from collector.config import CollectorConfig
+from collector.ingest import Ingest
+from collector.signals import SPANS
+from collector.sink import Segments, Sink
+from collector.telemetry import Telemetry
+from collector.testing import vllm_trace_request
+from collector.wal import Wal
+import collector.worker
+from pipeline.storage import DataDir
+data, telemetry = DataDir({str(tmp_path)!r}), Telemetry()
+sink = Sink(Segments(data, 'w'), Wal(data.wal, 'w'), telemetry, flush_rows=10,
+            flush_interval_s=60.0, max_buffered_bytes=1 << 26)
+ingest = Ingest(CollectorConfig(), sink, telemetry)
+ingest.export(SPANS, vllm_trace_request(20, seed=1).SerializeToString())
+assert sink.flush()
+sink.close()
+"""
+    loaded = _loaded(code)
+    assert "polars" not in loaded
+    assert {"pyarrow", "grpc"} <= loaded  # the probe did import what a worker runs on
+    assert scan(DataDir(tmp_path), t.SPANS).collect().height == 20
+
+
+def test_arrow_schemas_equal_what_polars_would_write() -> None:
+    for signal in SIGNALS:
+        table = t.RAW_SIGNALS[signal.folder]
+        expected = t.table(table).empty().to_arrow().schema
+        assert arrow_schema(table).equals(expected, check_metadata=True), table
+        assert signal.arrow_schema.equals(expected)
+    assert arrow_schema(t.METRIC_POINTS).field("bucket_counts").type == pa.large_list(pa.int64())
+
+
+def _tree(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        found.append(p)
+        for task in Path(f"/proc/{p}/task").iterdir():
+            stack += [int(x) for x in (task / "children").read_text().split()]
+    return found
+
+
+def _mapped(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.e2e
+def test_running_collector_processes_map_no_polars(tmp_path) -> None:
+    data = tmp_path / "data"
+    with running_collector(data, workers=2, config={"flush_rows": 100}) as col:
+        for i in range(4):
+            col.export(vllm_trace_request(150, seed=i))
+        supervisor, workers = col.pid, _tree(col.pid)[1:]
+        workers = [p for p in workers if "pyarrow" in _mapped(p)]
+        assert len(workers) == 2  # both workers (each imports Arrow to write Parquet)
+        assert "polars" not in _mapped(supervisor)
+        assert "pyarrow" not in _mapped(supervisor) and "libarrow" not in _mapped(supervisor)
+        for pid in workers:
+            assert "polars" not in _mapped(pid), pid
+        assert col.stop() == 0
+    assert scan(DataDir(data), t.SPANS).collect().height == 600
