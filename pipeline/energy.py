@@ -15,12 +15,19 @@ slot:
 
 All joules are summed as integer microjoules, so attributed + idle = measured holds exactly per
 GPU and slot, and results do not depend on summation order (full run = incremental run).
+
+The (request, GPU, slot) rows are the bulk of the work (millions an hour), so they carry only
+integers: a GPU and an engine instance are one id each (:data:`GID`, :data:`IID`), a request its
+row in the requests frame (:data:`RIX`) and a (service, model, host) group a dense number
+(:data:`GRP`); names are joined back onto the small aggregated outputs. Callers add the request
+keys once with :func:`with_request_keys`.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
+from pipeline.attrs import code
 from pipeline.schema import FLEET_WIDE
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
@@ -33,10 +40,30 @@ MILLI = 1000  # weights in milli-tokens
 SLOT = "__slot_ns"
 T0, T1, W, A, B = "__t0", "__t1", "__w", "__a", "__b"
 MEASURED, COVERED, SHARE, HOUR = "__measured_uj", "__covered_ns", "__share_uj", "__hour_ns"
+#: Integer keys, each valid within the frame that made it (the stages translate between
+#: frames through small lookup tables): a (host, GPU) pair, a (host, instance) pair, a
+#: request's row in its frame and its (service, model, host) group.
+GID, IID, RIX, GRP = "__gid", "__iid", "__rix", "__grp"
+_GROUP = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
+
+
+def _pair_id(first: str, second: str) -> pl.Expr:
+    """One UInt64 per distinct (first, second) string pair of a frame."""
+    return code(first).cast(pl.UInt64) * (1 << 32) + code(second).cast(pl.UInt64)
 
 
 def _ceil_slot(ts: pl.Expr, slot_ns: int) -> pl.Expr:
     return ts - ts.mod(slot_ns)
+
+
+def with_request_keys(requests: pl.DataFrame) -> pl.DataFrame:
+    """``requests`` plus the integer keys the energy stages work on: :data:`RIX` (row number),
+    :data:`IID` (host, instance) and :data:`GRP` (the (service, model, host) group). Pass this
+    frame, or a filter of it, to every energy stage of one computation."""
+    group = pl.struct(*(code(col) for col in _GROUP)).rank("dense").cast(pl.Int64)
+    return requests.with_row_index(RIX).with_columns(
+        pl.col(RIX).cast(pl.Int64), _pair_id(c.HOST_NAME, c.INSTANCE_ID).alias(IID),
+        group.alias(GRP))
 
 
 @stage(None)
@@ -44,20 +71,22 @@ def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int) -> pl.DataFrame:
     """Measured energy (µJ) and covered time (ns) per (host, GPU, slot).
 
     Input: ``gpu_samples`` (each GPU's rows in time order) with ``energy_delta_j``. Output
-    columns: host_name, gpu_uuid, slot start, measured µJ, covered ns. A sample's interval
-    ``(previous ts, ts]`` needs the previous sample in the frame, so callers load one gap back.
+    columns: :data:`GID`, host_name, gpu_uuid, slot start, measured µJ, covered ns. A sample's
+    interval ``(previous ts, ts]`` needs the previous sample in the frame, so callers load one
+    gap back.
     """
     slot_ns = slot_s * NS
-    by = [c.HOST_NAME, c.GPU_UUID]
-    iv = gpu.select(
-        *by, pl.col(c.TS_NS).shift(1).over(by).alias(T0), pl.col(c.TS_NS).alias(T1),
+    keyed = gpu.select(_pair_id(c.HOST_NAME, c.GPU_UUID).alias(GID), c.HOST_NAME, c.GPU_UUID,
+                       c.TS_NS, c.ENERGY_DELTA_J)
+    iv = keyed.select(
+        GID, pl.col(c.TS_NS).shift(1).over(GID).alias(T0), pl.col(c.TS_NS).alias(T1),
         pl.col(c.ENERGY_DELTA_J),
     ).filter(pl.col(c.ENERGY_DELTA_J).is_not_null() & pl.col(T0).is_not_null()
              & (pl.col(T1) > pl.col(T0)))
     k0 = _ceil_slot(pl.col(T0), slot_ns)
     k1 = _ceil_slot(pl.col(T1) - 1, slot_ns)
     single = iv.filter(k0 == k1).select(
-        *by, k0.alias(SLOT),
+        GID, k0.alias(SLOT),
         (pl.col(c.ENERGY_DELTA_J) * UJ).round(0).cast(pl.Int64).alias(MEASURED),
         (pl.col(T1) - pl.col(T0)).alias(COVERED),
     )
@@ -66,13 +95,16 @@ def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int) -> pl.DataFrame:
     overlap = (pl.min_horizontal(pl.col(T1), pl.col(SLOT) + slot_ns)
                - pl.max_horizontal(pl.col(T0), pl.col(SLOT)))
     multi = multi.select(
-        *by, SLOT,
+        GID, SLOT,
         (pl.col(c.ENERGY_DELTA_J) * UJ * overlap / (pl.col(T1) - pl.col(T0)))
         .round(0).cast(pl.Int64).alias(MEASURED),
         overlap.alias(COVERED),
     )
     both = pl.concat([single, multi])
-    return both.group_by([*by, SLOT]).agg(pl.col(MEASURED).sum(), pl.col(COVERED).sum())
+    out = both.group_by(GID, SLOT).agg(pl.col(MEASURED).sum(), pl.col(COVERED).sum())
+    names = keyed.select(GID, c.HOST_NAME, c.GPU_UUID).unique(GID)
+    return out.join(names, on=GID, how="left").select(
+        GID, c.HOST_NAME, c.GPU_UUID, SLOT, MEASURED, COVERED)
 
 
 def _phases(requests: pl.DataFrame) -> pl.DataFrame:
@@ -110,18 +142,21 @@ def _spread(weight: str, lo: pl.Expr, hi: pl.Expr, slot_ns: int) -> pl.Expr:
 def request_slot_weights(requests: pl.DataFrame, slot_s: int) -> pl.DataFrame:
     """One row per (request, slot it was in prefill or decode): weight and active interval.
 
-    Input: ``requests``. Output: request_id, host_name, instance_id, service_name, model,
-    arrival hour, slot start, weight (milli-tokens, int), active interval [a, b) in ns.
+    Input: ``requests`` with :func:`with_request_keys`. Output: :data:`RIX`, :data:`IID`,
+    :data:`GRP`, arrival hour, slot start, weight (milli-tokens, int), active interval [a, b)
+    in ns.
     """
     slot_ns = slot_s * NS
-    ph = _phases(requests)
+    ph = _phases(requests.select(RIX, IID, GRP, c.ARRIVAL_NS, c.END_NS, c.QUEUE_S, c.TTFT_S,
+                                 c.PREFILL_S, c.DECODE_S, c.INPUT_TOKENS, c.CACHED_TOKENS,
+                                 c.OUTPUT_TOKENS))
     k0 = _ceil_slot(pl.col("__p0"), slot_ns)
     k1 = _ceil_slot(pl.max_horizontal(pl.col("__d1") - 1, pl.col("__p0")), slot_ns)
     ph = ph.with_columns(pl.int_ranges(k0, k1 + 1, slot_ns).alias(SLOT)).explode(SLOT)
     p0, p1, d1 = pl.col("__p0"), pl.col("__first"), pl.col("__d1")
     weight = _spread("__wp", p0, p1, slot_ns) + _spread("__wd", p1, d1, slot_ns)
     return ph.select(
-        c.REQUEST_ID, c.HOST_NAME, c.INSTANCE_ID, c.SERVICE_NAME, c.MODEL,
+        RIX, IID, GRP,
         (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(3600 * NS)).alias(HOUR), SLOT,
         weight.round(0).cast(pl.Int64).alias(W),
         pl.max_horizontal(p0, pl.col(SLOT)).alias(A),
@@ -129,22 +164,41 @@ def request_slot_weights(requests: pl.DataFrame, slot_s: int) -> pl.DataFrame:
     )
 
 
-def _to_gpus(weights: pl.DataFrame, mapping: pl.DataFrame, slots: pl.DataFrame) -> pl.DataFrame:
-    """Expand each (request, slot) row to the GPUs serving the request's instance."""
-    mapped = mapping.filter(pl.col(c.GPU_UUID) != "").select(
+def _to_gpus(weights: pl.DataFrame, requests: pl.DataFrame, mapping: pl.DataFrame,
+             slots: pl.DataFrame) -> pl.DataFrame:
+    """Expand each (request, slot) row to the GPUs serving the request's instance (through the
+    mapping of its arrival hour), else to every GPU of its host.
+
+    The names meet only in small tables (instances, GPUs, mapping rows); the big frame joins on
+    integers. A GPU in the mapping with no samples gets a :data:`GID` of its own (its slots
+    then hold no energy, as for any unmeasured GPU)."""
+    instances = requests.select(IID, c.HOST_NAME, c.INSTANCE_ID).unique(IID)
+    gpus = slots.select(GID, c.HOST_NAME, c.GPU_UUID).unique(GID)
+    named = mapping.filter(pl.col(c.GPU_UUID) != "").select(
         c.HOST_NAME, c.INSTANCE_ID, HOUR, c.GPU_UUID).unique()
-    direct = weights.join(mapped, on=[c.HOST_NAME, c.INSTANCE_ID, HOUR], how="inner")
-    unmapped = weights.join(mapped.select(c.HOST_NAME, c.INSTANCE_ID, HOUR).unique(),
-                            on=[c.HOST_NAME, c.INSTANCE_ID, HOUR], how="anti")
-    host_gpus = slots.select(c.HOST_NAME, c.GPU_UUID).unique()
-    fallback = unmapped.join(host_gpus, on=c.HOST_NAME, how="inner")
+    unseen = named.select(c.HOST_NAME, c.GPU_UUID).unique().join(
+        gpus, on=[c.HOST_NAME, c.GPU_UUID], how="anti").sort(c.HOST_NAME, c.GPU_UUID)
+    first_free = int(gpus.get_column(GID).max() or 0) + 1
+    fresh = (pl.int_range(pl.len(), dtype=pl.UInt64) + first_free).alias(GID)
+    gpus = pl.concat([gpus, unseen.with_columns(fresh).select(gpus.columns)])
+    mapped = named.join(instances, on=[c.HOST_NAME, c.INSTANCE_ID], how="inner").join(
+        gpus, on=[c.HOST_NAME, c.GPU_UUID], how="inner").select(IID, HOUR, GID)
+    direct = weights.join(mapped, on=[IID, HOUR], how="inner")
+    unmapped = weights.join(mapped.select(IID, HOUR).unique(), on=[IID, HOUR], how="anti")
+    host_gpus = instances.join(slots.select(GID, c.HOST_NAME).unique(GID), on=c.HOST_NAME,
+                               how="inner").select(IID, GID)
+    fallback = unmapped.join(host_gpus, on=IID, how="inner")
     return pl.concat([direct, fallback.select(direct.columns)])
 
 
 def _union_ns(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Length of the union of the intervals [a, b) per group (ns)."""
     s = rows.select(*by, A, B).filter(pl.col(B) > pl.col(A)).sort([*by, A, B])
-    prev_end = pl.col(B).cum_max().shift(1).over(by)
+    # Sorted by group: a row starts a group when its key differs from the previous row's.
+    starts = pl.any_horizontal(pl.col(k) != pl.col(k).shift(1) for k in by).fill_null(True)
+    run = starts.cum_sum()
+    prev_end = pl.col(B).cum_max().over(run).shift(1)
+    prev_end = pl.when(starts).then(None).otherwise(prev_end)
     piece = (pl.col(B) - pl.max_horizontal(pl.col(A), prev_end.fill_null(pl.col(A))))
     return s.with_columns(piece.clip(lower_bound=0).alias("__piece")).group_by(by).agg(
         pl.col("__piece").sum().alias(c.ACTIVE_S))
@@ -152,17 +206,20 @@ def _union_ns(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 @stage(None)
 def attribute(
-    weights: pl.DataFrame, mapping: pl.DataFrame, slots: pl.DataFrame, slot_s: int
+    weights: pl.DataFrame, requests: pl.DataFrame, mapping: pl.DataFrame, slots: pl.DataFrame,
+    slot_s: int,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Split every GPU slot's energy over its requests.
 
+    ``requests`` is the frame (with :func:`with_request_keys`) the weights were computed from.
     Returns ``(shares, gpu_slots)``: shares has one row per (request, GPU, slot) with the
-    request's weight and its share in µJ; gpu_slots one row per (host, GPU, slot) with
-    measured, attributed and idle µJ, covered and active ns.
+    request's keys (:data:`RIX`, :data:`GRP`), :data:`GID`, the request's weight and its share
+    in µJ; gpu_slots one row per (host, GPU, slot) with measured, attributed and idle µJ,
+    covered and active ns.
     """
     slot_ns = slot_s * NS
-    gpu_key = [c.HOST_NAME, c.GPU_UUID, SLOT]
-    rows = _to_gpus(weights, mapping, slots)
+    gpu_key = [GID, SLOT]
+    rows = _to_gpus(weights, requests, mapping, slots)
     totals = rows.group_by(gpu_key).agg(pl.col(W).sum().alias("__wsum"))
     active = _union_ns(rows, gpu_key)
     per_slot = slots.join(totals, on=gpu_key, how="left").join(active, on=gpu_key, how="left")
@@ -173,7 +230,8 @@ def attribute(
         .otherwise(0).cast(pl.Int64).alias("__attr_uj"))
     shares = rows.join(per_slot.select(*gpu_key, "__attr_uj", "__wsum", COVERED),
                        on=gpu_key, how="left")
-    shares = shares.with_columns(
+    shares = shares.select(
+        RIX, GRP, GID, SLOT, W,
         pl.when(pl.col("__wsum") > 0)
         .then((pl.col("__attr_uj") * (pl.col(W) / pl.col("__wsum"))).floor())
         .otherwise(0).fill_null(0).cast(pl.Int64).alias(SHARE),
@@ -194,13 +252,14 @@ def attribute(
 def request_energy(shares: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
     """Sum each request's shares: ``request_energy`` for the given requests.
 
-    ``attribution_coverage`` is the part of the request's token weight that fell in GPU slots
-    with measured energy (0 when its host reported no GPU at all; ``energy_j`` is then null).
+    ``requests`` is (a filter of) the frame the shares were computed from, with its
+    :func:`with_request_keys`. ``attribution_coverage`` is the part of the request's token
+    weight that fell in GPU slots with measured energy (0 when its host reported no GPU at all;
+    ``energy_j`` is then null).
     """
-    per = shares.group_by(c.REQUEST_ID).agg(
-        pl.col(SHARE).sum().alias(SHARE), pl.col("__wcov").sum(), pl.col(W).sum())
-    out = requests.select(c.REQUEST_ID, c.HOST_NAME, c.OUTPUT_TOKENS).join(
-        per, on=c.REQUEST_ID, how="left", maintain_order="left")
+    per = shares.group_by(RIX).agg(pl.col(SHARE).sum(), pl.col("__wcov").sum(), pl.col(W).sum())
+    out = requests.select(RIX, c.REQUEST_ID, c.HOST_NAME, c.OUTPUT_TOKENS).join(
+        per, on=RIX, how="left", maintain_order="left")
     coverage = pl.when(pl.col(W) > 0).then(pl.col("__wcov") / pl.col(W)).otherwise(0.0)
     out = out.with_columns(coverage.fill_null(0.0).alias(c.ATTRIBUTION_COVERAGE))
     energy = pl.when(pl.col(c.ATTRIBUTION_COVERAGE) > 0).then(pl.col(SHARE) / UJ)
@@ -210,37 +269,49 @@ def request_energy(shares: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame
     return out.select(list(t.table(t.REQUEST_ENERGY).columns)).sort(c.REQUEST_ID)
 
 
-@stage(t.GPU_WINDOW_ENERGY)
-def gpu_window_energy(per_slot: pl.DataFrame, window_s: int) -> pl.DataFrame:
-    """Per GPU per window: measured = attributed + idle joules, covered and active seconds."""
+def _window_sums(per_slot: pl.DataFrame, window_s: int, by: list[str]) -> pl.DataFrame:
+    """Per window and ``by``: measured = attributed + idle joules, covered and active seconds."""
     win = pl.col(SLOT) - pl.col(SLOT).mod(window_s * NS)
-    out = per_slot.with_columns(win.alias(c.WINDOW_START_NS)).group_by(
-        c.WINDOW_START_NS, c.HOST_NAME, c.GPU_UUID).agg(
+    return per_slot.with_columns(win.alias(c.WINDOW_START_NS)).group_by(
+        c.WINDOW_START_NS, *by).agg(
         (pl.col(MEASURED).sum() / UJ).alias(c.MEASURED_J),
         (pl.col("__given").sum() / UJ).alias(c.ATTRIBUTED_J),
         (pl.col("__idle_uj").sum() / UJ).alias(c.IDLE_J),
         (pl.col(COVERED).sum() / NS).alias(c.COVERED_S),
         (pl.col(c.ACTIVE_S).sum() / NS).alias(c.ACTIVE_S),
-    ).with_columns(pl.lit(window_s, pl.Int64).alias(c.WINDOW_S))
+    )
+
+
+@stage(t.GPU_WINDOW_ENERGY)
+def gpu_window_energy(per_slot: pl.DataFrame, window_s: int) -> pl.DataFrame:
+    """Per GPU per window: measured = attributed + idle joules, covered and active seconds."""
+    out = _window_sums(per_slot, window_s, [c.HOST_NAME, c.GPU_UUID]).with_columns(
+        pl.lit(window_s, pl.Int64).alias(c.WINDOW_S))
     key = list(t.table(t.GPU_WINDOW_ENERGY).key)
     return out.select(list(t.table(t.GPU_WINDOW_ENERGY).columns)).sort(key)
 
 
 @stage(None)
-def group_energy(shares: pl.DataFrame, gpu_windows: pl.DataFrame, window_s: int) -> pl.DataFrame:
+def group_energy(shares: pl.DataFrame, requests: pl.DataFrame, per_slot: pl.DataFrame,
+                 window_s: int) -> pl.DataFrame:
     """Energy attributed to each (window, service, model, host) and fleet-wide, and the mean
-    power of the GPUs that served the group in the window (sum over GPUs of J / covered s)."""
+    power of the GPUs that served the group in the window (sum over GPUs of J / covered s).
+
+    ``requests`` (with :func:`with_request_keys`) names the groups of the shares; ``per_slot``
+    is the second result of :func:`attribute`."""
     win = (pl.col(SLOT) - pl.col(SLOT).mod(window_s * NS)).alias(c.WINDOW_START_NS)
-    rows = shares.with_columns(win)
-    group = [c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
-    energy = rows.group_by(group).agg(pl.col(SHARE).sum())
-    power_w = pl.when(pl.col(c.COVERED_S) > 0).then(pl.col(c.MEASURED_J) / pl.col(c.COVERED_S))
-    gpus = rows.select(*group, c.GPU_UUID).unique().join(
-        gpu_windows.select(c.WINDOW_START_NS, c.HOST_NAME, c.GPU_UUID,
-                           power_w.alias(c.POWER_W)),
-        on=[c.WINDOW_START_NS, c.HOST_NAME, c.GPU_UUID], how="left")
-    power = gpus.group_by(group).agg(pl.col(c.POWER_W).sum())
-    per_host = energy.join(power, on=group, how="left")
+    rows = shares.select(GRP, GID, SHARE, win)
+    energy = rows.group_by(c.WINDOW_START_NS, GRP).agg(pl.col(SHARE).sum())
+    gpu_power = _window_sums(per_slot, window_s, [GID]).select(
+        c.WINDOW_START_NS, GID, pl.when(pl.col(c.COVERED_S) > 0)
+        .then(pl.col(c.MEASURED_J) / pl.col(c.COVERED_S)).alias(c.POWER_W))
+    gpus = rows.select(c.WINDOW_START_NS, GRP, GID).unique().join(
+        gpu_power, on=[c.WINDOW_START_NS, GID], how="left")
+    power = gpus.group_by(c.WINDOW_START_NS, GRP).agg(pl.col(c.POWER_W).sum())
+    names = requests.select(GRP, *_GROUP).unique(GRP)
+    group = [c.WINDOW_START_NS, *_GROUP]
+    per_host = energy.join(power, on=[c.WINDOW_START_NS, GRP], how="left").join(
+        names, on=GRP, how="left").select(*group, SHARE, c.POWER_W)
     fleet = per_host.group_by(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL).agg(
         pl.col(SHARE).sum(), pl.col(c.POWER_W).sum()).with_columns(
         pl.lit(FLEET_WIDE).alias(c.HOST_NAME))

@@ -109,6 +109,12 @@ def fingerprint(cfg: PipelineConfig) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _active(lo: int, hi: int) -> pl.Expr:
+    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
+    end = pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
+    return (pl.col(c.ARRIVAL_NS) < hi) & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo))
+
+
 class Pipeline:
     """The pipeline over one data directory."""
 
@@ -260,9 +266,7 @@ class Pipeline:
         back = -(-self.cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
         frame = read_hours(self.dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS),
                            cache=cache)
-        end = pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
-        return frame.filter((pl.col(c.ARRIVAL_NS) < hi)
-                            & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo)))
+        return frame.filter(_active(lo, hi))
 
     def _phase2(self, hour: int, dirty: set[int], summary: RunSummary) -> None:
         self._flush()  # it reads what phase 1 and the previous hours published
@@ -274,7 +278,9 @@ class Pipeline:
         e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
                            .item() or hi) + 1)
         e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
-        everyone = self._requests_active(e_lo, e_hi, read)
+        # `active` is a subset of `everyone`: take it from there, with the energy keys.
+        everyone = en.with_request_keys(self._requests_active(e_lo, e_hi, read))
+        active = everyone.filter(_active(lo, hi))
         gpu = read_hours(self.dd, t.GPU_SAMPLES, range(
             hour_of(e_lo - self.gap_ns), e_hi + self.gap_ns, HOUR_NS), _GPU_ENERGY).filter(
             pl.col(c.TS_NS).is_between(e_lo - self.gap_ns, e_hi + self.gap_ns))
@@ -293,17 +299,18 @@ class Pipeline:
         in_e = pl.col(en.SLOT).is_between(e_lo, e_hi, closed="left")
         slots = en.gpu_slot_energy(gpu, self.cfg.slot_s).filter(in_e)
         weights = en.request_slot_weights(everyone, self.cfg.slot_s).filter(in_e)
-        shares, per_slot = en.attribute(weights, mapping, slots, self.cfg.slot_s)
+        shares, per_slot = en.attribute(weights, everyone, mapping, slots, self.cfg.slot_s)
         in_hour = pl.col(en.SLOT).is_between(lo, hi, closed="left")
-        gpu_windows = en.gpu_window_energy(per_slot.filter(in_hour), self.cfg.window_s)
+        per_slot = per_slot.filter(in_hour)
+        gpu_windows = en.gpu_window_energy(per_slot, self.cfg.window_s)
         self._publish(t.GPU_WINDOW_ENERGY, hour, gpu_windows, summary)
         own = active.filter(pl.col(c.ARRIVAL_NS) >= lo)
         self._publish(t.REQUEST_ENERGY, hour, en.request_energy(shares, own), summary)
         self._patch_crossers(active.filter(pl.col(c.ARRIVAL_NS) < lo), shares, dirty, summary)
-        groups = en.group_energy(shares.filter(in_hour), gpu_windows, self.cfg.window_s)
+        groups = en.group_energy(shares.filter(in_hour), everyone, per_slot, self.cfg.window_s)
         eng = read_hours(self.dd, t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
         eng = eng.filter(pl.col(c.TS_NS) >= lo - self.gap_ns)
-        out = windows(own, eng, groups, self.cfg.window_s).filter(
+        out = windows(own.drop(en.RIX, en.IID, en.GRP), eng, groups, self.cfg.window_s).filter(
             pl.col(c.WINDOW_START_NS) >= lo)
         self._publish(t.WINDOWS, hour, out, summary)
 

@@ -92,9 +92,10 @@ def energy_cases(draw):
 @given(energy_cases())
 def test_energy_conservation_per_gpu_slot(case) -> None:
     requests, gpu, mapping = case
+    requests = en.with_request_keys(requests)
     slots = en.gpu_slot_energy(gpu, 10)
     weights = en.request_slot_weights(requests, 10)
-    shares, per_slot = en.attribute(weights, mapping, slots, 10)
+    shares, per_slot = en.attribute(weights, requests, mapping, slots, 10)
     assert (per_slot[en.MEASURED] == per_slot["__given"] + per_slot["__idle_uj"]).all()
     assert (per_slot["__idle_uj"] >= 0).all() and (per_slot["__given"] >= 0).all()
     assert int(shares[en.SHARE].sum() or 0) == int(per_slot["__given"].sum() or 0)
