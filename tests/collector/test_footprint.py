@@ -1,5 +1,6 @@
-"""The collector's memory footprint: its processes never load Polars, and the supervisor loads
-no Arrow either (each library costs tens of MiB of RSS per process; see docs/collector.md).
+"""The collector's memory footprint: its processes never load Polars or pandas, and the
+supervisor loads no Arrow either (each library costs tens of MiB of RSS per process; see
+docs/collector.md).
 
 Checked twice: by importing the entry modules in a fresh interpreter, and in the shared
 libraries mapped by a real collector with two workers after it has stored spans.
@@ -23,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _loaded(code: str) -> set[str]:
-    """Which of polars/pyarrow/grpc a fresh interpreter has imported after running ``code``."""
-    probe = (f"import sys\n{code}\n"
-             "print(' '.join(m for m in ('polars', 'pyarrow', 'grpc') if m in sys.modules))")
+    """Which of polars/pandas/pyarrow/grpc a fresh interpreter imported after ``code``."""
+    probe = (f"import sys\n{code}\nprint(' '.join(m for m in ('polars', 'pandas', 'pyarrow', "
+             "'grpc') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
                          text=True, check=True, timeout=120)
     return set(out.stdout.split())
@@ -33,7 +34,7 @@ def _loaded(code: str) -> set[str]:
 
 def test_supervisor_entry_imports_neither_polars_nor_arrow() -> None:
     loaded = _loaded("from fleetlens.cli import main\nimport collector.cli, collector.supervisor")
-    assert "polars" not in loaded and "pyarrow" not in loaded
+    assert not loaded & {"polars", "pandas", "pyarrow"}
 
 
 def test_worker_decodes_and_writes_parquet_without_polars(tmp_path) -> None:
@@ -48,6 +49,7 @@ from collector.testing import vllm_trace_request
 from collector.wal import Wal
 import collector.worker
 from pipeline.storage import DataDir
+collector.worker.keep_out_pandas()  # what run_worker does first
 data, telemetry = DataDir({str(tmp_path)!r}), Telemetry()
 sink = Sink(Segments(data, 'w'), Wal(data.wal, 'w'), telemetry, flush_rows=10,
             flush_interval_s=60.0, max_buffered_bytes=1 << 26)
@@ -57,7 +59,7 @@ assert sink.flush()
 sink.close()
 """
     loaded = _loaded(code)
-    assert "polars" not in loaded
+    assert not loaded & {"polars", "pandas"}
     assert {"pyarrow", "grpc"} <= loaded  # the probe did import what a worker runs on
     assert scan(DataDir(tmp_path), t.SPANS).collect().height == 20
 
@@ -69,6 +71,14 @@ def test_arrow_schemas_equal_what_polars_would_write() -> None:
         assert arrow_schema(table).equals(expected, check_metadata=True), table
         assert signal.arrow_schema.equals(expected)
     assert arrow_schema(t.METRIC_POINTS).field("bucket_counts").type == pa.large_list(pa.int64())
+
+
+def test_without_keep_out_arrow_would_load_pandas() -> None:
+    # The reason for keep_out_pandas: a plain Table.from_pydict imports pandas when present.
+    probe = "import pyarrow as pa\npa.Table.from_pydict({'x': [1]})"
+    assert "pandas" in _loaded(probe)
+    kept = _loaded("from collector.worker import keep_out_pandas\nkeep_out_pandas()\n" + probe)
+    assert "pandas" not in kept and "pyarrow" in kept
 
 
 def _tree(pid: int) -> list[int]:
@@ -97,6 +107,6 @@ def test_running_collector_processes_map_no_polars(tmp_path) -> None:
         assert "polars" not in _mapped(supervisor)
         assert "pyarrow" not in _mapped(supervisor) and "libarrow" not in _mapped(supervisor)
         for pid in workers:
-            assert "polars" not in _mapped(pid), pid
+            assert "polars" not in _mapped(pid) and "pandas" not in _mapped(pid), pid
         assert col.stop() == 0
     assert scan(DataDir(data), t.SPANS).collect().height == 600
