@@ -2,10 +2,17 @@
 
 Load: vLLM-style ``llm_request`` spans (15 gen_ai.* attributes, about 690 bytes each) in
 512-span Export requests over OTLP/gRPC, from several client processes in closed loops (each
-waits for its acknowledgement, i.e. for the WAL fsync). The collector runs as
-``fleetlens collector`` with its default durable path (WAL + group commit, Parquet segments).
+waits for its acknowledgement, i.e. for the WAL fsync): the saturation figures. The collector
+runs as ``fleetlens collector`` with its default durable path (WAL + group commit, Parquet
+segments).
+
+With ``--rate SPANS_PER_S`` the same clients then also run open loop: together they send
+requests at that fixed offered rate on a schedule (not waiting for answers, at most 64 in
+flight per client), and each latency is counted from the request's *scheduled* send time, so a
+stalled server cannot hide its stall by slowing the clients down (no coordinated omission).
 
     .venv/bin/python bench/ingest.py [--runs 3] [--seconds 15] [--clients 4] [--workers 2]
+    .venv/bin/python bench/ingest.py --rate 50000 [--no-saturation]   # + fixed offered load
     .venv/bin/python bench/ingest.py --cpu [--runs 7]   # CPU per span, in process, no servers
 
 Prints the median over runs. Peer: Arize Phoenix is measured when ``--phoenix PYTHON`` points
@@ -32,9 +39,44 @@ sys.path.insert(0, str(REPO))
 
 SPANS_PER_REQUEST = 512
 DISTINCT_REQUESTS = 8
+#: Open loop: requests a client lets wait for their answers before it holds back.
+MAX_IN_FLIGHT = 64
 
 
-def _client(address: str, seed: int, start_at: float, seconds: float, queue) -> None:
+def _open_loop(call, payloads: list[bytes], start_at: float, seconds: float,
+               rate: float) -> tuple[list[float], int]:
+    """Send one request every ``1 / rate`` s from ``start_at``; latency from the schedule."""
+    latencies: list[float] = []
+    refused = [0]
+    done = threading.Semaphore(MAX_IN_FLIGHT)
+    interval = 1.0 / rate
+    # perf_counter for latencies; the common wall-clock start only picks the first slot.
+    origin = time.perf_counter() + (start_at - time.time())
+    count = int(seconds * rate)
+    for i in range(count):
+        scheduled = origin + i * interval
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        done.acquire()
+
+        def finished(future, scheduled=scheduled) -> None:
+            if future.exception() is None:
+                latencies.append(time.perf_counter() - scheduled)
+            else:
+                refused[0] += 1
+            done.release()
+
+        future = call.future(payloads[i % DISTINCT_REQUESTS], timeout=30)
+        future.add_done_callback(finished)
+    for _ in range(MAX_IN_FLIGHT):  # wait for the last answers
+        done.acquire()
+    return latencies, refused[0]
+
+
+def _client(address: str, seed: int, start_at: float, seconds: float, queue,
+            rate: float = 0.0) -> None:
+    """One client process: closed loop, or open loop at ``rate`` requests/s when given."""
     import grpc
 
     from collector.signals import SPANS
@@ -47,6 +89,10 @@ def _client(address: str, seed: int, start_at: float, seconds: float, queue) -> 
         ("grpc.max_send_message_length", 64 * 1024 * 1024)])
     call = channel.unary_unary(SPANS.grpc_method, request_serializer=None,
                                response_deserializer=SPANS.response.FromString)
+    if rate:
+        queue.put(_open_loop(call, payloads, start_at, seconds, rate))
+        channel.close()
+        return
     latencies, refused, i = [], 0, 0
     while time.time() < start_at:
         time.sleep(0.005)
@@ -64,27 +110,31 @@ def _client(address: str, seed: int, start_at: float, seconds: float, queue) -> 
     queue.put((latencies, refused))
 
 
-def _memory_mib(pid: int) -> tuple[float, float]:
-    """(RSS, PSS) of a process and all its descendants, MiB.
+def _memory_by_pid(pid: int) -> dict[int, tuple[float, float]]:
+    """(RSS, PSS) in MiB of a process and each of its descendants, by pid.
 
     RSS counts shared library pages once per process; PSS splits them between the
     processes that share them, so the PSS sum is what the collector as a whole uses.
     """
-    rss = pss = 0
-    stack = [pid]
-    while stack:
-        p = stack.pop()
+    out: dict[int, tuple[float, float]] = {}
+    for p in _tree(pid):
+        rss = pss = 0
         try:
             for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Rss:"):
                     rss += int(line.split()[1])
                 elif line.startswith("Pss:"):
                     pss += int(line.split()[1])
-            for task in Path(f"/proc/{p}/task").iterdir():
-                stack += [int(x) for x in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):
             continue
-    return rss / 1024, pss / 1024
+        out[p] = (rss / 1024, pss / 1024)
+    return out
+
+
+def _memory_mib(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) of a process and all its descendants, MiB."""
+    by_pid = _memory_by_pid(pid).values()
+    return sum(r for r, _ in by_pid), sum(p for _, p in by_pid)
 
 
 def _tree(pid: int) -> list[int]:
@@ -116,8 +166,11 @@ def _rss_mib(pid: int) -> float:
     return _memory_mib(pid)[0]
 
 
-def run_once(clients: int, seconds: float, workers: int) -> dict[str, float]:
-    """One measured run against a fresh collector; returns its figures."""
+def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> dict[str, float]:
+    """One measured run against a fresh collector; returns its figures.
+
+    ``rate`` (spans/s offered, all clients together) switches the clients to open loop.
+    """
     from collector.testing import running_collector
     from pipeline.schema import columns as c
     from pipeline.storage import DataDir, scan
@@ -128,17 +181,25 @@ def run_once(clients: int, seconds: float, workers: int) -> dict[str, float]:
             context = multiprocessing.get_context("spawn")
             queue = context.Queue()
             start_at = time.time() + 4.0  # clients build their requests first
-            procs = [context.Process(target=_client,
-                                     args=(col.grpc_address, k, start_at, seconds, queue))
+            per_client = rate / SPANS_PER_REQUEST / clients
+            procs = [context.Process(target=_client, args=(
+                col.grpc_address, k, start_at, seconds, queue, per_client))
                      for k in range(clients)]
             for proc in procs:
                 proc.start()
             peak, stop = [0.0, 0.0], threading.Event()
+            #: peak (RSS, PSS) of the supervisor (index 0) and of each worker, in pid order
+            peaks: dict[int, list[float]] = {}
 
             def sample() -> None:
                 while not stop.wait(0.25):
-                    rss, pss = _memory_mib(col.pid)
+                    by_pid = _memory_by_pid(col.pid)
+                    rss = sum(r for r, _ in by_pid.values())
+                    pss = sum(p for _, p in by_pid.values())
                     peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+                    for p, (r, s) in by_pid.items():
+                        old = peaks.setdefault(p, [0.0, 0.0])
+                        old[0], old[1] = max(old[0], r), max(old[1], s)
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
@@ -156,11 +217,22 @@ def run_once(clients: int, seconds: float, workers: int) -> dict[str, float]:
         latencies = sorted(x for lat, _ in results for x in lat)
         acked = len(latencies) * SPANS_PER_REQUEST
         stored = scan(DataDir(data), "spans").select(c.TRACE_ID).collect().height
-    q = statistics.quantiles(latencies, n=100)
+    q = statistics.quantiles(latencies, n=1000)
+    supervisor = peaks.get(col.pid, [0.0, 0.0])
+    # the workers are the supervisor's children that grew past an idle interpreter (the
+    # multiprocessing resource tracker is a child too, about 10 MiB)
+    workers_peak = sorted((v for p, v in peaks.items() if p != col.pid and v[0] > 40),
+                          reverse=True)
     return {"spans_per_s": acked / seconds, "spans_per_cpu_s": acked / max(cpu_used, 1e-9),
-            "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
+            "p50_ms": q[499] * 1000, "p99_ms": q[989] * 1000, "p999_ms": q[998] * 1000,
+            "max_ms": latencies[-1] * 1000,
             "rss_mib": peak[0], "pss_mib": peak[1], "refused": float(sum(r for _, r in results)),
-            "stored_equals_acked": float(stored == acked)}
+            "stored_equals_acked": float(stored == acked), "load": float(_load()),
+            "supervisor_rss": supervisor[0], "supervisor_pss": supervisor[1],
+            "worker_rss": max((v[0] for v in workers_peak), default=0.0),
+            "worker_pss": max((v[1] for v in workers_peak), default=0.0),
+            "others_rss": sum(v[0] for p, v in peaks.items() if p != col.pid)
+            - sum(v[0] for v in workers_peak)}
 
 
 def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] | None:
@@ -262,6 +334,17 @@ def cpu_per_span(runs: int, requests: int = 40) -> dict[str, list[float]]:
     return out
 
 
+def _load() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def _figures(r: dict[str, float]) -> str:
+    return (f"{r['spans_per_s']:,.0f} spans/s ({r['spans_per_cpu_s']:,.0f} per collector "
+            f"CPU-second), Export p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+            f"p99.9 {r['p999_ms']:.1f} ms, max {r['max_ms']:.1f} ms, RSS all processes "
+            f"{r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f} MiB)")
+
+
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
@@ -276,6 +359,10 @@ def main() -> None:
                         help="Python of a venv with arize-phoenix, to measure it as the peer")
     parser.add_argument("--cpu", action="store_true",
                         help="only the in-process CPU-per-span micro-benchmark (no servers)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="also run open loop at this offered load, spans/s (all clients)")
+    parser.add_argument("--no-saturation", action="store_true",
+                        help="with --rate: skip the closed-loop (saturation) runs")
     args = parser.parse_args()
     if args.cpu:
         stages = cpu_per_span(max(args.runs, 5))
@@ -286,22 +373,30 @@ def main() -> None:
         print(f"=> {1e6 / export:,.0f} spans per CPU-second of the collector's own path "
               f"(decode, WAL, Parquet; gRPC not included)")
         return
-    print(f"load average before: {Path('/proc/loadavg').read_text().split()[0]} "
-          f"on {os.cpu_count()} CPUs (a shared machine inflates every figure below)")
-    runs = [run_once(args.clients, args.seconds, args.workers) for _ in range(args.runs)]
-    for i, r in enumerate(runs):
-        print(f"run {i + 1}: {r['spans_per_s']:,.0f} spans/s "
-              f"({r['spans_per_cpu_s']:,.0f} per collector CPU-second), p50 {r['p50_ms']:.1f} ms, "
-              f"p99 {r['p99_ms']:.1f} ms, RSS {r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f}), "
-              f"refused {r['refused']:.0f}, "
-              f"stored == acked: {bool(r['stored_equals_acked'])}")
-    m = _median(runs)
-    print(f"fleetlens collector (median of {args.runs}, {args.clients} clients, "
-          f"{args.workers} workers, {SPANS_PER_REQUEST}-span requests, durable): "
-          f"{m['spans_per_s']:,.0f} spans/s ({m['spans_per_cpu_s']:,.0f} per collector "
-          f"CPU-second), Export p50 {m['p50_ms']:.1f} ms, "
-          f"p99 {m['p99_ms']:.1f} ms, RSS {m['rss_mib']:.0f} MiB (PSS {m['pss_mib']:.0f} MiB)")
-    if not args.phoenix:
+    print(f"load average before: {_load()} on {os.cpu_count()} CPUs "
+          "(a shared machine inflates every figure below)")
+    modes = [] if args.no_saturation and args.rate else [0.0]
+    modes += [args.rate] if args.rate else []
+    saturation: dict[str, float] = {}
+    for rate in modes:
+        runs = [run_once(args.clients, args.seconds, args.workers, rate)
+                for _ in range(args.runs)]
+        label = (f"open loop, {rate:,.0f} spans/s offered" if rate
+                 else "closed loop (saturation)")
+        for i, r in enumerate(runs):
+            print(f"{label}, run {i + 1}: {_figures(r)}, refused {r['refused']:.0f}, "
+                  f"stored == acked: {bool(r['stored_equals_acked'])}, load average after "
+                  f"{r['load']:.2f}")
+        m = _median(runs)
+        print(f"fleetlens collector, {label} (median of {args.runs}, {args.clients} clients, "
+              f"{args.workers} workers, {SPANS_PER_REQUEST}-span requests, durable): "
+              f"{_figures(m)}")
+        print(f"  peak memory per process (median of runs): supervisor RSS "
+              f"{m['supervisor_rss']:.0f} MiB (PSS {m['supervisor_pss']:.0f}), largest worker "
+              f"RSS {m['worker_rss']:.0f} MiB (PSS {m['worker_pss']:.0f}), other children "
+              f"RSS {m['others_rss']:.0f} MiB")
+        saturation = saturation or m
+    if args.no_saturation or not args.phoenix:
         print("Arize Phoenix peer: not measured (pass --phoenix PYTHON of a venv with "
               "arize-phoenix)")
         return
@@ -313,6 +408,7 @@ def main() -> None:
           f"({peer['spans_per_cpu_s']:,.0f} per Phoenix CPU-second), "
           f"p50 {peer['p50_ms']:.1f} ms, p99 {peer['p99_ms']:.1f} ms, RSS {peer['rss_mib']:.0f} "
           f"MiB, refused {peer['refused']:.0f}")
+    m = saturation
     print(f"ratio fleetlens / Phoenix: {m['spans_per_s'] / peer['spans_per_s']:.1f}x spans/s, "
           f"{m['spans_per_cpu_s'] / peer['spans_per_cpu_s']:.1f}x spans per CPU-second")
 
