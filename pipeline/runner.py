@@ -5,15 +5,16 @@ One run:
 1. lists the raw segments and compares them with ``state/pipeline.json``: segments not seen
    before (or whose size changed) are *new*;
 2. reads the new segments' event times: the UTC hours they touch (a span from its start to its
-   end, a metric point from its timestamp to one sample gap later) become *dirty*; rows older
-   than their host's watermark minus ``lateness_s`` are too late (counted, reported, kept in
-   raw, not used to reopen old hours);
+   end, a metric point from its timestamp to one sample gap later) become *dirty*; for phase 2
+   a metric point also dirties the hour one gap before it (its sample's energy interval can
+   start there); rows older than their host's watermark minus ``lateness_s`` are too late
+   (counted, reported, kept in raw, not used to reopen old hours);
 3. phase 1, per dirty hour: ``normalize`` (spans -> requests) and ``samples`` (metric points ->
    gpu_samples, engine_samples, instance_gpus), reading only the segments whose event-time
    extent overlaps that hour;
-4. phase 2, per dirty hour: ``energy`` over the slots of every request active in the hour, then
-   ``windows``; requests from earlier, clean hours that ran into a dirty hour get their
-   ``request_energy`` row replaced in place;
+4. phase 2, per phase-2-dirty hour: ``energy`` over the slots of every request active in the
+   hour, then ``windows``; requests from earlier, clean hours that ran into a dirty hour get
+   their ``request_energy`` row replaced in place;
 5. saves the state. Derived partitions are rewritten whole and sorted, so rerunning over the
    same raw data gives byte-identical files, and an incremental run gives the same files as a
    full recompute.
@@ -142,18 +143,25 @@ class Pipeline:
         frame = pl.scan_parquet(self.dd.root / path)
         if signal == "spans":
             lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
+            back = lo
         else:
             lo, hi, end = pl.col(c.TS_NS), pl.col(c.TS_NS) + self.gap_ns, pl.col(c.TS_NS)
+            # A GPU sample's energy covers the interval since the previous sample, up to one
+            # gap back: the energy (phase 2) of that earlier time changes too.
+            back = lo - self.gap_ns
         rows = frame.select(
-            pl.col(c.HOST_NAME).fill_null(""), lo.alias("lo"),
+            pl.col(c.HOST_NAME).fill_null(""), lo.alias("lo"), back.alias("back"),
             pl.max_horizontal(hi, lo).alias("hi"), end.alias("end"),
             pl.col(c.RECEIVED_NS).alias("received"),
         ).join(marks.lazy(), on=c.HOST_NAME, how="left")
         late = pl.col("end") < pl.col("mark") - self.cfg.lateness_s * NS
         return rows.with_columns(late.fill_null(False).alias("late"))
 
-    def _discover(self, state: PipelineState, summary: RunSummary) -> set[int]:
-        """Register new segments and return the hours they make dirty.
+    def _discover(self, state: PipelineState, summary: RunSummary) -> tuple[set[int], set[int]]:
+        """Register new segments and return the hours they make dirty: ``(phase 1, phase 2)``.
+
+        Phase 2 (energy, windows) also redoes the hour before a metric point when the point's
+        sample interval can reach into it.
 
         Each segment is aggregated on its own (extent, hours, per-host maxima), so memory
         stays bounded by one segment however much is new.
@@ -168,6 +176,7 @@ class Pipeline:
                               "mark": list(state.watermarks.values())},
                              schema={c.HOST_NAME: pl.String, "mark": pl.Int64})
         dirty: set[int] = set()
+        energy_dirty: set[int] = set()
         per_host: list[pl.DataFrame] = []
         for rel, signal, size in new:
             rows = self._event_rows(signal, rel, marks)
@@ -181,15 +190,17 @@ class Pipeline:
             ).with_columns(pl.lit(signal).alias("signal")).collect()
             spans = rows.filter(~pl.col("late")).select(
                 (pl.col("lo") - pl.col("lo").mod(HOUR_NS)).alias("a"),
-                (pl.col("hi") - pl.col("hi").mod(HOUR_NS)).alias("b")).unique().collect()
-            for first, last in spans.iter_rows():
+                (pl.col("hi") - pl.col("hi").mod(HOUR_NS)).alias("b"),
+                (pl.col("back") - pl.col("back").mod(HOUR_NS)).alias("z")).unique().collect()
+            for first, last, earliest in spans.iter_rows():
                 dirty.update(range(first, last + HOUR_NS, HOUR_NS))
+                energy_dirty.update(range(earliest, first, HOUR_NS))
             state.segments[rel] = Segment(
                 signal, size, int(stats["lo"].min() or 0), int(stats["hi"].max() or 0),
                 int(stats["n"].sum()))
             per_host.append(stats)
         if not per_host:
-            return dirty
+            return dirty, dirty | energy_dirty
         stats = pl.concat(per_host)
         summary.new_rows = int(stats["n"].sum())
         summary.too_late_rows = int(stats["late"].sum())
@@ -200,7 +211,7 @@ class Pipeline:
             pl.col("delay").median())
         summary.export_delay_s = {h: round(float(d), 3) for h, d in delays.sort(c.HOST_NAME)
                                   .iter_rows() if d is not None}
-        return dirty
+        return dirty, dirty | energy_dirty
 
     # --- phase 1 -------------------------------------------------------------------------
     def _raw(self, state: PipelineState, signal: str, lo: int, hi: int,
@@ -338,13 +349,14 @@ class Pipeline:
         fp = fingerprint(self.cfg)
         if full or state.fingerprint != fp:
             state = PipelineState(fingerprint=fp)
-        dirty = self._discover(state, summary)
-        hours = sorted(dirty)
+        dirty, energy_dirty = self._discover(state, summary)
+        hours = sorted(energy_dirty)
         summary.dirty_hours = len(hours)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish") as self._writer:
             try:
-                self._phase1_all(state, hours, summary)
-                self._each(hours, "energy+windows", lambda h: self._phase2(h, dirty, summary))
+                self._phase1_all(state, sorted(dirty), summary)
+                self._each(hours, "energy+windows",
+                           lambda h: self._phase2(h, energy_dirty, summary))
             finally:  # even when failing: no write may outlive the run
                 pending, self._pending = self._pending, []
                 wait(pending)
@@ -353,7 +365,7 @@ class Pipeline:
         if full or not state.segments:
             oldest = min((hour_of(s.min_ns) for s in state.segments.values() if s.rows),
                          default=None)
-            self._clear_orphans(dirty, oldest)
+            self._clear_orphans(energy_dirty, oldest)
         state.save(self.dd)
         summary.seconds = round(time.perf_counter() - began, 3)
         return summary
