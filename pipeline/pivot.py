@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import polars as pl
 
 from pipeline.attrs import code
@@ -27,6 +29,25 @@ SRC = "__src"
 SLOT = "__slot"
 KEY = "__key"
 _CODE_BITS = 62
+
+
+class Split(NamedTuple):
+    """Metric points with their source strings replaced by a code (see :func:`split_sources`)."""
+
+    slim: pl.DataFrame
+    combos: pl.DataFrame
+
+    def filter(self, predicate: pl.Expr) -> Split:
+        """The points of ``slim`` matching ``predicate`` (every combination kept)."""
+        return Split(self.slim.filter(predicate), self.combos)
+
+
+def as_split(points: pl.DataFrame | Split) -> Split:
+    """``points`` split into codes and combinations, unless they already are: the samples
+    stages accept both, so one hour's points are split once for all three."""
+    if isinstance(points, Split):
+        return points
+    return Split(*split_sources(points, [c.TS_NS, c.VALUE]))
 
 
 def split_sources(points: pl.DataFrame, keep: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -72,9 +93,16 @@ def pivot_sorted(frame: pl.DataFrame, columns: list[str], key: pl.Expr) -> pl.Da
     """
     long = frame.select(pl.col(SLOT), key.alias(KEY), pl.col(c.VALUE))
     parts: list[pl.DataFrame] = []
+    order: pl.Series | None = None
+    unsorted_keys: pl.Series | None = None
     for slot, column in enumerate(columns):
         part = long.filter(pl.col(SLOT) == slot).select(KEY, pl.col(c.VALUE).alias(column))
-        part = part.sort(KEY)
+        # An agent sends all metrics of a sample together, so the metrics' keys usually come
+        # in the same order: one argsort then serves every metric.
+        if order is None or not part.get_column(KEY).equals(unsorted_keys):
+            unsorted_keys = part.get_column(KEY)
+            order = unsorted_keys.arg_sort()
+        part = part[order]
         keys = part.get_column(KEY)
         if keys.len() > 1 and not keys.diff().min() > 0:  # repeats: keep the maximum
             part = part.group_by(KEY).agg(pl.col(column).max()).sort(KEY)

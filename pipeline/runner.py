@@ -44,6 +44,7 @@ from pipeline.partitions import (
     read_hours,
     read_raw,
 )
+from pipeline.pivot import as_split
 from pipeline.samples import engine_samples, gpu_samples, instance_gpus
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
@@ -65,7 +66,7 @@ _COLUMNS = {
               c.GEN_AI_DECODE_S, c.GEN_AI_INFERENCE_S, c.GEN_AI_PROMPT_TOKENS,
               c.GEN_AI_COMPLETION_TOKENS),
     "metrics": (c.METRIC_NAME, c.UNIT, c.TS_NS, c.VALUE, c.TEMPORALITY, c.SERVICE_NAME,
-                c.HOST_NAME, c.ATTRIBUTES, c.RECEIVED_NS),
+                c.HOST_NAME, c.ATTRIBUTES),
 }
 #: Raw string columns read as Parquet dictionaries (pl.Categorical): a handful of distinct
 #: values repeated over millions of rows, which the stages only ever group on.
@@ -227,6 +228,7 @@ class Pipeline:
         points = self._raw(state, "metrics", lo - self.gap_ns, hi,
                            pl.col(c.TS_NS).is_between(lo - self.gap_ns, hi, closed="left"))
         in_hour = pl.col(c.TS_NS) >= lo
+        points = as_split(points)  # once for the three samples stages
         mapping = instance_gpus(points.filter(in_hour))
         spans = self._raw(state, "spans", lo, hi,
                           (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import polars as pl
 
 from pipeline.attrs import extract_keys
-from pipeline.pivot import KEY, SLOT, SRC, pivot_sorted, split_sources
+from pipeline.pivot import KEY, SLOT, SRC, Split, as_split, pivot_sorted
 from pipeline.schema import attributes as a
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
@@ -73,7 +73,7 @@ _PACK_TS = 1 << _PACK_BITS  # ns: about 2.4 hours of timestamps packed beside th
 _COLUMN, _MUL, _DIV = "__column", "__mul", "__div"
 
 
-def _wide(points: pl.DataFrame, columns_of: Callable[[pl.DataFrame], pl.DataFrame],
+def _wide(points: pl.DataFrame | Split, columns_of: Callable[[pl.DataFrame], pl.DataFrame],
           columns: list[str], series: list[str],
           describe: Callable[[pl.DataFrame], pl.DataFrame],
           labels: tuple[pl.Expr, ...] = ()) -> pl.DataFrame:
@@ -89,7 +89,7 @@ def _wide(points: pl.DataFrame, columns_of: Callable[[pl.DataFrame], pl.DataFram
     duplicate, the latest value for a counter. The result carries :data:`GROUP`, the series'
     rank in sorted order, for ``shift``-based per-series computations.
     """
-    slim, combos = split_sources(points, [c.TS_NS, c.VALUE])
+    slim, combos = as_split(points)
     combos = columns_of(combos).filter(pl.col(_COLUMN).is_not_null())
     seen = set(combos.get_column(_COLUMN).to_list())
     present = [col for col in columns if col in seen]
@@ -134,15 +134,16 @@ def _gpu_columns(combos: pl.DataFrame) -> pl.DataFrame:
 
 
 @stage(t.GPU_SAMPLES)
-def gpu_samples(points: pl.DataFrame, max_gap_s: float) -> pl.DataFrame:
+def gpu_samples(points: pl.DataFrame | Split, max_gap_s: float) -> pl.DataFrame:
     """GPU metric points -> one row per (host, GPU, timestamp).
 
     Input: ``metric_points`` (deduplicated or not; other metrics are ignored; source columns
-    String or Categorical). Output: ``gpu_samples`` sorted by (host_name, gpu_uuid, ts_ns), plus
-    ``mem_total_bytes`` and ``energy_delta_j``: the GPU's energy since its previous sample: the
-    point's value for an energy sum with delta temporality, else the counter's increase (a drop
-    means the counter restarted: the increase is then the new value), else the trapezoid of
-    power; null for a GPU's first sample or across a gap longer than ``max_gap_s``.
+    String or Categorical), or their :class:`~pipeline.pivot.Split`. Output: ``gpu_samples``
+    sorted by (host_name, gpu_uuid, ts_ns), plus ``mem_total_bytes`` and ``energy_delta_j``: the
+    GPU's energy since its previous sample: the point's value for an energy sum with delta
+    temporality, else the counter's increase (a drop means the counter restarted: the increase
+    is then the new value), else the trapezoid of power; null for a GPU's first sample or across
+    a gap longer than ``max_gap_s``.
     """
     def describe(combos: pl.DataFrame) -> pl.DataFrame:
         combos = extract_keys(combos, c.ATTRIBUTES, {
@@ -195,12 +196,13 @@ def _describe_instances(combos: pl.DataFrame) -> pl.DataFrame:
 
 
 @stage(t.ENGINE_SAMPLES)
-def engine_samples(points: pl.DataFrame) -> pl.DataFrame:
+def engine_samples(points: pl.DataFrame | Split) -> pl.DataFrame:
     """Engine metric points -> one row per (host, instance, timestamp).
 
-    Input: ``metric_points``. Output: ``engine_samples`` sorted by (host_name, instance_id,
-    ts_ns); the ``*_total`` columns are the cumulative counters as sent (consumers diff them
-    with reset handling, see :func:`counter_increase`); KV-cache usage is a 0..1 fraction.
+    Input: ``metric_points`` or their :class:`~pipeline.pivot.Split`. Output: ``engine_samples``
+    sorted by (host_name, instance_id, ts_ns); the ``*_total`` columns are the cumulative
+    counters as sent (consumers diff them with reset handling, see :func:`counter_increase`);
+    KV-cache usage is a 0..1 fraction.
     """
     wide = _wide(points, _engine_columns, list(ENGINE_METRICS.values()),
                  [c.HOST_NAME, c.INSTANCE_ID], _describe_instances, (pl.col(c.MODEL).max(),))
@@ -208,14 +210,15 @@ def engine_samples(points: pl.DataFrame) -> pl.DataFrame:
 
 
 @stage(t.INSTANCE_GPUS)
-def instance_gpus(points: pl.DataFrame) -> pl.DataFrame:
+def instance_gpus(points: pl.DataFrame | Split) -> pl.DataFrame:
     """Which GPUs serve which engine instance, and the instance's model.
 
-    Input: ``metric_points`` (the ``fleetlens.instance.gpus`` gauge and the engine metrics).
+    Input: ``metric_points`` (the ``fleetlens.instance.gpus`` gauge and the engine metrics) or
+    their :class:`~pipeline.pivot.Split`.
     Output: ``instance_gpus``, one row per (host, instance, model, gpu) seen, with the first and
     last time seen; ``gpu_uuid`` is empty for instances with no mapping gauge.
     """
-    slim, combos = split_sources(points, [c.TS_NS, c.VALUE])
+    slim, combos = as_split(points)
     is_mapping = combos.get_column(c.METRIC_NAME) == a.ENGINE_INSTANCE_GPUS
     mapping = extract_keys(
         _first_last(slim.filter(pl.col(c.VALUE) > 0), combos.filter(is_mapping)), c.ATTRIBUTES, {
