@@ -239,10 +239,28 @@ class Pipeline:
         return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu), (t.ENGINE_SAMPLES, eng),
                 (t.INSTANCE_GPUS, mapping)]
 
-    def _phase1_all(self, state: PipelineState, hours: list[int], summary: RunSummary) -> None:
+    def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
+                dirty2: set[int], summary: RunSummary) -> None:
         """Phase 1 of :data:`PHASE1_PARALLEL` hours at a time on worker threads (Polars and
-        pyarrow release the GIL); this thread publishes the results in hour order, so the
-        writes, the summary and the files are the same as one hour after the other."""
+        Parquet encoding release the GIL), and phase 2 on this thread as soon as the phase-1
+        hours it reads are published, so the two overlap on the two cores.
+
+        This thread publishes phase 1 in hour order and runs phase 2 in hour order, so the
+        files and the summary are the same as one hour after the other."""
+        # Phase 2 of hour h reads phase-1 output up to its requests' ends (at most
+        # max_request_s after the hour) plus one sample gap and slot.
+        horizon = HOUR_NS + self.cfg.max_request_s * NS + self.gap_ns + self.cfg.slot_s * NS
+        waiting = deque(hours2)
+        done2 = 0
+
+        def phase2_until(next_unpublished: int | None) -> None:
+            nonlocal done2
+            while waiting and (next_unpublished is None
+                               or waiting[0] + horizon <= next_unpublished):
+                self.progress("energy+windows", done2, len(hours2))
+                self._phase2(waiting.popleft(), dirty2, summary)
+                done2 += 1
+
         def publish_hour(hour: int, outputs: Future[list[tuple[str, pl.DataFrame]]]) -> None:
             frames = outputs.result()
             self._flush()  # at most one hour of output waiting to be written
@@ -251,14 +269,18 @@ class Pipeline:
 
         running: deque[tuple[int, Future[list[tuple[str, pl.DataFrame]]]]] = deque()
         with ThreadPoolExecutor(PHASE1_PARALLEL, thread_name_prefix="phase1") as pool:
-            for done, hour in enumerate(hours):
-                self.progress("normalize", done, len(hours))
+            for done, hour in enumerate(hours1):
+                self.progress("normalize", done, len(hours1))
                 if len(running) >= PHASE1_PARALLEL:
                     publish_hour(*running.popleft())
+                    phase2_until(running[0][0] if running else hour)
                 running.append((hour, pool.submit(self._phase1, state, hour)))
             while running:
                 publish_hour(*running.popleft())
-        self.progress("normalize", len(hours), len(hours))
+                phase2_until(running[0][0] if running else None)
+        self.progress("normalize", len(hours1), len(hours1))
+        phase2_until(None)
+        self.progress("energy+windows", len(hours2), len(hours2))
 
     def _publish(self, table: str, hour: int, frame: pl.DataFrame, summary: RunSummary) -> None:
         """Publish a partition on the writer thread: Parquet encoding (pyarrow) and Polars
@@ -290,6 +312,9 @@ class Pipeline:
         e_lo = min(lo, int(active[c.ARRIVAL_NS].min() or lo))
         e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
                            .item() or hi) + 1)
+        # A request running longer than max_request_s gets no energy past that (the hours
+        # after look back only that far for requests still running).
+        e_hi = min(e_hi, hi + self.cfg.max_request_s * NS)
         e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
         # `active` is a subset of `everyone`: take it from there, with the energy keys.
         everyone = en.with_request_keys(self._requests_active(e_lo, e_hi, read))
@@ -356,9 +381,7 @@ class Pipeline:
         summary.dirty_hours = len(hours)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish") as self._writer:
             try:
-                self._phase1_all(state, sorted(dirty), summary)
-                self._each(hours, "energy+windows",
-                           lambda h: self._phase2(h, energy_dirty, summary))
+                self._phases(state, sorted(dirty), hours, energy_dirty, summary)
             finally:  # even when failing: no write may outlive the run
                 pending, self._pending = self._pending, []
                 wait(pending)
@@ -371,12 +394,6 @@ class Pipeline:
         state.save(self.dd)
         summary.seconds = round(time.perf_counter() - began, 3)
         return summary
-
-    def _each(self, hours: list[int], phase: str, work: Callable[[int], None]) -> None:
-        for done, hour in enumerate(hours):
-            self.progress(phase, done, len(hours))
-            work(hour)
-        self.progress(phase, len(hours), len(hours))
 
     def _clear_orphans(self, keep: Iterable[int], oldest: int | None) -> None:
         """After a full run, remove derived partitions of hours with no raw data left (hours
