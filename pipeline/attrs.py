@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 import polars as pl
 
 _KEY_COLUMN = "__json_text"
+#: Below this many rows the distinct-value shortcut is not worth its categorical cast.
+_DISTINCT_MIN_ROWS = 10_000
 
 
 def json_path(key: str) -> str:
@@ -62,21 +65,37 @@ def extract_keys_distinct(
 ) -> pl.DataFrame:
     """Like :func:`extract_keys`, parsing each distinct value of ``column`` once.
 
-    Use it on columns with few distinct values (resource maps, metric point attributes). The
-    distinct values are found through a categorical encoding and joined back on its integer
-    codes, which is several times faster than joining on the strings.
+    Use it on columns with few distinct values (resource maps, metric point attributes).
     """
     if not keys:
         return frame
-    frame = frame.with_columns(code(column).alias(_KEY_COLUMN))
-    distinct = frame.group_by(_KEY_COLUMN).agg(pl.col(column).first())
-    parsed = extract_keys(distinct, column, keys).drop(column)
-    return frame.join(parsed, on=_KEY_COLUMN, how="left", maintain_order="left").drop(
-        _KEY_COLUMN)
+    return per_value(frame, column, lambda f: extract_keys(f, column, keys), always=True)
+
+
+def per_value(frame: pl.DataFrame, column: str,
+              derive: Callable[[pl.DataFrame], pl.DataFrame], *, always: bool = False,
+              ) -> pl.DataFrame:
+    """``derive(frame)``, computed once per distinct value of ``column`` when values repeat.
+
+    ``derive`` must add columns computed from ``column`` alone (JSON keys, regex extracts).
+    When ``column`` has fewer than a quarter as many distinct values as rows (or ``always``),
+    it runs on the distinct values only and the result is joined back on a categorical code,
+    several times faster than on the strings; otherwise on the whole frame. Same result either
+    way.
+    """
+    if not always and (frame.height < _DISTINCT_MIN_ROWS
+                       or frame.get_column(column).n_unique() * 4 > frame.height):
+        return derive(frame)
+    keyed = frame.with_columns(code(column).alias(_KEY_COLUMN))
+    distinct = keyed.group_by(_KEY_COLUMN).agg(pl.col(column).first())
+    derived = derive(distinct).drop(column)
+    return keyed.join(derived, on=_KEY_COLUMN, how="left", maintain_order="left",
+                      nulls_equal=True).drop(_KEY_COLUMN)
 
 
 def code(column: str) -> pl.Expr:
-    """An integer code per distinct string of ``column`` (valid within this process only)."""
+    """An integer code per distinct string of ``column``, valid within the one result it is
+    computed for (two casts of the same strings may number them differently)."""
     return pl.col(column).cast(pl.Categorical).to_physical()
 
 

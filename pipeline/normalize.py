@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.attrs import extract_keys, extract_keys_distinct, first_string_of_key
+from pipeline.attrs import extract_keys, extract_keys_distinct, first_string_of_key, per_value
 from pipeline.schema import attributes as a
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
@@ -36,6 +36,7 @@ _ATTR_IN, _ATTR_OUT, _ATTR_CACHED = "__attr_in", "__attr_out", "__attr_cached"
 _ATTR_OP, _ATTR_ERR, _ATTR_RESP_ID = "__attr_op", "__attr_err", "__attr_resp_id"
 _ATTR_RESP_MODEL, _IS_VLLM, _MAP_MODEL = "__attr_resp_model", "__is_vllm", "__map_model"
 _GW_ID, _GW_DUR = "__gw_span_id", "__gw_dur_ns"
+_FINISH = "__finish"
 
 
 def dedup_spans(spans: pl.DataFrame) -> pl.DataFrame:
@@ -88,7 +89,9 @@ def _gateway_overhead(spans: pl.DataFrame, engine: pl.DataFrame) -> pl.DataFrame
 def request_spans(spans: pl.DataFrame) -> pl.DataFrame:
     """The deduplicated spans that are requests, with the span attributes fleetlens reads."""
     spans = dedup_spans(spans)
-    spans = extract_keys(spans, c.ATTRIBUTES, _span_keys())
+    # Span attribute maps repeat a lot (the gen_ai.* keys are promoted to columns): parse
+    # each distinct map once.
+    spans = per_value(spans, c.ATTRIBUTES, lambda f: extract_keys(f, c.ATTRIBUTES, _span_keys()))
     is_vllm = pl.col(c.NAME) == a.VLLM_REQUEST_SPAN
     is_genai = (
         pl.col(c.KIND).is_in([_SERVER, _CLIENT])
@@ -132,7 +135,9 @@ def normalize(
     res_keys = _resource_keys(dimensions)
     spans = extract_keys_distinct(spans, c.RESOURCE_ATTRIBUTES, res_keys)
     span_dims = {key: (f"__span_dim_{i}", pl.String()) for i, key in enumerate(dimensions.values())}
-    spans = extract_keys(spans, c.ATTRIBUTES, span_dims)
+    spans = per_value(spans, c.ATTRIBUTES, lambda f: extract_keys(f, c.ATTRIBUTES, span_dims)
+                      .with_columns(first_string_of_key(c.ATTRIBUTES, a.GEN_AI_FINISH_REASONS)
+                                    .alias(_FINISH)))
     instance = pl.coalesce(
         pl.col(_RES_INSTANCE), pl.concat_str(pl.col(c.HOST_NAME), pl.lit("/"), c.SERVICE_NAME)
     )
@@ -148,7 +153,6 @@ def normalize(
     )
     duration_s = (pl.col(c.END_NS) - pl.col(c.START_NS)) / _NS
     inference, prefill, decode = c.GEN_AI_INFERENCE_S, c.GEN_AI_PREFILL_S, c.GEN_AI_DECODE_S
-    finish = first_string_of_key(c.ATTRIBUTES, a.GEN_AI_FINISH_REASONS)
     out = spans.with_columns(
         pl.coalesce(c.GEN_AI_REQUEST_ID, _ATTR_RESP_ID,
                     pl.concat_str(c.TRACE_ID, pl.lit("-"), c.SPAN_ID)).alias(c.REQUEST_ID),
@@ -164,7 +168,7 @@ def normalize(
         pl.coalesce(c.GEN_AI_PROMPT_TOKENS, _ATTR_IN).alias(c.INPUT_TOKENS),
         pl.coalesce(c.GEN_AI_COMPLETION_TOKENS, _ATTR_OUT).alias(c.OUTPUT_TOKENS),
         pl.col(_ATTR_CACHED).alias(c.CACHED_TOKENS),
-        finish.alias(c.FINISH_REASON),
+        pl.col(_FINISH).alias(c.FINISH_REASON),
         pl.when(pl.col(_IS_VLLM)).then(pl.lit(SOURCE_VLLM)).otherwise(pl.lit(SOURCE_GENAI))
         .alias(c.SOURCE),
         ((pl.col(_GW_DUR) - (pl.col(c.END_NS) - pl.col(c.START_NS))) / _NS).alias(c.NETWORK_S),
