@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from collector.errors import Overloaded, StorageFailure
 from collector.signals import BY_CODE, SIGNALS, Signal
@@ -39,11 +38,14 @@ class Segments:
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if not table.num_rows:
             return 0
-        hours = pc.divide(table[signal.time_column], _HOUR_NS)
-        unique = pc.unique(hours).to_pylist()
+        # numpy, not pyarrow.compute: loading Arrow's compute module costs each worker about
+        # 7 MiB of RSS, and the time column is int64 without nulls (zero-copy view).
+        hours = table[signal.time_column].to_numpy() // _HOUR_NS
+        first, last = int(hours.min()), int(hours.max())
+        unique = [first] if first == last else sorted(set(hours.tolist()))
         for hour in unique:
             # The common case is one hour: write the table as is, without a filtered copy.
-            part = table if len(unique) == 1 else table.filter(pc.equal(hours, hour))
+            part = table if len(unique) == 1 else table.filter(pa.array(hours == hour))
             path = self.data_dir.raw_segment_path(
                 signal.folder, hour * _HOUR_NS, self.writer_id, next(self._seq))
             write_parquet_atomic(part, path)

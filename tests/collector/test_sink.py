@@ -6,6 +6,9 @@ succeeds; a process that dies before publishing leaves a WAL that replay turns i
 
 from __future__ import annotations
 
+import time
+
+import pyarrow.parquet as pq
 import pytest
 
 from collector.config import CollectorConfig
@@ -17,6 +20,7 @@ from collector.telemetry import Telemetry
 from collector.testing import vllm_trace_request
 from collector.wal import FAULT_DISK_FULL_ENV, Wal
 from collector.worker import replay_orphans
+from pipeline.schema import columns as c
 from pipeline.storage import DataDir, scan
 
 
@@ -111,3 +115,27 @@ def test_a_process_that_died_before_publishing_is_replayed(data_dir) -> None:
     assert replayed == 4 and _rows(data_dir) == 100
     assert not (data_dir.wal / "dead").exists()
     other.close()
+
+
+def test_rows_of_several_hours_go_to_one_segment_per_hour(data_dir) -> None:
+    hour_ns = 3600 * 10**9
+    base = (time.time_ns() // hour_ns - 2) * hour_ns  # two hours ago, on the hour
+    ingest, sink = _make(data_dir)
+    # three requests buffered together, their spans in two different hours
+    ingest.export(SPANS, vllm_trace_request(
+        30, seed=1, start_ns=base + hour_ns - 10**9).SerializeToString())
+    ingest.export(SPANS, vllm_trace_request(20, seed=2, start_ns=base + 5 * 10**9)
+                  .SerializeToString())
+    ingest.export(SPANS, vllm_trace_request(10, seed=3, start_ns=base + hour_ns + 10**9)
+                  .SerializeToString())
+    assert sink.flush()
+    sink.close()
+    by_hour: dict[str, int] = {}
+    for path in data_dir.raw("spans").rglob("*.parquet"):
+        rows = pq.read_metadata(path).num_rows
+        by_hour[path.parent.name] = by_hour.get(path.parent.name, 0) + rows
+        starts = pq.read_table(path, columns=[c.START_NS])[c.START_NS].to_pylist()
+        assert {s // hour_ns for s in starts} == {starts[0] // hour_ns}  # one hour per file
+    first, second = (f"hour={(base + k * hour_ns) // hour_ns % 24:02d}" for k in (0, 1))
+    assert by_hour == {first: 50, second: 10}
+    assert _rows(data_dir) == 60
