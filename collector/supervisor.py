@@ -1,9 +1,13 @@
 """Runs the collector's worker processes and restarts any that die.
 
-With one worker the collector is a single process. With more, each worker is a spawned
+With one worker the collector is a single process. With more, each worker is a forked
 process serving the same ports (SO_REUSEPORT): the kernel spreads connections over them, so
 decoding uses every core. SIGTERM is forwarded; workers drain and flush before they exit.
 A restarted worker replays the WAL its predecessor left.
+
+Fork, not spawn: the supervisor has no threads and has imported neither Arrow nor gRPC, so a
+forked worker starts from a clean, small interpreter, and no multiprocessing resource-tracker
+process is needed (spawn starts one: about 12 MiB of RSS for nothing).
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ RESTART_DELAY_S = 0.5
 #: A worker that dies this soon after starting, this many times in a row, stops the collector.
 QUICK_FAILURE_S = 10.0
 MAX_QUICK_FAILURES = 3
-#: glibc malloc arenas per worker: the default (8 per core) inflates RSS with gRPC's threads.
-MALLOC_ARENAS = "2"
 
 
 def _worker_main(*args: object) -> None:
@@ -48,8 +50,7 @@ def run(config: CollectorConfig, root: str) -> None:
     if count == 1:
         _worker_main(config, root)
         return
-    os.environ.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENAS)  # inherited by spawned workers
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("fork")
     array = shared_array(count)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

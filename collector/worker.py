@@ -36,6 +36,9 @@ DRAIN_GRACE_S = 10.0
 SUMMARY_EVERY_S = 60.0
 #: Age after which a hidden temporary Parquet file is taken as left by a dead writer.
 STALE_TMP_S = 600.0
+#: glibc malloc arenas per worker: the default (8 per core) inflates RSS with gRPC's threads.
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # mallopt parameter number (malloc.h)
 
 
 class _KeepOut(importlib.abc.MetaPathFinder):
@@ -113,6 +116,20 @@ def remove_stale_tmp(data_dir: DataDir, older_than_s: float = STALE_TMP_S) -> in
     return removed
 
 
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
+    """Cap glibc's malloc arenas for the threads this process starts from now on.
+
+    ``mallopt`` rather than ``MALLOC_ARENA_MAX`` in the environment: glibc reads that only
+    when a program starts, and workers are forked. An explicit ``MALLOC_ARENA_MAX`` wins.
+    """
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):
+        return  # not glibc: nothing to tune
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Linux: get SIGKILLed when the supervisor dies, so no orphan holds the ports."""
     try:
@@ -127,9 +144,11 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
                parent_pid: int | None = None) -> None:
     """Run one collector process until SIGTERM or SIGINT, then drain and flush."""
     keep_out_pandas()
+    limit_malloc_arenas()  # before gRPC starts its threads
     if parent_pid is not None:
         _die_with_parent(parent_pid)
-        logging.basicConfig(level=logging.INFO,
+        # force: a forked worker inherits the supervisor's handler; tag lines with the slot
+        logging.basicConfig(level=logging.INFO, force=True,
                             format=f"%(asctime)s worker{slot} %(levelname)s %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
