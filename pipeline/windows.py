@@ -3,12 +3,13 @@
 A request belongs to the window holding its ``arrival_ns`` (docs/metrics-definitions.md).
 Rows exist per (window, service_name, model, host_name) with at least one request, and
 fleet-wide per (window, service_name, model) with ``host_name = FLEET_WIDE``. Percentiles are
-exact: DuckDB ``quantile_cont`` (linear interpolation), about 3x faster than Polars here.
+exact, with linear interpolation between the closest ranks (DuckDB's ``quantile_cont``). On
+one hour of requests at a time Polars computes them faster than a DuckDB round trip (0.11 s
+against 0.16 s for 417k requests on one thread), so this stage stays in Polars.
 """
 
 from __future__ import annotations
 
-import duckdb
 import polars as pl
 
 from pipeline.samples import counter_increase
@@ -31,49 +32,31 @@ def window_start(ts: pl.Expr, window_s: int) -> pl.Expr:
 
 
 def _request_aggregates(requests: pl.DataFrame, window_s: int) -> pl.DataFrame:
-    """Counts, sums and exact percentiles per host group and fleet-wide, in DuckDB."""
+    """Counts, sums and exact percentiles per host group and fleet-wide."""
     frame = requests.select(
         window_start(pl.col(c.ARRIVAL_NS), window_s).alias(c.WINDOW_START_NS),
         c.SERVICE_NAME, c.MODEL, c.HOST_NAME, c.INPUT_TOKENS, c.OUTPUT_TOKENS, c.IS_ERROR,
         *_LATENCY_COLUMNS.values(),
     )
-    probs = ", ".join(str(q) for _, q in c.PERCENTILES)
-    quantiles = [f'quantile_cont("{col}", [{probs}]) AS "q_{m}"'
-                 for m, col in _LATENCY_COLUMNS.items()]
-    sql = f"""
-        SELECT "{c.WINDOW_START_NS}", "{c.SERVICE_NAME}", "{c.MODEL}",
-               coalesce("{c.HOST_NAME}", '{FLEET_WIDE.replace("'", "''")}') AS "{c.HOST_NAME}",
-               grouping("{c.HOST_NAME}") AS fleet,
-               count(*) AS n, sum("{c.INPUT_TOKENS}")::BIGINT AS tin,
-               sum("{c.OUTPUT_TOKENS}")::BIGINT AS tout,
-               sum(CASE WHEN "{c.IS_ERROR}" THEN 1 ELSE 0 END)::BIGINT AS errors,
-               {", ".join(quantiles)}
-        FROM frame
-        GROUP BY GROUPING SETS (
-            ("{c.WINDOW_START_NS}", "{c.SERVICE_NAME}", "{c.MODEL}", "{c.HOST_NAME}"),
-            ("{c.WINDOW_START_NS}", "{c.SERVICE_NAME}", "{c.MODEL}"))
-    """
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("frame", frame.to_arrow())
-        out = pl.from_arrow(con.sql(sql).to_arrow_table())
-    finally:
-        con.close()
-    assert isinstance(out, pl.DataFrame)
-    pct = [
-        pl.col(f"q_{m}").list.get(i).alias(c.percentile_column(m, suffix))
-        for m in _LATENCY_COLUMNS for i, (suffix, _) in enumerate(c.PERCENTILES)
+    aggs = [
+        pl.len().cast(pl.Int64).alias(c.REQUESTS),
+        pl.col(c.INPUT_TOKENS).sum().cast(pl.Int64),
+        pl.col(c.OUTPUT_TOKENS).sum().cast(pl.Int64),
+        pl.col(c.IS_ERROR).sum().cast(pl.Int64).alias("__errors"),
+        *[pl.col(col).quantile(q, interpolation="linear").alias(c.percentile_column(m, suffix))
+          for m, col in _LATENCY_COLUMNS.items() for suffix, q in c.PERCENTILES],
     ]
+    per_host = frame.group_by(_GROUP).agg(aggs).with_columns(
+        pl.col(c.HOST_NAME).fill_null(FLEET_WIDE))
+    fleet = frame.group_by(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL).agg(aggs).with_columns(
+        pl.lit(FLEET_WIDE).alias(c.HOST_NAME))
+    out = pl.concat([per_host, fleet.select(per_host.columns)])
     return out.with_columns(
         pl.lit(window_s, pl.Int64).alias(c.WINDOW_S),
-        pl.col("n").cast(pl.Int64).alias(c.REQUESTS),
-        (pl.col("n") / window_s).alias(c.RPS),
-        pl.col("tin").cast(pl.Int64).fill_null(0).alias(c.INPUT_TOKENS),
-        pl.col("tout").cast(pl.Int64).fill_null(0).alias(c.OUTPUT_TOKENS),
-        (pl.col("tout").fill_null(0) / window_s).alias(c.OUTPUT_TOK_S),
-        (pl.col("errors") / pl.col("n")).alias(c.ERROR_RATE),
-        *pct,
-    )
+        (pl.col(c.REQUESTS) / window_s).alias(c.RPS),
+        (pl.col(c.OUTPUT_TOKENS) / window_s).alias(c.OUTPUT_TOK_S),
+        (pl.col("__errors") / pl.col(c.REQUESTS)).alias(c.ERROR_RATE),
+    ).drop("__errors")
 
 
 def engine_window_stats(engine: pl.DataFrame, window_s: int) -> pl.DataFrame:
