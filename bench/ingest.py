@@ -162,6 +162,22 @@ def _cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _busiest_worker_connections(address: str, pids: list[int]) -> float:
+    """Client connections held by the busiest worker (SO_REUSEPORT hashes each connection
+    to one worker for its whole life, so 4 clients on 2 workers split 2/2 only 3 times in 8).
+    NaN when ``ss`` cannot tell."""
+    port = address.rsplit(":", 1)[1]
+    try:
+        out = subprocess.run(["ss", "-tnpH", "state", "established", f"sport = :{port}"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return float("nan")
+    owners = [int(line.split("pid=")[1].split(",")[0]) for line in out.splitlines()
+              if "pid=" in line]
+    counts = [owners.count(p) for p in pids]
+    return float(max(counts)) if owners else float("nan")
+
+
 def _rss_mib(pid: int) -> float:
     return _memory_mib(pid)[0]
 
@@ -206,7 +222,9 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
             while time.time() < start_at:
                 time.sleep(0.005)
             cpu_before = _cpu_seconds(col.pid)
-            time.sleep(seconds)
+            time.sleep(min(1.0, seconds / 2))
+            busiest = _busiest_worker_connections(col.grpc_address, _tree(col.pid))
+            time.sleep(seconds - min(1.0, seconds / 2))
             cpu_used = _cpu_seconds(col.pid) - cpu_before
             results = [queue.get(timeout=seconds + 120) for _ in procs]
             for proc in procs:
@@ -228,6 +246,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
             "max_ms": latencies[-1] * 1000,
             "rss_mib": peak[0], "pss_mib": peak[1], "refused": float(sum(r for _, r in results)),
             "stored_equals_acked": float(stored == acked), "load": float(_load()),
+            "busiest": busiest,
             "supervisor_rss": supervisor[0], "supervisor_pss": supervisor[1],
             "worker_rss": max((v[0] for v in workers_peak), default=0.0),
             "worker_pss": max((v[1] for v in workers_peak), default=0.0),
@@ -385,7 +404,8 @@ def main() -> None:
                  else "closed loop (saturation)")
         for i, r in enumerate(runs):
             print(f"{label}, run {i + 1}: {_figures(r)}, refused {r['refused']:.0f}, "
-                  f"stored == acked: {bool(r['stored_equals_acked'])}, load average after "
+                  f"stored == acked: {bool(r['stored_equals_acked'])}, busiest worker held "
+                  f"{r['busiest']:.0f} of {args.clients} connections, load average after "
                   f"{r['load']:.2f}")
         m = _median(runs)
         print(f"fleetlens collector, {label} (median of {args.runs}, {args.clients} clients, "
