@@ -32,7 +32,8 @@ from pipeline.storage import DataDir, parquet_files, write_parquet_atomic
 _DAY_NS = 24 * HOUR_NS
 #: Derived tables kept as long as the windows; the others follow the raw retention.
 ROLLUPS = (t.WINDOWS, t.GPU_WINDOW_ENERGY)
-PER_ROW = (t.REQUESTS, t.REQUEST_ENERGY, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS)
+PER_ROW = (t.REQUESTS, t.REQUEST_ENERGY, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS,
+           t.GPU_SLOT_ENERGY)
 
 
 @dataclass

@@ -66,30 +66,45 @@ def with_request_keys(requests: pl.DataFrame) -> pl.DataFrame:
         group.alias(GRP))
 
 
-@stage(None)
-def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int) -> pl.DataFrame:
-    """Measured energy (µJ) and covered time (ns) per (host, GPU, slot).
+@stage(t.GPU_SLOT_ENERGY)
+def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int, since_ns: int) -> pl.DataFrame:
+    """Measured energy (µJ) and covered time (ns) per (host, GPU, slot) from the samples taken
+    at or after ``since_ns``.
 
-    Input: ``gpu_samples`` (each GPU's rows in time order) with ``energy_delta_j``. Output
-    columns: :data:`GID`, host_name, gpu_uuid, slot start, measured µJ, covered ns. A sample's
-    interval ``(previous ts, ts]`` needs the previous sample in the frame, so callers load one
-    gap back.
+    Input: ``gpu_samples`` with ``energy_delta_j``, sorted by (host_name, gpu_uuid, ts_ns),
+    including each GPU's sample before ``since_ns`` (a sample's interval ``(previous ts, ts]``
+    needs it). Output: ``gpu_slot_energy`` sorted by its key; an interval straddling a slot
+    edge is split in proportion to time, so a slot before ``since_ns`` can appear.
     """
     slot_ns = slot_s * NS
-    keyed = gpu.select(_pair_id(c.HOST_NAME, c.GPU_UUID).alias(GID), c.HOST_NAME, c.GPU_UUID,
-                       c.TS_NS, c.ENERGY_DELTA_J)
+    by = [c.HOST_NAME, c.GPU_UUID]
+    # Rows are sorted by GPU: the previous row is the previous sample when it is the same GPU,
+    # and numbering the runs of one GPU gives an integer key to group on.
+    same_gpu = pl.all_horizontal(pl.col(k) == pl.col(k).shift(1) for k in by).fill_null(False)
+    keyed = gpu.with_columns(same_gpu.alias("__same")).with_columns(
+        (~pl.col("__same")).cum_sum().alias(GID))
+    names = keyed.filter(~pl.col("__same")).select(GID, *by)
     iv = keyed.select(
-        GID, pl.col(c.TS_NS).shift(1).over(GID).alias(T0), pl.col(c.TS_NS).alias(T1),
-        pl.col(c.ENERGY_DELTA_J),
+        GID, pl.when(pl.col("__same")).then(pl.col(c.TS_NS).shift(1)).alias(T0),
+        pl.col(c.TS_NS).alias(T1), pl.col(c.ENERGY_DELTA_J),
     ).filter(pl.col(c.ENERGY_DELTA_J).is_not_null() & pl.col(T0).is_not_null()
-             & (pl.col(T1) > pl.col(T0)))
-    k0 = _ceil_slot(pl.col(T0), slot_ns)
-    k1 = _ceil_slot(pl.col(T1) - 1, slot_ns)
+             & (pl.col(T1) > pl.col(T0)) & (pl.col(T1) >= since_ns))
+    iv = iv.with_columns(_ceil_slot(pl.col(T0), slot_ns).alias("__k0"),
+                         _ceil_slot(pl.col(T1) - 1, slot_ns).alias("__k1"))
+    k0, k1 = pl.col("__k0"), pl.col("__k1")
     single = iv.filter(k0 == k1).select(
         GID, k0.alias(SLOT),
         (pl.col(c.ENERGY_DELTA_J) * UJ).round(0).cast(pl.Int64).alias(MEASURED),
         (pl.col(T1) - pl.col(T0)).alias(COVERED),
     )
+    # Samples come in (GPU, time) order, so a slot's samples are adjacent: sum the runs with a
+    # sorted group key (no hashing of millions of rows). Runs split by unsorted input would
+    # only meet again in the final group-by.
+    run = ((pl.col(GID) != pl.col(GID).shift(1)) | (pl.col(SLOT) != pl.col(SLOT).shift(1))
+           ).fill_null(True).cum_sum().set_sorted()
+    single = single.with_columns(run.alias("__run")).group_by("__run", maintain_order=True).agg(
+        pl.col(GID).first(), pl.col(SLOT).first(), pl.col(MEASURED).sum(),
+        pl.col(COVERED).sum()).drop("__run")
     multi = iv.filter(k0 != k1).with_columns(
         pl.int_ranges(k0, k1 + 1, slot_ns).alias(SLOT)).explode(SLOT)
     overlap = (pl.min_horizontal(pl.col(T1), pl.col(SLOT) + slot_ns)
@@ -100,11 +115,22 @@ def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int) -> pl.DataFrame:
         .round(0).cast(pl.Int64).alias(MEASURED),
         overlap.alias(COVERED),
     )
-    both = pl.concat([single, multi])
-    out = both.group_by(GID, SLOT).agg(pl.col(MEASURED).sum(), pl.col(COVERED).sum())
-    names = keyed.select(GID, c.HOST_NAME, c.GPU_UUID).unique(GID)
-    return out.join(names, on=GID, how="left").select(
-        GID, c.HOST_NAME, c.GPU_UUID, SLOT, MEASURED, COVERED)
+    out = pl.concat([single, multi]).group_by(GID, SLOT).agg(
+        pl.col(MEASURED).sum(), pl.col(COVERED).sum()).join(names, on=GID, how="left")
+    return out.select(*by, pl.col(SLOT).alias(c.SLOT_START_NS),
+                      pl.col(MEASURED).alias(c.MEASURED_UJ),
+                      pl.col(COVERED).alias(c.COVERED_NS)).sort(by + [c.SLOT_START_NS])
+
+
+def gpu_slots(pieces: pl.DataFrame) -> pl.DataFrame:
+    """``gpu_slot_energy`` rows (of several hour partitions) -> one row per (GPU, slot), with
+    the :data:`GID` the attribution works on."""
+    by = [c.HOST_NAME, c.GPU_UUID, c.SLOT_START_NS]
+    out = pieces.group_by(by).agg(pl.col(c.MEASURED_UJ).sum(), pl.col(c.COVERED_NS).sum())
+    return out.select(
+        _pair_id(c.HOST_NAME, c.GPU_UUID).alias(GID), c.HOST_NAME, c.GPU_UUID,
+        pl.col(c.SLOT_START_NS).alias(SLOT), pl.col(c.MEASURED_UJ).alias(MEASURED),
+        pl.col(c.COVERED_NS).alias(COVERED))
 
 
 def _phases(requests: pl.DataFrame) -> pl.DataFrame:

@@ -40,6 +40,7 @@ from pipeline.partitions import (
     NS,
     existing_hours,
     hour_of,
+    hours_between,
     publish,
     read_hours,
     read_raw,
@@ -53,8 +54,8 @@ from pipeline.storage import DataDir, parquet_files
 from pipeline.windows import windows
 
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
-OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.REQUEST_ENERGY,
-           t.GPU_WINDOW_ENERGY, t.WINDOWS)
+OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
+           t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS)
 _SIGNALS = {"spans": t.SPANS, "metrics": t.METRIC_POINTS}
 
 #: The raw columns the stages read (the rest, e.g. events and links, are never loaded).
@@ -75,9 +76,6 @@ _CATEGORICAL = {
     "metrics": (c.METRIC_NAME, c.UNIT, c.TEMPORALITY, c.SERVICE_NAME, c.HOST_NAME,
                 c.ATTRIBUTES),
 }
-
-#: The gpu_samples columns phase 2 reads (energy per sample; the rest is for readers).
-_GPU_ENERGY = [c.HOST_NAME, c.GPU_UUID, c.TS_NS, c.ENERGY_DELTA_J]
 
 #: Hours whose phase 1 runs at once: the two cores of the target machine, with at most two
 #: hours of metric points in memory (the 4 GB budget holds about two and a half).
@@ -234,10 +232,13 @@ class Pipeline:
                           (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo))
         requests = normalize(spans, mapping, self.dims).filter(
             pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
-        gpu = gpu_samples(points, self.cfg.max_sample_gap_s).filter(in_hour)
+        gpu = gpu_samples(points, self.cfg.max_sample_gap_s)
+        # Measured energy per slot now, while the samples are in memory and sorted: phase 2
+        # reads these few rows instead of the samples.
+        slots = en.gpu_slot_energy(gpu, self.cfg.slot_s, lo)
         eng = engine_samples(points).filter(in_hour)
-        return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu), (t.ENGINE_SAMPLES, eng),
-                (t.INSTANCE_GPUS, mapping)]
+        return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu.filter(in_hour)),
+                (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots)]
 
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
                 dirty2: set[int], summary: RunSummary) -> None:
@@ -319,13 +320,11 @@ class Pipeline:
         # `active` is a subset of `everyone`: take it from there, with the energy keys.
         everyone = en.with_request_keys(self._requests_active(e_lo, e_hi, read))
         active = everyone.filter(_active(lo, hi))
-        gpu = read_hours(self.dd, t.GPU_SAMPLES, range(
-            hour_of(e_lo - self.gap_ns), e_hi + self.gap_ns, HOUR_NS), _GPU_ENERGY).filter(
-            pl.col(c.TS_NS).is_between(e_lo - self.gap_ns, e_hi + self.gap_ns))
-        if c.ENERGY_DELTA_J not in gpu.columns:  # no partition at all: the bare contract frame
-            gpu = gpu.with_columns(pl.lit(None, pl.Float64).alias(c.ENERGY_DELTA_J))
-        # No sort needed: each partition is sorted by (host, gpu, ts) and hours come in order,
-        # so every GPU's rows are in time order, which is all the per-GPU shift needs.
+        # A slot's measured energy comes from samples up to one gap after it, so from the
+        # slot-energy partitions of its hour and the next.
+        pieces = read_hours(self.dd, t.GPU_SLOT_ENERGY, hours_between(e_lo, e_hi + self.gap_ns))
+        slots = en.gpu_slots(pieces.filter(
+            pl.col(c.SLOT_START_NS).is_between(e_lo, e_hi, closed="left")))
         arrival_hours = everyone.select(
             (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).unique().sort()
         ).to_series().to_list()
@@ -335,7 +334,6 @@ class Pipeline:
         ] or [t.table(t.INSTANCE_GPUS).empty().with_columns(pl.lit(0).alias(en.HOUR))],
             how="diagonal_relaxed")
         in_e = pl.col(en.SLOT).is_between(e_lo, e_hi, closed="left")
-        slots = en.gpu_slot_energy(gpu, self.cfg.slot_s).filter(in_e)
         weights = en.request_slot_weights(everyone, self.cfg.slot_s).filter(in_e)
         shares, per_slot = en.attribute(weights, everyone, mapping, slots, self.cfg.slot_s)
         in_hour = pl.col(en.SLOT).is_between(lo, hi, closed="left")

@@ -172,6 +172,11 @@ IDLE_J = "idle_j"
 COVERED_S = "covered_s"
 ACTIVE_S = "active_s"
 IDLE_ENERGY_J = "idle_energy_j"
+#: Start of an energy slot (gpu_slot_energy), ns; measured energy in it, µJ; time covered by
+#: samples, ns.
+SLOT_START_NS = "slot_start_ns"
+MEASURED_UJ = "measured_uj"
+COVERED_NS = "covered_ns"
 
 # --- baselines ----------------------------------------------------------------------------
 SERIES = "series"

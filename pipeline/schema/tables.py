@@ -242,6 +242,7 @@ _CAUSES = Table(
 # --- derived by the pipeline beside the DESIGN.md tables ----------------------------------
 GPU_WINDOW_ENERGY = "gpu_window_energy"
 INSTANCE_GPUS = "instance_gpus"
+GPU_SLOT_ENERGY = "gpu_slot_energy"
 
 #: Per GPU per window: measured joules = attributed joules + idle joules (conservation).
 _GPU_WINDOW_ENERGY = Table(
@@ -263,13 +264,25 @@ _INSTANCE_GPUS = Table(
     key=(c.HOST_NAME, c.INSTANCE_ID, c.GPU_UUID, c.START_NS),
 )
 
+#: Measured GPU energy per energy slot, from the samples of one hour (the pipeline's own
+#: intermediate: phase 2 reads it instead of the samples). A sample's interval can start in the
+#: previous hour, so a slot at an hour edge has rows in two partitions: readers sum them.
+_GPU_SLOT_ENERGY = Table(
+    GPU_SLOT_ENERGY,
+    {
+        c.HOST_NAME: STR, c.GPU_UUID: STR, c.SLOT_START_NS: I64, c.MEASURED_UJ: I64,
+        c.COVERED_NS: I64,
+    },
+    key=(c.HOST_NAME, c.GPU_UUID, c.SLOT_START_NS),
+)
+
 #: Every table of the contract by name.
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (
         _SPANS, _METRIC_POINTS, _LOG_RECORDS, _REQUESTS, _GPU_SAMPLES, _ENGINE_SAMPLES,
         _WINDOWS, _REQUEST_ENERGY, _BASELINES, _INCIDENTS, _CAUSES, _GPU_WINDOW_ENERGY,
-        _INSTANCE_GPUS,
+        _INSTANCE_GPUS, _GPU_SLOT_ENERGY,
     )
 }
 

@@ -93,7 +93,7 @@ def energy_cases(draw):
 def test_energy_conservation_per_gpu_slot(case) -> None:
     requests, gpu, mapping = case
     requests = en.with_request_keys(requests)
-    slots = en.gpu_slot_energy(gpu, 10)
+    slots = en.gpu_slots(en.gpu_slot_energy(gpu, 10, int(gpu["ts_ns"].min())))
     weights = en.request_slot_weights(requests, 10)
     shares, per_slot = en.attribute(weights, requests, mapping, slots, 10)
     assert (per_slot[en.MEASURED] == per_slot["__given"] + per_slot["__idle_uj"]).all()
