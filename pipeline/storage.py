@@ -24,7 +24,7 @@ import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -152,13 +152,16 @@ def tmp_path_for(path: Path) -> Path:
 
 
 def write_parquet_atomic(
-    frame: pl.DataFrame | pa.Table, path: str | os.PathLike[str], *, compression: str = "zstd"
+    frame: pl.DataFrame | pa.Table, path: str | os.PathLike[str], *, compression: str = "zstd",
+    compression_level: int | None = None, **arrow_options: Any,
 ) -> Path:
     """Publish ``frame`` at ``path`` so readers see all of it or nothing.
 
     Writes a hidden temporary file in the same directory, fsyncs it, renames it over
     ``path`` and fsyncs the directory. On any error the temporary file is removed and the
-    error propagates; ``path`` is never left torn.
+    error propagates; ``path`` is never left torn. ``compression_level`` is the codec's
+    default when None. ``arrow_options`` (encodings, dictionary columns) go to
+    :func:`pyarrow.parquet.write_table` when ``frame`` is an Arrow table.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -166,9 +169,11 @@ def write_parquet_atomic(
     try:
         with open(tmp, "wb") as handle:
             if isinstance(frame, pa.Table):
-                pq.write_table(frame, handle, compression=compression)
+                pq.write_table(frame, handle, compression=compression,
+                               compression_level=compression_level, **arrow_options)
             else:  # Polars' own writer: 1.5-2x faster than to_arrow + pyarrow, and smaller
-                frame.write_parquet(handle, compression=compression)
+                frame.write_parquet(handle, compression=compression,
+                                    compression_level=compression_level)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
