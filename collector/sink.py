@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -20,9 +21,30 @@ from collector.errors import Overloaded, StorageFailure
 from collector.signals import BY_CODE, SIGNALS, Signal
 from collector.telemetry import Telemetry, log
 from collector.wal import Wal
+from pipeline.schema import columns as c
 from pipeline.storage import DataDir, write_parquet_atomic
 
 _HOUR_NS = 3600 * 10**9
+#: Columns whose values are (nearly) all distinct: a dictionary there only costs CPU and bytes.
+_DISTINCT = frozenset({c.TRACE_ID, c.SPAN_ID, c.PARENT_SPAN_ID, c.GEN_AI_REQUEST_ID})
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """Parquet encodings of a raw segment, by column type.
+
+    Dictionaries only for strings that repeat (names, resource and attribute JSON), byte
+    stream split for doubles, delta encoding for int64 (timestamps, counts). On 25,000
+    vLLM-style spans (zstd, ``bench/ingest.py``): 111.7 -> 87.1 bytes per span and 43 -> 24 ms
+    of CPU per segment against pyarrow's defaults (dictionary on every column).
+    """
+    encoding = {f.name: "BYTE_STREAM_SPLIT" for f in schema if pa.types.is_floating(f.type)}
+    encoding.update({f.name: "DELTA_BINARY_PACKED" for f in schema
+                     if pa.types.is_integer(f.type)})
+    return {
+        "use_dictionary": [f.name for f in schema
+                           if pa.types.is_large_string(f.type) and f.name not in _DISTINCT],
+        "column_encoding": encoding,
+    }
 
 
 class Segments:
@@ -32,6 +54,7 @@ class Segments:
         self.data_dir = data_dir
         self.writer_id = writer_id
         self._seq = itertools.count()
+        self._options = {s.folder: parquet_options(s.arrow_schema) for s in SIGNALS}
 
     def publish(self, signal: Signal, tables: list[pa.Table]) -> int:
         """Write ``tables`` split by hour of ``signal.time_column``; returns rows written."""
@@ -48,7 +71,10 @@ class Segments:
             part = table if len(unique) == 1 else table.filter(pa.array(hours == hour))
             path = self.data_dir.raw_segment_path(
                 signal.folder, hour * _HOUR_NS, self.writer_id, next(self._seq))
-            write_parquet_atomic(part, path)
+            options = self._options[signal.folder]
+            # copies: pyarrow may add to the column_encoding dict it is given
+            write_parquet_atomic(part, path, use_dictionary=list(options["use_dictionary"]),
+                                 column_encoding=dict(options["column_encoding"]))
         return table.num_rows
 
 

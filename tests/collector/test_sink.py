@@ -139,3 +139,23 @@ def test_rows_of_several_hours_go_to_one_segment_per_hour(data_dir) -> None:
     first, second = (f"hour={(base + k * hour_ns) // hour_ns % 24:02d}" for k in (0, 1))
     assert by_hour == {first: 50, second: 10}
     assert _rows(data_dir) == 60
+
+
+def test_segments_encode_columns_by_type(data_dir) -> None:
+    ingest, sink = _make(data_dir)
+    for seed in range(2):  # two segments: the options must survive being used twice
+        ingest.export(SPANS, vllm_trace_request(50, seed=seed).SerializeToString())
+        assert sink.flush()
+    sink.close()
+    files = sorted(data_dir.raw("spans").rglob("*.parquet"))
+    assert len(files) == 2
+    for path in files:
+        group = pq.read_metadata(path).row_group(0)
+        encodings = {group.column(i).path_in_schema: set(group.column(i).encodings)
+                     for i in range(group.num_columns)}
+        dictionary = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+        assert not encodings[c.TRACE_ID] & dictionary  # distinct values: no dictionary
+        assert encodings[c.SERVICE_NAME] & dictionary
+        assert "BYTE_STREAM_SPLIT" in encodings[c.GEN_AI_E2E_S]
+        assert "DELTA_BINARY_PACKED" in encodings[c.START_NS]
+    assert _rows(data_dir) == 100
