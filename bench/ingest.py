@@ -189,7 +189,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
     """
     from collector.testing import running_collector
     from pipeline.schema import columns as c
-    from pipeline.storage import DataDir, scan
+    from pipeline.storage import DataDir, parquet_files, scan
 
     with tempfile.TemporaryDirectory(prefix="fleetlens-bench-") as tmp:
         data = Path(tmp) / "data"
@@ -235,6 +235,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
         latencies = sorted(x for lat, _ in results for x in lat)
         acked = len(latencies) * SPANS_PER_REQUEST
         stored = scan(DataDir(data), "spans").select(c.TRACE_ID).collect().height
+        on_disk = sum(p.stat().st_size for p in parquet_files(DataDir(data).raw("spans")))
     q = statistics.quantiles(latencies, n=1000)
     supervisor = peaks.get(col.pid, [0.0, 0.0])
     # the workers are the supervisor's children that grew past an idle interpreter (the
@@ -246,7 +247,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
             "max_ms": latencies[-1] * 1000,
             "rss_mib": peak[0], "pss_mib": peak[1], "refused": float(sum(r for _, r in results)),
             "stored_equals_acked": float(stored == acked), "load": float(_load()),
-            "busiest": busiest,
+            "busiest": busiest, "bytes_per_span": on_disk / max(stored, 1),
             "supervisor_rss": supervisor[0], "supervisor_pss": supervisor[1],
             "worker_rss": max((v[0] for v in workers_peak), default=0.0),
             "worker_pss": max((v[1] for v in workers_peak), default=0.0),
@@ -361,7 +362,8 @@ def _figures(r: dict[str, float]) -> str:
     return (f"{r['spans_per_s']:,.0f} spans/s ({r['spans_per_cpu_s']:,.0f} per collector "
             f"CPU-second), Export p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
             f"p99.9 {r['p999_ms']:.1f} ms, max {r['max_ms']:.1f} ms, RSS all processes "
-            f"{r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f} MiB)")
+            f"{r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f} MiB), raw spans on disk "
+            f"{r['bytes_per_span']:.1f} B/span")
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
