@@ -136,9 +136,9 @@ class Pipeline:
                 out[str(path.relative_to(self.dd.root))] = (signal, path.stat().st_size)
         return out
 
-    def _event_rows(self, signal: str, path: str, marks: pl.DataFrame) -> pl.LazyFrame:
-        """(host, lo, hi, end, received, late) per row: the event-time span a row can affect,
-        and whether it is older than its host's watermark minus the lateness."""
+    def _event_rows(self, signal: str, path: str, marks: pl.DataFrame) -> pl.DataFrame:
+        """(host, lo, hi, back, end, received, late) per row: the event-time span a row can
+        affect, and whether it is older than its host's watermark minus the lateness."""
         frame = pl.scan_parquet(self.dd.root / path)
         if signal == "spans":
             lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
@@ -152,9 +152,12 @@ class Pipeline:
             pl.col(c.HOST_NAME).fill_null(""), lo.alias("lo"), back.alias("back"),
             pl.max_horizontal(hi, lo).alias("hi"), end.alias("end"),
             pl.col(c.RECEIVED_NS).alias("received"),
-        ).join(marks.lazy(), on=c.HOST_NAME, how="left")
+        ).collect()
+        if marks.height == 0:  # a first or full run: nothing can be late
+            return rows.with_columns(pl.lit(False).alias("late"))
+        rows = rows.join(marks, on=c.HOST_NAME, how="left", maintain_order="left")
         late = pl.col("end") < pl.col("mark") - self.cfg.lateness_s * NS
-        return rows.with_columns(late.fill_null(False).alias("late"))
+        return rows.with_columns(late.fill_null(False).alias("late")).drop("mark")
 
     def _discover(self, state: PipelineState, summary: RunSummary) -> tuple[set[int], set[int]]:
         """Register new segments and return the hours they make dirty: ``(phase 1, phase 2)``.
@@ -186,14 +189,18 @@ class Pipeline:
             stats = rows.group_by(c.HOST_NAME).agg(
                 pl.len().alias("n"), pl.col("lo").min(), pl.col("hi").max(),
                 pl.col("end").max(), pl.col("late").sum().alias("late"), delay.alias("delay"),
-            ).with_columns(pl.lit(signal).alias("signal")).collect()
-            spans = rows.filter(~pl.col("late")).select(
-                (pl.col("lo") - pl.col("lo").mod(HOUR_NS)).alias("a"),
-                (pl.col("hi") - pl.col("hi").mod(HOUR_NS)).alias("b"),
-                (pl.col("back") - pl.col("back").mod(HOUR_NS)).alias("z")).unique().collect()
-            for first, last, earliest in spans.iter_rows():
-                dirty.update(range(first, last + HOUR_NS, HOUR_NS))
-                energy_dirty.update(range(earliest, first, HOUR_NS))
+            ).with_columns(pl.lit(signal).alias("signal"))
+            # The (first, last, earliest) hours of each on-time row, packed into one integer
+            # (hour numbers since the epoch fit in 21 bits until 2209) so that finding the
+            # distinct ones hashes one column.
+            hour = [pl.col(k).clip(0, (1 << 21) * HOUR_NS - 1) // HOUR_NS
+                    for k in ("lo", "hi", "back")]
+            packed = rows.filter(~pl.col("late")).select(
+                (hour[0] * (1 << 42) + hour[1] * (1 << 21) + hour[2]).unique().alias("h"))
+            for key in packed.get_column("h").to_list():
+                first, last, earliest = key >> 42, (key >> 21) & 0x1FFFFF, key & 0x1FFFFF
+                dirty.update(range(first * HOUR_NS, (last + 1) * HOUR_NS, HOUR_NS))
+                energy_dirty.update(range(earliest * HOUR_NS, first * HOUR_NS, HOUR_NS))
             state.segments[rel] = Segment(
                 signal, size, int(stats["lo"].min() or 0), int(stats["hi"].max() or 0),
                 int(stats["n"].sum()))
