@@ -14,6 +14,7 @@ stalled server cannot hide its stall by slowing the clients down (no coordinated
     .venv/bin/python bench/ingest.py [--runs 3] [--seconds 15] [--clients 4] [--workers 2]
     .venv/bin/python bench/ingest.py --rate 50000 [--no-saturation]   # + fixed offered load
     .venv/bin/python bench/ingest.py --cpu [--runs 7]   # CPU per span, in process, no servers
+    .venv/bin/python bench/ingest.py --storage [--runs 5]   # raw span Parquet bytes per span
 
 Prints the median over runs. Peer: Arize Phoenix is measured when ``--phoenix PYTHON`` points
 at a Python with ``arize-phoenix`` installed (its own venv); otherwise it is reported as not
@@ -363,7 +364,48 @@ def _figures(r: dict[str, float]) -> str:
             f"CPU-second), Export p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
             f"p99.9 {r['p999_ms']:.1f} ms, max {r['max_ms']:.1f} ms, RSS all processes "
             f"{r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f} MiB), raw spans on disk "
-            f"{r['bytes_per_span']:.1f} B/span")
+            f"{r['bytes_per_span']:.1f} B/span (repeated requests: see --storage)")
+
+
+def storage_per_span(runs: int, requests: int = 49) -> dict[str, list[float]]:
+    """Bytes per span and encoding CPU of one raw span segment of distinct spans.
+
+    ``requests`` distinct 512-span vLLM-style requests (about the 25,000 rows of a segment;
+    the load test repeats 8 requests per client, which flatters compression) decoded as in a
+    worker, then written as the collector writes them and, as the peer, with pyarrow's
+    defaults (dictionary on every column), both zstd. Returns per-run figures.
+    """
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from collector.config import CollectorConfig
+    from collector.ingest import Ingest
+    from collector.signals import SPANS
+    from collector.sink import parquet_options
+    from collector.telemetry import Telemetry
+    from collector.testing import vllm_trace_request
+
+    ingest = Ingest(CollectorConfig(), None, Telemetry())
+    tables = []
+    for i in range(requests):
+        payload = vllm_trace_request(SPANS_PER_REQUEST, seed=10_000 + i).SerializeToString()
+        request = SPANS.request.FromString(payload)
+        tables.append(SPANS.to_arrow(ingest.decode(SPANS, request, time.time_ns(), payload)))
+    table = pa.concat_tables(tables)
+    options = parquet_options(table.schema)
+    out: dict[str, list[float]] = {"collector B": [], "collector ms": [], "defaults B": [],
+                                   "defaults ms": []}
+    for _ in range(runs):
+        for name, kwargs in (("collector", options), ("defaults", {})):
+            buffer = io.BytesIO()
+            began = time.process_time()
+            pq.write_table(table, buffer, compression="zstd", **{
+                k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()})
+            out[f"{name} ms"].append((time.process_time() - began) * 1000)
+            out[f"{name} B"].append(len(buffer.getvalue()) / table.num_rows)
+    return out
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -380,6 +422,8 @@ def main() -> None:
                         help="Python of a venv with arize-phoenix, to measure it as the peer")
     parser.add_argument("--cpu", action="store_true",
                         help="only the in-process CPU-per-span micro-benchmark (no servers)")
+    parser.add_argument("--storage", action="store_true",
+                        help="only the raw span Parquet size/CPU benchmark (no servers)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="also run open loop at this offered load, spans/s (all clients)")
     parser.add_argument("--no-saturation", action="store_true",
@@ -393,6 +437,15 @@ def main() -> None:
         export = statistics.median(stages["export"])
         print(f"=> {1e6 / export:,.0f} spans per CPU-second of the collector's own path "
               f"(decode, WAL, Parquet; gRPC not included)")
+        return
+    if args.storage:
+        figures = {k: statistics.median(v) for k, v in storage_per_span(args.runs).items()}
+        print(f"raw span segment of 25,088 distinct vLLM spans, zstd (median of {args.runs}): "
+              f"collector encodings {figures['collector B']:.1f} B/span, "
+              f"{figures['collector ms']:.1f} ms CPU; pyarrow defaults "
+              f"{figures['defaults B']:.1f} B/span, {figures['defaults ms']:.1f} ms CPU; ratio "
+              f"{figures['defaults B'] / figures['collector B']:.2f}x bytes, "
+              f"{figures['defaults ms'] / figures['collector ms']:.2f}x CPU; load {_load()}")
         return
     print(f"load average before: {_load()} on {os.cpu_count()} CPUs "
           "(a shared machine inflates every figure below)")
