@@ -127,8 +127,9 @@ def gpu_slots(pieces: pl.DataFrame) -> pl.DataFrame:
     the :data:`GID` the attribution works on."""
     by = [c.HOST_NAME, c.GPU_UUID, c.SLOT_START_NS]
     out = pieces.group_by(by).agg(pl.col(c.MEASURED_UJ).sum(), pl.col(c.COVERED_NS).sum())
+    gpu = pl.struct(c.HOST_NAME, c.GPU_UUID).rank("dense").cast(pl.Int64)  # small numbers
     return out.select(
-        _pair_id(c.HOST_NAME, c.GPU_UUID).alias(GID), c.HOST_NAME, c.GPU_UUID,
+        gpu.alias(GID), c.HOST_NAME, c.GPU_UUID,
         pl.col(c.SLOT_START_NS).alias(SLOT), pl.col(c.MEASURED_UJ).alias(MEASURED),
         pl.col(c.COVERED_NS).alias(COVERED))
 
@@ -205,7 +206,7 @@ def _to_gpus(weights: pl.DataFrame, requests: pl.DataFrame, mapping: pl.DataFram
     unseen = named.select(c.HOST_NAME, c.GPU_UUID).unique().join(
         gpus, on=[c.HOST_NAME, c.GPU_UUID], how="anti").sort(c.HOST_NAME, c.GPU_UUID)
     first_free = int(gpus.get_column(GID).max() or 0) + 1
-    fresh = (pl.int_range(pl.len(), dtype=pl.UInt64) + first_free).alias(GID)
+    fresh = (pl.int_range(pl.len(), dtype=pl.Int64) + first_free).alias(GID)
     gpus = pl.concat([gpus, unseen.with_columns(fresh).select(gpus.columns)])
     mapped = named.join(instances, on=[c.HOST_NAME, c.INSTANCE_ID], how="inner").join(
         gpus, on=[c.HOST_NAME, c.GPU_UUID], how="inner").select(IID, HOUR, GID)
@@ -217,13 +218,40 @@ def _to_gpus(weights: pl.DataFrame, requests: pl.DataFrame, mapping: pl.DataFram
     return pl.concat([direct, fallback.select(direct.columns)])
 
 
-def _union_ns(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Length of the union of the intervals [a, b) per group (ns)."""
-    s = rows.select(*by, A, B).filter(pl.col(B) > pl.col(A)).sort([*by, A, B])
-    # Sorted by group: a row starts a group when its key differs from the previous row's.
+def _union_ns(rows: pl.DataFrame, slot_ns: int) -> pl.DataFrame:
+    """Length of the union of the intervals [a, b) per (GPU, slot) (ns).
+
+    The intervals lie within their slot, so (GPU, slot, offset in the slot) packs into one
+    integer in most frames: one sort on it, and a running maximum of the packed ends that can
+    never leak from one group into the next (each group's values start above the previous
+    group's). Frames too wide to pack take the general path.
+    """
+    s = rows.select(GID, SLOT, A, B).filter(pl.col(B) > pl.col(A))
+    if s.height == 0:
+        return s.group_by(GID, SLOT).agg(pl.lit(0, pl.Int64).alias(c.ACTIVE_S))
+    base, top = int(s.get_column(SLOT).min()), int(s.get_column(SLOT).max())
+    rel_bits = slot_ns.bit_length()
+    slot_bits = ((top - base) // slot_ns).bit_length()
+    if int(s.get_column(GID).max()).bit_length() + slot_bits + rel_bits > 62:
+        return _union_ns_general(s)
+    group = pl.col(GID).cast(pl.Int64) * (1 << slot_bits) + (pl.col(SLOT) - base) // slot_ns
+    start = group * (1 << rel_bits) + (pl.col(A) - pl.col(SLOT))
+    end = group * (1 << rel_bits) + (pl.col(B) - pl.col(SLOT))
+    s = s.select(group.alias("__g"), start.alias(A), end.alias(B)).sort(A)
+    earlier = pl.col(B).cum_max().shift(1)
+    piece = (pl.col(B) - pl.max_horizontal(pl.col(A), earlier.fill_null(pl.col(A))))
+    out = s.group_by("__g").agg(piece.clip(lower_bound=0).sum().alias(c.ACTIVE_S))
+    return out.select(
+        (pl.col("__g") // (1 << slot_bits)).alias(GID),
+        ((pl.col("__g") % (1 << slot_bits)) * slot_ns + base).alias(SLOT), c.ACTIVE_S)
+
+
+def _union_ns_general(s: pl.DataFrame) -> pl.DataFrame:
+    """:func:`_union_ns` for any frame: sort on (GPU, slot, a) and a running maximum per run."""
+    by = [GID, SLOT]
+    s = s.sort([*by, A, B])
     starts = pl.any_horizontal(pl.col(k) != pl.col(k).shift(1) for k in by).fill_null(True)
-    run = starts.cum_sum()
-    prev_end = pl.col(B).cum_max().over(run).shift(1)
+    prev_end = pl.col(B).cum_max().over(starts.cum_sum()).shift(1)
     prev_end = pl.when(starts).then(None).otherwise(prev_end)
     piece = (pl.col(B) - pl.max_horizontal(pl.col(A), prev_end.fill_null(pl.col(A))))
     return s.with_columns(piece.clip(lower_bound=0).alias("__piece")).group_by(by).agg(
@@ -247,7 +275,7 @@ def attribute(
     gpu_key = [GID, SLOT]
     rows = _to_gpus(weights, requests, mapping, slots)
     totals = rows.group_by(gpu_key).agg(pl.col(W).sum().alias("__wsum"))
-    active = _union_ns(rows, gpu_key)
+    active = _union_ns(rows, slot_ns)
     per_slot = slots.join(totals, on=gpu_key, how="left").join(active, on=gpu_key, how="left")
     frac = pl.min_horizontal(
         pl.col(c.ACTIVE_S).fill_null(0) / pl.max_horizontal(pl.col(COVERED), 1), pl.lit(1.0))

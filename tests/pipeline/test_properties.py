@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pipeline import energy as en
 from pipeline.normalize import normalize
 from pipeline.schema import attributes as a
+from pipeline.schema import columns as c
 from pipeline.schema import tables as t
 from tests.pipeline.rawdata import NS, T0, span, spans_frame, vllm_span
 
@@ -107,3 +108,30 @@ def test_energy_conservation_per_gpu_slot(case) -> None:
     energy = en.request_energy(shares, requests)
     assert energy.height == requests.height
     assert ((energy["attribution_coverage"] >= 0) & (energy["attribution_coverage"] <= 1)).all()
+
+
+@st.composite
+def slot_intervals(draw):
+    """Request intervals inside 10 s slots of a few GPUs (overlapping, nested, touching)."""
+    slot = 10 * NS
+    rows = []
+    for _ in range(draw(st.integers(0, 40))):
+        gpu, k = draw(st.integers(0, 3)), draw(st.integers(0, 5))
+        a_off = draw(st.integers(0, slot))
+        b_off = draw(st.integers(0, slot))
+        rows.append({en.GID: gpu, en.SLOT: T0 - T0 % slot + k * slot,
+                     en.A: T0 - T0 % slot + k * slot + a_off,
+                     en.B: T0 - T0 % slot + k * slot + b_off})
+    schema = {en.GID: pl.Int64, en.SLOT: pl.Int64, en.A: pl.Int64, en.B: pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+@FAST
+@given(slot_intervals())
+def test_packed_interval_union_equals_the_general_one(rows) -> None:
+    key = [en.GID, en.SLOT]
+    fast = en._union_ns(rows, 10 * NS).sort(key)
+    general = en._union_ns_general(rows.filter(pl.col(en.B) > pl.col(en.A))).sort(key)
+    assert fast.select(*key, c.ACTIVE_S).rows() == general.select(*key, c.ACTIVE_S).rows()
+    # the union never exceeds the slot, nor the sum of its intervals
+    assert (fast[c.ACTIVE_S] <= 10 * NS).all()
