@@ -15,6 +15,7 @@ stalled server cannot hide its stall by slowing the clients down (no coordinated
     .venv/bin/python bench/ingest.py --rate 50000 [--no-saturation]   # + fixed offered load
     .venv/bin/python bench/ingest.py --cpu [--runs 7]   # CPU per span, in process, no servers
     .venv/bin/python bench/ingest.py --storage [--runs 5]   # raw span Parquet bytes per span
+    .venv/bin/python bench/ingest.py --stages --rate 25000   # where an Export's time goes
 
 Prints the median over runs. Peer: Arize Phoenix is measured when ``--phoenix PYTHON`` points
 at a Python with ``arize-phoenix`` installed (its own venv); otherwise it is reported as not
@@ -367,6 +368,74 @@ def _figures(r: dict[str, float]) -> str:
             f"{r['bytes_per_span']:.1f} B/span (repeated requests: see --storage)")
 
 
+def stage_times(rate: float, seconds: float) -> dict[str, list[float]]:
+    """Where one worker's Export time goes, in this process at a fixed rate, no network.
+
+    A worker's set-up (pandas kept out, Sink with its flusher thread, start-up objects frozen
+    for the GC), then requests sent on a schedule of ``rate`` spans/s from one thread: each
+    stage's duration (parse, decode, Arrow, WAL append + group ``fdatasync``), the latency
+    from the scheduled time, and each flush's publish time. Returns the samples in seconds.
+    """
+    import gc
+
+    from collector.config import CollectorConfig
+    from collector.ingest import Ingest
+    from collector.signals import SPANS
+    from collector.sink import Segments, Sink
+    from collector.telemetry import Telemetry
+    from collector.testing import vllm_trace_request
+    from collector.wal import Wal
+    from collector.worker import keep_out_pandas
+    from pipeline.storage import DataDir
+
+    keep_out_pandas()
+    payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=i).SerializeToString()
+                for i in range(DISTINCT_REQUESTS)]
+    config = CollectorConfig()
+    out: dict[str, list[float]] = {k: [] for k in (
+        "parse", "decode", "arrow", "wal + fsync", "latency", "flush")}
+    with tempfile.TemporaryDirectory(prefix="fleetlens-stages-") as tmp:
+        data, telemetry = DataDir(Path(tmp)), Telemetry()
+        segments = Segments(data, "bench")
+        publish = segments.publish
+
+        def timed_publish(signal, tables):  # the flusher thread's Parquet work
+            began = time.perf_counter()
+            rows = publish(signal, tables)
+            out["flush"].append(time.perf_counter() - began)
+            return rows
+
+        segments.publish = timed_publish  # type: ignore[method-assign]
+        sink = Sink(segments, Wal(data.wal, "bench"), telemetry, flush_rows=config.flush_rows,
+                    flush_interval_s=config.flush_interval_s,
+                    max_buffered_bytes=config.max_buffered_bytes)
+        ingest = Ingest(config, sink, telemetry)
+        sink.start()
+        ingest.export(SPANS, payloads[0])  # as a worker's replay would have warmed up
+        gc.freeze()
+        interval = SPANS_PER_REQUEST / rate
+        origin = time.perf_counter()
+        for i in range(int(seconds / interval)):
+            scheduled = origin + i * interval
+            if (delay := scheduled - time.perf_counter()) > 0:
+                time.sleep(delay)
+            payload = payloads[i % DISTINCT_REQUESTS]
+            t0 = time.perf_counter()
+            request = ingest.parse(SPANS, payload)
+            t1 = time.perf_counter()
+            outcome = ingest.decode(SPANS, request, time.time_ns(), payload)
+            t2 = time.perf_counter()
+            table = SPANS.to_arrow(outcome)
+            t3 = time.perf_counter()
+            sink.accept(SPANS, time.time_ns(), payload, table)
+            t4 = time.perf_counter()
+            for key, value in (("parse", t1 - t0), ("decode", t2 - t1), ("arrow", t3 - t2),
+                               ("wal + fsync", t4 - t3), ("latency", t4 - scheduled)):
+                out[key].append(value)
+        sink.close()
+    return out
+
+
 def storage_per_span(runs: int, requests: int = 49) -> dict[str, list[float]]:
     """Bytes per span and encoding CPU of one raw span segment of distinct spans.
 
@@ -422,6 +491,8 @@ def main() -> None:
                         help="Python of a venv with arize-phoenix, to measure it as the peer")
     parser.add_argument("--cpu", action="store_true",
                         help="only the in-process CPU-per-span micro-benchmark (no servers)")
+    parser.add_argument("--stages", action="store_true",
+                        help="only the in-process per-stage timing at --rate (default 25,000)")
     parser.add_argument("--storage", action="store_true",
                         help="only the raw span Parquet size/CPU benchmark (no servers)")
     parser.add_argument("--rate", type=float, default=0.0,
@@ -437,6 +508,18 @@ def main() -> None:
         export = statistics.median(stages["export"])
         print(f"=> {1e6 / export:,.0f} spans per CPU-second of the collector's own path "
               f"(decode, WAL, Parquet; gRPC not included)")
+        return
+    if args.stages:
+        print(f"load average before: {_load()}")
+        samples = stage_times(args.rate or 25_000.0, args.seconds)
+        for name, values in samples.items():
+            values = sorted(values)
+            pick = [values[min(len(values) - 1, int(q * len(values)))] * 1000
+                    for q in (0.5, 0.99)]
+            print(f"{name:12s} n={len(values):4d}  p50 {pick[0]:6.1f} ms  p99 {pick[1]:6.1f} ms  "
+                  f"max {values[-1] * 1000:6.1f} ms")
+        print(f"(one worker's path in process at {args.rate or 25_000:,.0f} spans/s, one "
+              f"thread, no gRPC; load average after: {_load()})")
         return
     if args.storage:
         figures = {k: statistics.median(v) for k, v in storage_per_span(args.runs).items()}
