@@ -4,11 +4,10 @@ One run:
 
 1. lists the raw segments and compares them with ``state/pipeline.json``: segments not seen
    before (or whose size changed) are *new*;
-2. reads the new segments' event times: the UTC hours they touch (a span from its start to its
-   end, a metric point from its timestamp to one sample gap later) become *dirty*; for phase 2
-   a metric point also dirties the hour one gap before it (its sample's energy interval can
-   start there); rows older than their host's watermark minus ``lateness_s`` are too late
-   (counted, reported, kept in raw, not used to reopen old hours);
+2. reads the new segments' event times (:mod:`pipeline.discovery`): the UTC hours they touch
+   become *dirty* (for phase 2 also the hour a GPU sample's energy interval can start in);
+   rows older than their host's watermark minus ``lateness_s`` are too late (counted, reported,
+   kept in raw, not used to reopen old hours);
 3. phase 1, per dirty hour: ``normalize`` (spans -> requests) and ``samples`` (metric points ->
    gpu_samples, engine_samples, instance_gpus), reading only the segments whose event-time
    extent overlaps that hour;
@@ -34,6 +33,7 @@ import polars as pl
 
 from pipeline import energy as en
 from pipeline.config import PipelineConfig
+from pipeline.discovery import discover
 from pipeline.normalize import normalize
 from pipeline.partitions import (
     HOUR_NS,
@@ -49,8 +49,8 @@ from pipeline.pivot import as_split
 from pipeline.samples import engine_samples, gpu_samples, instance_gpus
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
-from pipeline.state import PipelineState, Segment
-from pipeline.storage import DataDir, parquet_files
+from pipeline.state import PipelineState
+from pipeline.storage import DataDir
 from pipeline.windows import windows
 
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
@@ -127,97 +127,6 @@ class Pipeline:
         self.dims = cfg.dimension_map()
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future[int]] = []
-
-    # --- discovery -----------------------------------------------------------------------
-    def _listing(self) -> dict[str, tuple[str, int]]:
-        out = {}
-        for signal in _SIGNALS:
-            for path in parquet_files(self.dd.raw(signal)):
-                out[str(path.relative_to(self.dd.root))] = (signal, path.stat().st_size)
-        return out
-
-    def _event_rows(self, signal: str, path: str, marks: pl.DataFrame) -> pl.DataFrame:
-        """(host, lo, hi, back, end, received, late) per row: the event-time span a row can
-        affect, and whether it is older than its host's watermark minus the lateness."""
-        frame = pl.scan_parquet(self.dd.root / path)
-        if signal == "spans":
-            lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
-            back = lo
-        else:
-            lo, hi, end = pl.col(c.TS_NS), pl.col(c.TS_NS) + self.gap_ns, pl.col(c.TS_NS)
-            # A GPU sample's energy covers the interval since the previous sample, up to one
-            # gap back: the energy (phase 2) of that earlier time changes too.
-            back = lo - self.gap_ns
-        rows = frame.select(
-            pl.col(c.HOST_NAME).fill_null(""), lo.alias("lo"), back.alias("back"),
-            pl.max_horizontal(hi, lo).alias("hi"), end.alias("end"),
-            pl.col(c.RECEIVED_NS).alias("received"),
-        ).collect()
-        if marks.height == 0:  # a first or full run: nothing can be late
-            return rows.with_columns(pl.lit(False).alias("late"))
-        rows = rows.join(marks, on=c.HOST_NAME, how="left", maintain_order="left")
-        late = pl.col("end") < pl.col("mark") - self.cfg.lateness_s * NS
-        return rows.with_columns(late.fill_null(False).alias("late")).drop("mark")
-
-    def _discover(self, state: PipelineState, summary: RunSummary) -> tuple[set[int], set[int]]:
-        """Register new segments and return the hours they make dirty: ``(phase 1, phase 2)``.
-
-        Phase 2 (energy, windows) also redoes the hour before a metric point when the point's
-        sample interval can reach into it.
-
-        Each segment is aggregated on its own (extent, hours, per-host maxima), so memory
-        stays bounded by one segment however much is new.
-        """
-        listing = self._listing()
-        for rel in [r for r in state.segments if r not in listing]:
-            del state.segments[rel]  # compacted away or expired
-        new = [(rel, sig, size) for rel, (sig, size) in sorted(listing.items())
-               if rel not in state.segments or state.segments[rel].size != size]
-        summary.new_segments = len(new)
-        marks = pl.DataFrame({c.HOST_NAME: list(state.watermarks),
-                              "mark": list(state.watermarks.values())},
-                             schema={c.HOST_NAME: pl.String, "mark": pl.Int64})
-        dirty: set[int] = set()
-        energy_dirty: set[int] = set()
-        per_host: list[pl.DataFrame] = []
-        for rel, signal, size in new:
-            rows = self._event_rows(signal, rel, marks)
-            # The export delay is reported for spans only: no per-host median (a sort) over
-            # the millions of metric points.
-            delay = (((pl.col("received") - pl.col("end")) / NS).median() if signal == "spans"
-                     else pl.lit(None, pl.Float64))
-            stats = rows.group_by(c.HOST_NAME).agg(
-                pl.len().alias("n"), pl.col("lo").min(), pl.col("hi").max(),
-                pl.col("end").max(), pl.col("late").sum().alias("late"), delay.alias("delay"),
-            ).with_columns(pl.lit(signal).alias("signal"))
-            # The (first, last, earliest) hours of each on-time row, packed into one integer
-            # (hour numbers since the epoch fit in 21 bits until 2209) so that finding the
-            # distinct ones hashes one column.
-            hour = [pl.col(k).clip(0, (1 << 21) * HOUR_NS - 1) // HOUR_NS
-                    for k in ("lo", "hi", "back")]
-            packed = rows.filter(~pl.col("late")).select(
-                (hour[0] * (1 << 42) + hour[1] * (1 << 21) + hour[2]).unique().alias("h"))
-            for key in packed.get_column("h").to_list():
-                first, last, earliest = key >> 42, (key >> 21) & 0x1FFFFF, key & 0x1FFFFF
-                dirty.update(range(first * HOUR_NS, (last + 1) * HOUR_NS, HOUR_NS))
-                energy_dirty.update(range(earliest * HOUR_NS, first * HOUR_NS, HOUR_NS))
-            state.segments[rel] = Segment(
-                signal, size, int(stats["lo"].min() or 0), int(stats["hi"].max() or 0),
-                int(stats["n"].sum()))
-            per_host.append(stats)
-        if not per_host:
-            return dirty, dirty | energy_dirty
-        stats = pl.concat(per_host)
-        summary.new_rows = int(stats["n"].sum())
-        summary.too_late_rows = int(stats["late"].sum())
-        for host, mark in stats.group_by(c.HOST_NAME).agg(pl.col("end").max()).iter_rows():
-            state.watermarks[host] = max(state.watermarks.get(host, mark), mark)
-        # The median of the segments' medians: exact enough to expose clock skew.
-        delays = stats.filter(pl.col("signal") == "spans").group_by(c.HOST_NAME).agg(
-            pl.col("delay").median())
-        summary.export_delay_s = {h: round(float(d), 3) for h, d in delays.sort(c.HOST_NAME)
-                                  .iter_rows() if d is not None}
-        return dirty, dirty | energy_dirty
 
     # --- phase 1 -------------------------------------------------------------------------
     def _raw(self, state: PipelineState, signal: str, lo: int, hi: int,
@@ -381,7 +290,10 @@ class Pipeline:
         fp = fingerprint(self.cfg)
         if full or state.fingerprint != fp:
             state = PipelineState(fingerprint=fp)
-        dirty, energy_dirty = self._discover(state, summary)
+        found = discover(self.dd, state, self.gap_ns, self.cfg.lateness_s * NS)
+        dirty, energy_dirty = found.dirty, found.energy_dirty
+        summary.new_segments, summary.new_rows = found.new_segments, found.new_rows
+        summary.too_late_rows, summary.export_delay_s = found.too_late_rows, found.export_delay_s
         hours = sorted(energy_dirty)
         summary.dirty_hours = len(hours)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish") as self._writer:

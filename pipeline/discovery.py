@@ -1,0 +1,141 @@
+"""Discovery: which raw segments are new since the last run, and which hours they make dirty.
+
+A segment is *new* when the state does not list it or its size changed. Each new segment's
+event-time columns are read and aggregated on their own (extent, per-host maxima, the hours its
+rows touch), so memory stays bounded by a segment or two however much is new; segments are
+aggregated two at a time on worker threads (Polars releases the GIL) and merged in path order,
+so the result does not depend on the threads.
+
+A span touches the hours from its start to its end; a metric point the hours from its
+timestamp to one sample gap later (the next sample's delta needs it), and for phase 2 (energy
+and windows) also the hours one gap before it, where its sample's energy interval can start.
+Rows older than their host's watermark minus the lateness are too late: counted, not used to
+reopen hours.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from pipeline.partitions import HOUR_NS, NS
+from pipeline.schema import columns as c
+from pipeline.state import PipelineState, Segment
+from pipeline.storage import DataDir, parquet_files
+
+#: The raw signals (folders under raw/) the pipeline reads.
+SIGNALS = ("spans", "metrics")
+#: Segments aggregated at once (the target machine's two cores).
+PARALLEL = 2
+_HOUR_BITS = 21  # hour numbers since the epoch fit in 21 bits until 2209
+
+
+@dataclass
+class Discovered:
+    """What discovery found: dirty hours and the counts the run summary reports."""
+
+    dirty: set[int] = field(default_factory=set)
+    energy_dirty: set[int] = field(default_factory=set)
+    new_segments: int = 0
+    new_rows: int = 0
+    too_late_rows: int = 0
+    export_delay_s: dict[str, float] = field(default_factory=dict)
+
+
+def list_segments(dd: DataDir) -> dict[str, tuple[str, int]]:
+    """Every published raw segment: path relative to the data dir -> (signal, size)."""
+    out = {}
+    for signal in SIGNALS:
+        for path in parquet_files(dd.raw(signal)):
+            out[str(path.relative_to(dd.root))] = (signal, path.stat().st_size)
+    return out
+
+
+def event_rows(dd: DataDir, signal: str, rel: str, marks: pl.DataFrame, gap_ns: int,
+               lateness_ns: int) -> pl.DataFrame:
+    """(host, lo, hi, back, end, received, late) per row of one segment: the event time a row
+    can affect (phase 1 from ``lo`` to ``hi``, phase 2 from ``back``), and whether it is older
+    than its host's watermark (``marks``) minus the lateness."""
+    frame = pl.scan_parquet(dd.root / rel)
+    if signal == "spans":
+        lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
+        back = lo
+    else:
+        lo, hi, end = pl.col(c.TS_NS), pl.col(c.TS_NS) + gap_ns, pl.col(c.TS_NS)
+        back = lo - gap_ns
+    rows = frame.select(
+        pl.col(c.HOST_NAME).fill_null(""), lo.alias("lo"), back.alias("back"),
+        pl.max_horizontal(hi, lo).alias("hi"), end.alias("end"),
+        pl.col(c.RECEIVED_NS).alias("received"),
+    ).collect()
+    if marks.height == 0:  # a first or full run: nothing can be late
+        return rows.with_columns(pl.lit(False).alias("late"))
+    rows = rows.join(marks, on=c.HOST_NAME, how="left", maintain_order="left")
+    late = pl.col("end") < pl.col("mark") - lateness_ns
+    return rows.with_columns(late.fill_null(False).alias("late")).drop("mark")
+
+
+def segment_facts(rows: pl.DataFrame, signal: str) -> tuple[pl.DataFrame, list[int]]:
+    """Per-host stats of one segment's :func:`event_rows`, and the distinct (first, last,
+    earliest) hour numbers of its on-time rows, packed into one integer each."""
+    # The export delay is reported for spans only: no per-host median (a sort) over the
+    # millions of metric points.
+    delay = (((pl.col("received") - pl.col("end")) / NS).median() if signal == "spans"
+             else pl.lit(None, pl.Float64))
+    stats = rows.group_by(c.HOST_NAME).agg(
+        pl.len().alias("n"), pl.col("lo").min(), pl.col("hi").max(),
+        pl.col("end").max(), pl.col("late").sum().alias("late"), delay.alias("delay"),
+    ).with_columns(pl.lit(signal).alias("signal"))
+    # Packed so that finding the distinct triples hashes one column.
+    hour = [pl.col(k).clip(0, (1 << _HOUR_BITS) * HOUR_NS - 1) // HOUR_NS
+            for k in ("lo", "hi", "back")]
+    packed = rows.filter(~pl.col("late")).select(
+        (hour[0] * (1 << 2 * _HOUR_BITS) + hour[1] * (1 << _HOUR_BITS) + hour[2]).unique())
+    return stats, packed.to_series().to_list()
+
+
+def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int) -> Discovered:
+    """Register the new segments in ``state`` (and forget vanished ones); return what changed."""
+    listing = list_segments(dd)
+    for rel in [r for r in state.segments if r not in listing]:
+        del state.segments[rel]  # compacted away or expired
+    new = [(rel, sig, size) for rel, (sig, size) in sorted(listing.items())
+           if rel not in state.segments or state.segments[rel].size != size]
+    found = Discovered(new_segments=len(new))
+    marks = pl.DataFrame({c.HOST_NAME: list(state.watermarks),
+                          "mark": list(state.watermarks.values())},
+                         schema={c.HOST_NAME: pl.String, "mark": pl.Int64})
+
+    def facts(item: tuple[str, str, int]) -> tuple[pl.DataFrame, list[int]]:
+        rel, signal, _size = item
+        return segment_facts(event_rows(dd, signal, rel, marks, gap_ns, lateness_ns), signal)
+
+    mask = (1 << _HOUR_BITS) - 1
+    per_host: list[pl.DataFrame] = []
+    with ThreadPoolExecutor(PARALLEL, thread_name_prefix="discover") as pool:
+        for (rel, signal, size), (stats, keys) in zip(new, pool.map(facts, new), strict=True):
+            for key in keys:
+                first, last = key >> 2 * _HOUR_BITS, (key >> _HOUR_BITS) & mask
+                earliest = key & mask
+                found.dirty.update(range(first * HOUR_NS, (last + 1) * HOUR_NS, HOUR_NS))
+                found.energy_dirty.update(range(earliest * HOUR_NS, first * HOUR_NS, HOUR_NS))
+            state.segments[rel] = Segment(
+                signal, size, int(stats["lo"].min() or 0), int(stats["hi"].max() or 0),
+                int(stats["n"].sum()))
+            per_host.append(stats)
+    found.energy_dirty |= found.dirty
+    if not per_host:
+        return found
+    stats = pl.concat(per_host)
+    found.new_rows = int(stats["n"].sum())
+    found.too_late_rows = int(stats["late"].sum())
+    for host, mark in stats.group_by(c.HOST_NAME).agg(pl.col("end").max()).iter_rows():
+        state.watermarks[host] = max(state.watermarks.get(host, mark), mark)
+    # The median of the segments' medians: exact enough to expose clock skew.
+    delays = stats.filter(pl.col("signal") == "spans").group_by(c.HOST_NAME).agg(
+        pl.col("delay").median())
+    found.export_delay_s = {h: round(float(d), 3) for h, d in delays.sort(c.HOST_NAME)
+                            .iter_rows() if d is not None}
+    return found
