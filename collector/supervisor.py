@@ -28,6 +28,10 @@ MAX_QUICK_FAILURES = 3
 
 
 def _worker_main(*args: object) -> None:
+    # A forked worker inherits the supervisor's handlers, which would swallow a SIGTERM that
+    # arrives before run_worker installs its own: until then, end as a fresh process would.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
     # Imported here so the supervisor itself stays small (no Arrow, DuckDB or gRPC).
     from collector.worker import run_worker
 
