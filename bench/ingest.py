@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import ingest_procs as proc_stats  # noqa: E402 - needs REPO on sys.path
+
 SPANS_PER_REQUEST = 512
 DISTINCT_REQUESTS = 8
 #: Open loop: requests a client lets wait for their answers before it holds back.
@@ -112,78 +114,6 @@ def _client(address: str, seed: int, start_at: float, seconds: float, queue,
     queue.put((latencies, refused))
 
 
-def _memory_by_pid(pid: int) -> dict[int, tuple[float, float]]:
-    """(RSS, PSS) in MiB of a process and each of its descendants, by pid.
-
-    RSS counts shared library pages once per process; PSS splits them between the
-    processes that share them, so the PSS sum is what the collector as a whole uses.
-    """
-    out: dict[int, tuple[float, float]] = {}
-    for p in _tree(pid):
-        rss = pss = 0
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Rss:"):
-                    rss += int(line.split()[1])
-                elif line.startswith("Pss:"):
-                    pss += int(line.split()[1])
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        out[p] = (rss / 1024, pss / 1024)
-    return out
-
-
-def _memory_mib(pid: int) -> tuple[float, float]:
-    """(RSS, PSS) of a process and all its descendants, MiB."""
-    by_pid = _memory_by_pid(pid).values()
-    return sum(r for r, _ in by_pid), sum(p for _, p in by_pid)
-
-
-def _tree(pid: int) -> list[int]:
-    found, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        found.append(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                stack += [int(x) for x in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return found
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its live descendants."""
-    ticks = 0
-    for p in _tree(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _busiest_worker_connections(address: str, pids: list[int]) -> float:
-    """Client connections held by the busiest worker (SO_REUSEPORT hashes each connection
-    to one worker for its whole life, so 4 clients on 2 workers split 2/2 only 3 times in 8).
-    NaN when ``ss`` cannot tell."""
-    port = address.rsplit(":", 1)[1]
-    try:
-        out = subprocess.run(["ss", "-tnpH", "state", "established", f"sport = :{port}"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return float("nan")
-    owners = [int(line.split("pid=")[1].split(",")[0]) for line in out.splitlines()
-              if "pid=" in line]
-    counts = [owners.count(p) for p in pids]
-    return float(max(counts)) if owners else float("nan")
-
-
-def _rss_mib(pid: int) -> float:
-    return _memory_mib(pid)[0]
-
-
 def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> dict[str, float]:
     """One measured run against a fresh collector; returns its figures.
 
@@ -211,7 +141,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
 
             def sample() -> None:
                 while not stop.wait(0.25):
-                    by_pid = _memory_by_pid(col.pid)
+                    by_pid = proc_stats.memory_by_pid(col.pid)
                     rss = sum(r for r, _ in by_pid.values())
                     pss = sum(p for _, p in by_pid.values())
                     peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
@@ -223,11 +153,12 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
             sampler.start()
             while time.time() < start_at:
                 time.sleep(0.005)
-            cpu_before = _cpu_seconds(col.pid)
+            cpu_before = proc_stats.cpu_seconds(col.pid)
             time.sleep(min(1.0, seconds / 2))
-            busiest = _busiest_worker_connections(col.grpc_address, _tree(col.pid))
+            busiest = proc_stats.busiest_worker_connections(col.grpc_address,
+                                                            proc_stats.tree(col.pid))
             time.sleep(seconds - min(1.0, seconds / 2))
-            cpu_used = _cpu_seconds(col.pid) - cpu_before
+            cpu_used = proc_stats.cpu_seconds(col.pid) - cpu_before
             results = [queue.get(timeout=seconds + 120) for _ in procs]
             for proc in procs:
                 proc.join()
@@ -245,7 +176,10 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
     workers_peak = sorted((v for p, v in peaks.items() if p != col.pid and v[0] > 40),
                           reverse=True)
     return {"spans_per_s": acked / seconds, "spans_per_cpu_s": acked / max(cpu_used, 1e-9),
-            "p50_ms": q[499] * 1000, "p99_ms": q[989] * 1000, "p999_ms": q[998] * 1000,
+            # p99.9 by the inclusive method: the default (exclusive) one extrapolates past the
+            # largest latency when a run has fewer than about 1,000 requests
+            "p50_ms": q[499] * 1000, "p99_ms": q[989] * 1000,
+            "p999_ms": statistics.quantiles(latencies, n=1000, method="inclusive")[998] * 1000,
             "max_ms": latencies[-1] * 1000,
             "rss_mib": peak[0], "pss_mib": peak[1], "refused": float(sum(r for _, r in results)),
             "stored_equals_acked": float(stored == acked), "load": float(_load()),
@@ -279,16 +213,16 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
                 p.start()
             while time.time() < start_at:
                 time.sleep(0.005)
-            cpu_before = _cpu_seconds(proc.pid)
+            cpu_before = proc_stats.cpu_seconds(proc.pid)
             peak = 0.0
             results = []
             while len(results) < clients:
-                peak = max(peak, _rss_mib(proc.pid))
+                peak = max(peak, proc_stats.rss_mib(proc.pid))
                 try:
                     results.append(queue.get(timeout=0.25))
                 except Exception:  # queue.Empty: keep sampling RSS
                     continue
-            cpu_used = _cpu_seconds(proc.pid) - cpu_before
+            cpu_used = proc_stats.cpu_seconds(proc.pid) - cpu_before
             for p in procs:
                 p.join()
         finally:
@@ -304,58 +238,6 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
             "refused": float(sum(r for _, r in results))}
 
 
-def cpu_per_span(runs: int, requests: int = 40) -> dict[str, list[float]]:
-    """CPU microseconds per span of the collector's own path, in this process, no network.
-
-    ``requests`` pre-serialized 512-span vLLM-style requests go through ``Ingest.export`` with a
-    real WAL (append + group-commit ``fdatasync``) and Parquet segments (published by
-    ``flush_rows`` and at the end), as in a worker. ``time.process_time`` counts only this
-    process, so other jobs on a shared machine barely move it. Also timed: parse + decode +
-    Arrow alone. Returns the per-run figures of each stage.
-    """
-    import inspect
-
-    from collector.config import CollectorConfig
-    from collector.ingest import Ingest
-    from collector.signals import SPANS
-    from collector.sink import Segments, Sink
-    from collector.telemetry import Telemetry
-    from collector.testing import vllm_trace_request
-    from collector.wal import Wal
-    from pipeline.storage import DataDir
-
-    payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=i).SerializeToString()
-                for i in range(DISTINCT_REQUESTS)]
-    config = CollectorConfig()
-    takes_payload = "payload" in inspect.signature(Ingest.decode).parameters
-    spans = requests * SPANS_PER_REQUEST
-    out: dict[str, list[float]] = {"decode": [], "export": []}
-    for _ in range(runs):
-        for stage in out:
-            with tempfile.TemporaryDirectory(prefix="fleetlens-cpu-") as tmp:
-                data, telemetry = DataDir(Path(tmp)), Telemetry()
-                sink = Sink(Segments(data, "bench"), Wal(data.wal, "bench"), telemetry,
-                            flush_rows=config.flush_rows,
-                            flush_interval_s=config.flush_interval_s,
-                            max_buffered_bytes=config.max_buffered_bytes)
-                ingest = Ingest(config, sink, telemetry)
-                began = time.process_time()
-                for i in range(requests):
-                    payload = payloads[i % DISTINCT_REQUESTS]
-                    if stage == "decode":
-                        extra = (payload,) if takes_payload else ()
-                        request = SPANS.request.FromString(payload)
-                        SPANS.to_arrow(ingest.decode(SPANS, request, time.time_ns(), *extra))
-                        continue
-                    ingest.export(SPANS, payload)
-                    if sink._rows >= config.flush_rows:
-                        sink.flush()  # what the flusher thread does in a worker
-                sink.flush()
-                out[stage].append((time.process_time() - began) / spans * 1e6)
-                sink.close()
-    return out
-
-
 def _load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
@@ -366,115 +248,6 @@ def _figures(r: dict[str, float]) -> str:
             f"p99.9 {r['p999_ms']:.1f} ms, max {r['max_ms']:.1f} ms, RSS all processes "
             f"{r['rss_mib']:.0f} MiB (PSS {r['pss_mib']:.0f} MiB), raw spans on disk "
             f"{r['bytes_per_span']:.1f} B/span (repeated requests: see --storage)")
-
-
-def stage_times(rate: float, seconds: float) -> dict[str, list[float]]:
-    """Where one worker's Export time goes, in this process at a fixed rate, no network.
-
-    A worker's set-up (pandas kept out, Sink with its flusher thread, start-up objects frozen
-    for the GC), then requests sent on a schedule of ``rate`` spans/s from one thread: each
-    stage's duration (parse, decode, Arrow, WAL append + group ``fdatasync``), the latency
-    from the scheduled time, and each flush's publish time. Returns the samples in seconds.
-    """
-    import gc
-
-    from collector.config import CollectorConfig
-    from collector.ingest import Ingest
-    from collector.signals import SPANS
-    from collector.sink import Segments, Sink
-    from collector.telemetry import Telemetry
-    from collector.testing import vllm_trace_request
-    from collector.wal import Wal
-    from collector.worker import keep_out_pandas
-    from pipeline.storage import DataDir
-
-    keep_out_pandas()
-    payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=i).SerializeToString()
-                for i in range(DISTINCT_REQUESTS)]
-    config = CollectorConfig()
-    out: dict[str, list[float]] = {k: [] for k in (
-        "parse", "decode", "arrow", "wal + fsync", "latency", "flush")}
-    with tempfile.TemporaryDirectory(prefix="fleetlens-stages-") as tmp:
-        data, telemetry = DataDir(Path(tmp)), Telemetry()
-        segments = Segments(data, "bench")
-        publish = segments.publish
-
-        def timed_publish(signal, tables):  # the flusher thread's Parquet work
-            began = time.perf_counter()
-            rows = publish(signal, tables)
-            out["flush"].append(time.perf_counter() - began)
-            return rows
-
-        segments.publish = timed_publish  # type: ignore[method-assign]
-        sink = Sink(segments, Wal(data.wal, "bench"), telemetry, flush_rows=config.flush_rows,
-                    flush_interval_s=config.flush_interval_s,
-                    max_buffered_bytes=config.max_buffered_bytes)
-        ingest = Ingest(config, sink, telemetry)
-        sink.start()
-        ingest.export(SPANS, payloads[0])  # as a worker's replay would have warmed up
-        gc.freeze()
-        interval = SPANS_PER_REQUEST / rate
-        origin = time.perf_counter()
-        for i in range(int(seconds / interval)):
-            scheduled = origin + i * interval
-            if (delay := scheduled - time.perf_counter()) > 0:
-                time.sleep(delay)
-            payload = payloads[i % DISTINCT_REQUESTS]
-            t0 = time.perf_counter()
-            request = ingest.parse(SPANS, payload)
-            t1 = time.perf_counter()
-            outcome = ingest.decode(SPANS, request, time.time_ns(), payload)
-            t2 = time.perf_counter()
-            table = SPANS.to_arrow(outcome)
-            t3 = time.perf_counter()
-            sink.accept(SPANS, time.time_ns(), payload, table)
-            t4 = time.perf_counter()
-            for key, value in (("parse", t1 - t0), ("decode", t2 - t1), ("arrow", t3 - t2),
-                               ("wal + fsync", t4 - t3), ("latency", t4 - scheduled)):
-                out[key].append(value)
-        sink.close()
-    return out
-
-
-def storage_per_span(runs: int, requests: int = 49) -> dict[str, list[float]]:
-    """Bytes per span and encoding CPU of one raw span segment of distinct spans.
-
-    ``requests`` distinct 512-span vLLM-style requests (about the 25,000 rows of a segment;
-    the load test repeats 8 requests per client, which flatters compression) decoded as in a
-    worker, then written as the collector writes them and, as the peer, with pyarrow's
-    defaults (dictionary on every column), both zstd. Returns per-run figures.
-    """
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from collector.config import CollectorConfig
-    from collector.ingest import Ingest
-    from collector.signals import SPANS
-    from collector.sink import parquet_options
-    from collector.telemetry import Telemetry
-    from collector.testing import vllm_trace_request
-
-    ingest = Ingest(CollectorConfig(), None, Telemetry())
-    tables = []
-    for i in range(requests):
-        payload = vllm_trace_request(SPANS_PER_REQUEST, seed=10_000 + i).SerializeToString()
-        request = SPANS.request.FromString(payload)
-        tables.append(SPANS.to_arrow(ingest.decode(SPANS, request, time.time_ns(), payload)))
-    table = pa.concat_tables(tables)
-    options = parquet_options(table.schema)
-    out: dict[str, list[float]] = {"collector B": [], "collector ms": [], "defaults B": [],
-                                   "defaults ms": []}
-    for _ in range(runs):
-        for name, kwargs in (("collector", options), ("defaults", {})):
-            buffer = io.BytesIO()
-            began = time.process_time()
-            pq.write_table(table, buffer, compression="zstd", **{
-                k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()})
-            out[f"{name} ms"].append((time.process_time() - began) * 1000)
-            out[f"{name} B"].append(len(buffer.getvalue()) / table.num_rows)
-    return out
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -500,6 +273,8 @@ def main() -> None:
     parser.add_argument("--no-saturation", action="store_true",
                         help="with --rate: skip the closed-loop (saturation) runs")
     args = parser.parse_args()
+    from bench.ingest_local import cpu_per_span, stage_times, storage_per_span
+
     if args.cpu:
         stages = cpu_per_span(max(args.runs, 5))
         for stage, values in stages.items():
