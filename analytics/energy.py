@@ -15,6 +15,16 @@ NS = 1_000_000_000
 OUTLIER_Z = 3.0
 
 
+def energy_key(requests: pl.DataFrame, request_energy: pl.DataFrame) -> list[str]:
+    """Columns joining ``requests`` to ``request_energy``: the request's span (trace_id,
+    span_id) when both have it, as request ids can repeat (vLLM's n > 1 choices share one);
+    else request_id (request_energy written before it carried the span)."""
+    span = [c.TRACE_ID, c.SPAN_ID]
+    if all(col in requests.columns and col in request_energy.columns for col in span):
+        return span
+    return [c.REQUEST_ID]
+
+
 def j_per_token(requests: pl.DataFrame, request_energy: pl.DataFrame, by: list[str],
                 window_s: int | None = 3600) -> pl.DataFrame:
     """Stage: `requests` + `request_energy` -> J/token per ``by`` group (and time bucket).
@@ -25,9 +35,9 @@ def j_per_token(requests: pl.DataFrame, request_energy: pl.DataFrame, by: list[s
     missing = [col for col in by if col not in requests.columns]
     if missing:
         raise ValueError(f"requests have no column(s) {missing} to group J/token by")
-    joined = requests.select(c.REQUEST_ID, c.ARRIVAL_NS, c.OUTPUT_TOKENS, *by).join(
-        request_energy.select(c.REQUEST_ID, c.ENERGY_J, c.ATTRIBUTION_COVERAGE),
-        on=c.REQUEST_ID, how="inner")
+    key = energy_key(requests, request_energy)
+    joined = requests.select(*key, c.ARRIVAL_NS, c.OUTPUT_TOKENS, *by).join(
+        request_energy.select(*key, c.ENERGY_J, c.ATTRIBUTION_COVERAGE), on=key, how="inner")
     keys = list(by)
     if window_s:
         step = window_s * NS

@@ -17,6 +17,7 @@ import polars as pl
 
 from analytics.attribution.dimensions import add_buckets
 from analytics.config import AnalyticsConfig
+from analytics.energy import energy_key
 from analytics.hardware import hbm_gbps, model_shape
 from pipeline.schema import columns as c
 
@@ -43,8 +44,8 @@ def prepare(requests: pl.DataFrame, instance_gpus: pl.DataFrame, gpu_samples: pl
         hosts = gpu_samples.group_by(c.HOST_NAME).agg(pl.col(c.GPU_MODEL).first())
         frame = frame.drop(c.GPU_MODEL, strict=False).join(hosts, on=c.HOST_NAME, how="left")
     if request_energy is not None and request_energy.height:
-        frame = frame.join(request_energy.select(c.REQUEST_ID, c.ENERGY_J), on=c.REQUEST_ID,
-                           how="left")
+        key = energy_key(frame, request_energy)
+        frame = frame.join(request_energy.select(*key, c.ENERGY_J), on=key, how="left")
     else:
         frame = frame.with_columns(pl.lit(None, pl.Float64).alias(c.ENERGY_J))
     return add_buckets(frame.with_columns(pl.col(c.GPU_MODEL).fill_null("unknown")))

@@ -45,6 +45,8 @@ MEASURED, COVERED, SHARE, HOUR = "__measured_uj", "__covered_ns", "__share_uj", 
 #: request's row in its frame and its (service, model, host) group.
 GID, IID, RIX, GRP = "__gid", "__iid", "__rix", "__grp"
 _GROUP = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
+#: What identifies a request: its span (request ids can repeat).
+REQUEST_KEY = (c.TRACE_ID, c.SPAN_ID)
 
 
 def _pair_id(first: str, second: str) -> pl.Expr:
@@ -304,7 +306,9 @@ def attribute(
 
 @stage(t.REQUEST_ENERGY)
 def request_energy(shares: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
-    """Sum each request's shares: ``request_energy`` for the given requests.
+    """Sum each request's shares: ``request_energy`` for the given requests, with the
+    requests' (trace_id, span_id), the key that tells apart requests sharing a request_id
+    (vLLM's n > 1 choices, restarted id counters).
 
     ``requests`` is (a filter of) the frame the shares were computed from, with its
     :func:`with_request_keys`. ``attribution_coverage`` is the part of the request's token
@@ -312,7 +316,7 @@ def request_energy(shares: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame
     ``energy_j`` is then null).
     """
     per = shares.group_by(RIX).agg(pl.col(SHARE).sum(), pl.col("__wcov").sum(), pl.col(W).sum())
-    out = requests.select(RIX, c.REQUEST_ID, c.HOST_NAME, c.OUTPUT_TOKENS).join(
+    out = requests.select(RIX, c.REQUEST_ID, *REQUEST_KEY, c.HOST_NAME, c.OUTPUT_TOKENS).join(
         per, on=RIX, how="left", maintain_order="left")
     coverage = pl.when(pl.col(W) > 0).then(pl.col("__wcov") / pl.col(W)).otherwise(0.0)
     out = out.with_columns(coverage.fill_null(0.0).alias(c.ATTRIBUTION_COVERAGE))
@@ -320,7 +324,8 @@ def request_energy(shares: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame
     out = out.with_columns(energy.alias(c.ENERGY_J)).with_columns(
         pl.when(pl.col(c.OUTPUT_TOKENS) > 0)
         .then(pl.col(c.ENERGY_J) / pl.col(c.OUTPUT_TOKENS)).alias(c.J_PER_TOKEN))
-    return out.select(list(t.table(t.REQUEST_ENERGY).columns)).sort(c.REQUEST_ID)
+    return out.select(*t.table(t.REQUEST_ENERGY).columns, *REQUEST_KEY).sort(
+        c.REQUEST_ID, *REQUEST_KEY)
 
 
 def _window_sums(per_slot: pl.DataFrame, window_s: int, by: list[str]) -> pl.DataFrame:

@@ -53,6 +53,9 @@ from pipeline.state import PipelineState
 from pipeline.storage import DataDir
 from pipeline.windows import windows
 
+#: Version of the derived files' layout: a change recomputes them all on the next run
+#: (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added).
+OUTPUT_FORMAT = 2
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
 OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
            t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS)
@@ -103,9 +106,11 @@ class RunSummary:
 
 
 def fingerprint(cfg: PipelineConfig) -> str:
-    """Hash of the settings that change derived output: a change forces a full recompute."""
+    """Hash of the settings (and output format) that shape derived output: a change forces a
+    full recompute."""
     relevant = {"window": cfg.window_s, "slot": cfg.slot_s, "dims": cfg.dimension_map(),
-                "max_request_s": cfg.max_request_s, "gap": cfg.max_sample_gap_s}
+                "max_request_s": cfg.max_request_s, "gap": cfg.max_sample_gap_s,
+                "format": OUTPUT_FORMAT}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -277,8 +282,10 @@ class Pipeline:
             fresh = en.request_energy(shares, group)
             self._flush()
             old = read_hours(self.dd, t.REQUEST_ENERGY, [int(h)])
-            keep = old.filter(~pl.col(c.REQUEST_ID).is_in(fresh[c.REQUEST_ID].implode()))
-            merged = pl.concat([keep, fresh], how="diagonal_relaxed").sort(c.REQUEST_ID)
+            keep = old.join(fresh.select(en.REQUEST_KEY), on=en.REQUEST_KEY, how="anti",
+                            maintain_order="left")
+            merged = pl.concat([keep, fresh], how="diagonal_relaxed").sort(
+                c.REQUEST_ID, *en.REQUEST_KEY)
             self._publish(t.REQUEST_ENERGY, int(h), merged, summary)
 
     # --- the run ---------------------------------------------------------------------------

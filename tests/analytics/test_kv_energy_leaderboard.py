@@ -106,6 +106,22 @@ def test_j_per_token_idle_share_and_outliers() -> None:
         j_per_token(data.requests, energy, ["nope"])
 
 
+def test_j_per_token_tells_apart_requests_sharing_an_id() -> None:
+    # vLLM's n > 1 choices: two spans, one gen_ai.request.id; each has its own energy row.
+    requests = pl.DataFrame({
+        c.REQUEST_ID: ["r1", "r1", "r2"], c.TRACE_ID: ["t1", "t2", "t3"],
+        c.SPAN_ID: ["s1", "s2", "s3"], c.ARRIVAL_NS: [T0, T0, T0], c.OUTPUT_TOKENS: [10, 10, 10],
+        c.MODEL: ["m", "m", "m"]})
+    energy = requests.select(c.REQUEST_ID, c.TRACE_ID, c.SPAN_ID).with_columns(
+        pl.Series(c.ENERGY_J, [1.0, 2.0, 3.0]), pl.lit(1.0).alias(c.ATTRIBUTION_COVERAGE))
+    out = j_per_token(requests, energy, [c.MODEL], window_s=None)
+    assert out[c.REQUESTS].item() == 3 and out[c.ENERGY_J].item() == pytest.approx(6.0)
+    # request_energy without the span (written by an older pipeline) still joins on the id
+    old = j_per_token(requests.filter(pl.col(c.REQUEST_ID) == "r2"),
+                      energy.drop(c.TRACE_ID, c.SPAN_ID), [c.MODEL], window_s=None)
+    assert old[c.ENERGY_J].item() == pytest.approx(3.0)
+
+
 def test_pareto_and_entropy_weights() -> None:
     frame = pl.DataFrame({"ttft_p99_s": [0.1, 0.2, 0.3], c.J_PER_TOKEN: [0.3, 0.2, 0.4]})
     assert pareto(frame, ["ttft_p99_s", c.J_PER_TOKEN]) == [True, True, False]

@@ -51,9 +51,9 @@ def test_rows_in_equal_rows_out(case) -> None:
     assert out.select("trace_id", "span_id").is_unique().all()
 
 
-_REQUEST_KEYS = ("request_id", "host_name", "instance_id", "service_name", "model", "arrival_ns",
-                 "end_ns", "queue_s", "prefill_s", "decode_s", "ttft_s", "input_tokens",
-                 "output_tokens", "cached_tokens")
+_REQUEST_KEYS = ("request_id", "trace_id", "span_id", "host_name", "instance_id",
+                 "service_name", "model", "arrival_ns", "end_ns", "queue_s", "prefill_s",
+                 "decode_s", "ttft_s", "input_tokens", "output_tokens", "cached_tokens")
 
 
 @st.composite
@@ -64,7 +64,9 @@ def energy_cases(draw):
         arrival = T0 + draw(st.integers(0, 40_000)) * 1_000_000
         prefill, decode = draw(st.floats(0, 5)), draw(st.floats(0, 20))
         reqs.append({
-            "request_id": f"r{i}", "host_name": "h", "instance_id": draw(st.sampled_from(
+            # ids repeat (vLLM n > 1): requests are told apart by their span
+            "request_id": f"r{i % 3}", "trace_id": f"{i:032x}", "span_id": f"{i:016x}",
+            "host_name": "h", "instance_id": draw(st.sampled_from(
                 ["i0", "i1", "unmapped"])), "service_name": "s", "model": "m",
             "arrival_ns": arrival, "end_ns": arrival + int((prefill + decode + 0.1) * NS),
             "queue_s": 0.05, "prefill_s": prefill, "decode_s": decode,
@@ -107,6 +109,10 @@ def test_energy_conservation_per_gpu_slot(case) -> None:
     assert abs(per_slot[en.MEASURED].sum() / 1e6 - counted) <= pieces * 1e-6
     energy = en.request_energy(shares, requests)
     assert energy.height == requests.height
+    assert energy.select(en.REQUEST_KEY).n_unique() == requests.height
+    # every share counted once, in the one request it belongs to (ids repeat)
+    total_uj = float(energy[c.ENERGY_J].fill_null(0).sum()) * 1e6
+    assert abs(total_uj - int(shares[en.SHARE].sum() or 0)) <= requests.height
     assert ((energy["attribution_coverage"] >= 0) & (energy["attribution_coverage"] <= 1)).all()
 
 
