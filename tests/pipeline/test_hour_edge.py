@@ -67,3 +67,50 @@ def test_new_hour_recomputes_the_energy_of_the_previous_hours_last_slot(tmp_path
     summary = job.run_once()
     assert summary.dirty_hours == 2  # the new hour, and the previous one for its energy
     assert _digest(inc) == _digest(full)
+
+
+def _write_hour(dd: DataDir, hour: int) -> None:
+    """One hour of a small fleet: a GPU sample every 30 s and a request every 5 minutes."""
+    lo = T0 + hour * HOUR_NS
+    points = []
+    for ts in range(lo, lo + HOUR_NS, 30 * NS):
+        points += gpu_points("GPU-0", ts, power=300.0, energy=300.0 * (ts - T0) / NS)
+        points.append(instance_gpu_point("h1/vllm", "GPU-0", ts))
+    spans = [vllm_span(1000 * hour + i, start_ns=lo + i * 300 * NS + 7 * NS, e2e=20.0)
+             for i in range(12)]
+    write_raw(dd, t.METRIC_POINTS, points_frame(points), seq=100 + hour)
+    write_raw(dd, t.SPANS, spans_frame(spans), seq=200 + hour)
+
+
+def test_phase_2_overlaps_phase_1_and_changes_nothing(tmp_path: Path, monkeypatch) -> None:
+    # Short requests: phase 2 of an hour may start once phase 1 of the next one is published.
+    cfg = PipelineConfig(max_request_s=60)
+    events: list[tuple[str, int]] = []
+    real1, real2 = Pipeline._phase1, Pipeline._phase2
+
+    def phase1(self, state, hour):
+        out = real1(self, state, hour)
+        events.append(("phase 1 done", hour))
+        return out
+
+    def phase2(self, hour, dirty, summary):
+        events.append(("phase 2", hour))
+        return real2(self, hour, dirty, summary)
+
+    monkeypatch.setattr(Pipeline, "_phase1", phase1)
+    monkeypatch.setattr(Pipeline, "_phase2", phase2)
+    full = DataDir(tmp_path / "full")
+    for hour in range(5):
+        _write_hour(full, hour)
+    Pipeline(full, cfg).run_once()
+    first_phase2 = events.index(("phase 2", T0))
+    last_phase1 = max(i for i, (what, _) in enumerate(events) if what == "phase 1 done")
+    assert first_phase2 < last_phase1  # the phases did overlap
+
+    # ... and gave the files of a run that took the hours one at a time
+    inc = DataDir(tmp_path / "inc")
+    job = Pipeline(inc, cfg)
+    for hour in range(5):
+        _write_hour(inc, hour)
+        job.run_once()
+    assert _digest(inc) == _digest(full)
