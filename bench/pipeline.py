@@ -154,8 +154,12 @@ def make_points(rng: np.random.Generator, lo: int, hi: int, energy0: np.ndarray)
 
 
 def write_hours(dd: DataDir, first_hour: int, hours: float, seed: int, energy0: np.ndarray,
-                writer: str) -> tuple[int, int]:
-    """Generate and publish raw segments hour by hour; returns (spans, metric points)."""
+                writer: str, segment_rows: int = 0) -> tuple[int, int]:
+    """Generate and publish raw segments hour by hour; returns (spans, metric points).
+
+    Each hour's rows go to :data:`SEGMENTS_PER_HOUR` segments per table, or, with
+    ``segment_rows``, to segments of that many rows (the collector's ``flush_rows``).
+    """
     rng = np.random.default_rng(seed)
     spans = points = 0
     end = first_hour + int(hours * HOUR_NS)
@@ -169,9 +173,10 @@ def write_hours(dd: DataDir, first_hour: int, hours: float, seed: int, energy0: 
             spans += n if table == t.SPANS else 0
             points += n if table == t.METRIC_POINTS else 0
             signal = t.table(table).raw_signal
-            for part in range(SEGMENTS_PER_HOUR):
-                lo_row = part * n // SEGMENTS_PER_HOUR
-                piece = frame.slice(lo_row, (part + 1) * n // SEGMENTS_PER_HOUR - lo_row)
+            parts = -(-n // segment_rows) if segment_rows else SEGMENTS_PER_HOUR
+            for part in range(parts):
+                lo_row = part * n // parts
+                piece = frame.slice(lo_row, (part + 1) * n // parts - lo_row)
                 seq += 1
                 write_parquet_atomic(piece, dd.raw_segment_path(signal, h, writer, seq))
         h = hi
@@ -255,6 +260,9 @@ def main() -> None:
     parser.add_argument("--compare", metavar="REF", default=None,
                         help="with --rerun: time the pipeline of git REF against this checkout")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side (--compare)")
+    parser.add_argument("--segment-rows", type=int, default=0, metavar="N",
+                        help="raw segments of N rows, as the collector writes them (its "
+                             f"flush_rows is 25,000) [default: {SEGMENTS_PER_HOUR} per hour]")
     args = parser.parse_args()
     if args.rerun and args.compare:
         compare(args.rerun, args.compare, args.repeat)
@@ -268,14 +276,17 @@ def main() -> None:
     start = (time.time_ns() // HOUR_NS - 48) * HOUR_NS
     energy0 = np.full(GPUS, 1e7)
     began = time.perf_counter()
-    spans, points = write_hours(dd, start, hours, 1, energy0, "gen")
+    rows = args.segment_rows
+    spans, points = write_hours(dd, start, hours, 1, energy0, "gen", rows)
+    files = sum(1 for _ in (root / "raw").rglob("*.parquet"))
     print(f"scale {args.scale}: {hours:.2f} h, {spans:,} spans, {points:,} metric points "
-          f"({GPUS} GPUs at {SAMPLE_HZ} Hz); generated in {time.perf_counter() - began:.1f} s")
+          f"({GPUS} GPUs at {SAMPLE_HZ} Hz) in {files:,} raw segments; generated in "
+          f"{time.perf_counter() - began:.1f} s")
     full = run_pipeline(root)
     _print_run("full run", full)
     inc_hours = hours * 0.01
     next_hour = start + int(np.ceil(hours)) * HOUR_NS
-    new_spans, new_points = write_hours(dd, next_hour, inc_hours, 2, energy0, "gen2")
+    new_spans, new_points = write_hours(dd, next_hour, inc_hours, 2, energy0, "gen2", rows)
     inc = run_pipeline(root)
     print(f"incremental run over +1% ({new_spans:,} spans, {new_points:,} points): "
           f"{inc['wall_s']:.2f} s wall, {inc['cpu_s']:.2f} s CPU, peak RSS "
@@ -285,7 +296,8 @@ def main() -> None:
     # What --follow pays between hour edges: more data inside the hour already started (the
     # +1% above starts a new hour, which also redoes the previous hour's energy).
     more_start = next_hour + int(inc_hours * HOUR_NS)
-    more_spans, more_points = write_hours(dd, more_start, inc_hours / 2, 3, energy0, "gen3")
+    more_spans, more_points = write_hours(dd, more_start, inc_hours / 2, 3, energy0, "gen3",
+                                          rows)
     more = run_pipeline(root)
     print(f"incremental run over +0.5% inside that hour ({more_spans:,} spans, "
           f"{more_points:,} points): {more['wall_s']:.2f} s wall, {more['cpu_s']:.2f} s CPU, "
