@@ -121,7 +121,7 @@ def _read_dictionaries(files: list[str], spec: t.Table, names: list[str], predic
     """:func:`read_raw` through pyarrow, keeping the ``categorical`` columns dictionary-coded.
 
     The collector publishes a segment every 25,000 rows, about 230 an hour for a 64-GPU fleet at
-    10 Hz, so the cost per file matters as much as per row: one footer read per file, no
+    10 Hz, so the cost per file matters as much as per row: one footer parse per file, no
     per-file thread pool (the pipeline already reads two hours at once), and the cast and
     filter applied once per batch of files instead of once per file. On an hour of 213
     collector-sized segments this takes about 30% less CPU than a threaded read, cast and
