@@ -6,6 +6,7 @@ run before Polars loads, and every process that runs pipeline stages imports thi
 """
 
 import os
+import sys
 
 #: jemalloc options of the Polars library (its prefixed ``MALLOC_CONF``), read once when Polars
 #: allocates first. Polars puts its own default first (``dirty_decay_ms:500,muzzy_decay_ms:1000``,
@@ -17,5 +18,13 @@ import os
 #: process (``--follow``, the dashboard) may hold its recent peak that much longer.
 POLARS_MALLOC_CONF = "dirty_decay_ms:30000,muzzy_decay_ms:30000"
 
-# setdefault: an operator's own setting wins.
-os.environ.setdefault("_RJEM_MALLOC_CONF", POLARS_MALLOC_CONF)
+#: What Polars' import writes when nobody set the variable (polars/__init__.py).
+_POLARS_OWN_DEFAULT = "dirty_decay_ms:500,muzzy_decay_ms:1000"
+_VARIABLE = "_RJEM_MALLOC_CONF"
+
+if "polars" in sys.modules and os.environ.get(_VARIABLE) == _POLARS_OWN_DEFAULT:
+    # Polars was imported first and wrote its default: too late for this process, but the
+    # processes it starts (benchmark runs, workers) get ours.
+    os.environ[_VARIABLE] = POLARS_MALLOC_CONF
+else:
+    os.environ.setdefault(_VARIABLE, POLARS_MALLOC_CONF)  # an operator's own setting wins

@@ -44,3 +44,15 @@ def test_importing_pipeline_sets_the_polars_allocator_before_polars_loads():
 def test_an_operators_own_setting_wins():
     _, conf = _run("import pipeline", _RJEM_MALLOC_CONF="dirty_decay_ms:5000")
     assert conf.endswith(",dirty_decay_ms:5000")
+
+
+def test_processes_started_after_polars_was_imported_first_get_the_setting():
+    from pipeline import POLARS_MALLOC_CONF
+
+    # e.g. bench/pipeline.py imports polars, then pipeline, then runs each pipeline in a child
+    _, conf = _run("import polars, pipeline, subprocess, sys\n"
+                   "conf = subprocess.run([sys.executable, '-c', 'import os; "
+                   "print(os.environ[\"_RJEM_MALLOC_CONF\"])'], capture_output=True, text=True)"
+                   ".stdout.strip()\n"
+                   "import os; os.environ['_RJEM_MALLOC_CONF'] = conf")
+    assert conf == POLARS_MALLOC_CONF
