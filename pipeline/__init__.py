@@ -11,12 +11,12 @@ import sys
 #: jemalloc options of the Polars library (its prefixed ``MALLOC_CONF``), read once when Polars
 #: allocates first. Polars puts its own default first (``dirty_decay_ms:500,muzzy_decay_ms:1000``,
 #: polars issue 18088; later options win): freed pages go back to the kernel within a second,
-#: so each hour's frames fault fresh zeroed pages in again: on 3 hours of the pipeline
-#: benchmark 1.1M minor page faults and 3.6 s of system time, against 0.55M and 2.0 s when
-#: freed pages are kept for 30 s (wall 9.1 -> 7.5 s, peak RSS +9%; ``docs/benchmarks.md``).
-#: jemalloc returns pages lazily, on later allocations, once they are 30 s old, so a long-running
-#: process (``--follow``, the dashboard) may hold its recent peak that much longer.
-POLARS_MALLOC_CONF = "dirty_decay_ms:30000,muzzy_decay_ms:30000"
+#: so each hour's frames fault fresh zeroed pages in again. Keeping them 10 s (jemalloc's own
+#: default) halves the page faults and the system time: a day of the pipeline benchmark
+#: 57.5 -> 50.5 s wall, peak RSS 2.2 -> 2.6 GB (``docs/benchmarks.md``). jemalloc returns
+#: pages lazily, on later allocations, once they are 10 s old, so a long-running process
+#: (``--follow``, the dashboard) may hold its recent peak that much longer.
+POLARS_MALLOC_CONF = "dirty_decay_ms:10000,muzzy_decay_ms:10000"
 
 #: What Polars' import writes when nobody set the variable (polars/__init__.py).
 _POLARS_OWN_DEFAULT = "dirty_decay_ms:500,muzzy_decay_ms:1000"
