@@ -4,7 +4,9 @@ A segment is *new* when the state does not list it or its size changed. Each new
 event-time columns are read and aggregated on their own (extent, per-host maxima, the hours its
 rows touch), so memory stays bounded by a segment or two however much is new; segments are
 aggregated two at a time on worker threads (Polars releases the GIL) and merged in path order,
-so the result does not depend on the threads.
+so the result does not depend on the threads. On a first or full run a metrics segment whose
+rows start in one hour (what the collector writes) is summarised from its per-host minimum and
+maximum timestamps alone (:func:`metric_facts`).
 
 A span touches the hours from its start to its end; a metric point the hours from its
 timestamp to one sample gap later (the next sample's delta needs it), and for phase 2 (energy
@@ -107,6 +109,39 @@ def segment_facts(rows: pl.DataFrame, signal: str) -> tuple[pl.DataFrame, list[i
     return stats, packed.to_series().to_list()
 
 
+def metric_facts(dd: DataDir, rel: str, gap_ns: int) -> tuple[pl.DataFrame, list[int]] | None:
+    """:func:`segment_facts` of a metrics segment when no host has a watermark yet (a first or
+    full run: nothing can be late), from its host and timestamp columns alone.
+
+    A metric point's event times are all its timestamp shifted by the sample gap, so the
+    per-host minimum and maximum timestamp give every per-host fact and, when all rows start
+    in one hour, the segment's hours: no per-row columns are built and no row is read twice.
+    The collector publishes about 230 such segments an hour for a 64-GPU fleet. None when the
+    rows start in more than one hour (then only the row-by-row path is exact).
+    """
+    per_host = pl.scan_parquet(dd.root / rel).group_by(
+        pl.col(c.HOST_NAME).fill_null("")).agg(
+        pl.len().alias("n"), pl.col(c.TS_NS).min().alias("lo"),
+        pl.col(c.TS_NS).max().alias("end")).collect()
+    stats = per_host.select(
+        c.HOST_NAME, "n", "lo", (pl.col("end") + gap_ns).alias("hi"), "end",
+        pl.lit(0, pl.UInt32).alias("late"), pl.lit(None, pl.Float64).alias("delay"),
+        pl.lit("metrics").alias("signal"))
+    if stats.height == 0 or stats.get_column("lo").null_count() == stats.height:
+        return stats, []
+    top = (1 << _HOUR_BITS) * HOUR_NS - 1
+
+    def hour(ns: int) -> int:
+        return min(max(ns, 0), top) // HOUR_NS
+
+    lo, end = int(stats.get_column("lo").min()), int(stats.get_column("end").max())
+    first, first_max = hour(lo), hour(end)
+    if first != first_max:
+        return None
+    last, earliest = hour(end + gap_ns), hour(lo - gap_ns)
+    return stats, [(first << 2 * _HOUR_BITS) | (last << _HOUR_BITS) | earliest]
+
+
 def add_hours(keys: list[int], dirty: set[int], energy_dirty: set[int]) -> None:
     """Add the hour starts (ns) that :func:`segment_facts` keys make dirty: phase 1 from the
     first to the last hour, phase 2 also from the earliest hour."""
@@ -131,6 +166,10 @@ def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int) -
 
     def facts(item: tuple[str, str, int]) -> tuple[pl.DataFrame, list[int]]:
         rel, signal, _size = item
+        if signal == "metrics" and marks.height == 0:
+            quick = metric_facts(dd, rel, gap_ns)
+            if quick is not None:
+                return quick
         return segment_facts(event_rows(dd, signal, rel, marks, gap_ns, lateness_ns), signal)
 
     per_host: list[pl.DataFrame] = []
