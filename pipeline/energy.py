@@ -242,7 +242,11 @@ def _union_ns(rows: pl.DataFrame, slot_ns: int) -> pl.DataFrame:
     s = s.select(group.alias("__g"), start.alias(A), end.alias(B)).sort(A)
     earlier = pl.col(B).cum_max().shift(1)
     piece = (pl.col(B) - pl.max_horizontal(pl.col(A), earlier.fill_null(pl.col(A))))
-    out = s.group_by("__g").agg(piece.clip(lower_bound=0).sum().alias(c.ACTIVE_S))
+    # The pieces over the whole frame (that is what cannot leak), then a plain sum per group:
+    # about 3x faster than the running maximum inside the aggregation. Sorting on the packed
+    # start sorted the groups too, which lets the sum skip hashing.
+    out = s.select(pl.col("__g").set_sorted(), piece.clip(lower_bound=0).alias(c.ACTIVE_S)
+                   ).group_by("__g", maintain_order=True).agg(pl.col(c.ACTIVE_S).sum())
     return out.select(
         (pl.col("__g") // (1 << slot_bits)).alias(GID),
         ((pl.col("__g") % (1 << slot_bits)) * slot_ns + base).alias(SLOT), c.ACTIVE_S)
