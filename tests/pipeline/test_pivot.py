@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from pipeline import pivot
+from pipeline import partitions, pivot
 from pipeline.partitions import read_raw
 from pipeline.pivot import KEY, SLOT, SRC, pivot_sorted, split_sources
 from pipeline.runner import _CATEGORICAL, _COLUMNS
@@ -125,3 +125,24 @@ def test_read_raw_dictionary_columns_match_the_string_read(tmp_path) -> None:
     assert all(coded.schema[n] == pl.Categorical for n in _CAT)
     assert_frame_equal(coded.with_columns(pl.col(_CAT).cast(pl.String)), plain)
     assert plain.get_column(c.TEMPORALITY).null_count() > 0
+
+
+@pytest.mark.parametrize("batch_rows", [1, 30, 10**9])
+def test_read_raw_dictionaries_batches_segments_of_mixed_columns(tmp_path, monkeypatch,
+                                                                 batch_rows) -> None:
+    # Collector-sized segments are cast and filtered a batch at a time: any batch boundary,
+    # with and without the temporality column in the batch, gives the plain read's rows.
+    monkeypatch.setattr(partitions, "_BATCH_ROWS", batch_rows)
+    dd = DataDir(tmp_path)
+    points = _mixed_points()
+    step = -(-points.height // 5)
+    for seq, lo in enumerate(range(0, points.height, step)):
+        piece = points.slice(lo, step)
+        write_raw(dd, t.METRIC_POINTS, piece.drop(c.TEMPORALITY) if seq % 2 else piece, seq=seq)
+    files = sorted(str(p) for p in (tmp_path / "raw").rglob("*.parquet"))
+    assert len(files) == 5
+    keep = pl.col(c.TS_NS) >= T0 + NS // 10
+    plain = read_raw(files, t.METRIC_POINTS, keep, _COLUMNS["metrics"])
+    coded = read_raw(files, t.METRIC_POINTS, keep, _COLUMNS["metrics"], tuple(_CAT))
+    assert all(coded.schema[n] == pl.Categorical for n in _CAT)
+    assert_frame_equal(coded.with_columns(pl.col(_CAT).cast(pl.String)), plain)
