@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -160,6 +162,10 @@ def running_vllm(python: Path, model: Path, log_path: Path, *, otlp_endpoint: st
     })
     if kv_cache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_space_gib)
+    # vLLM names its ZMQ sockets <base>/<uuid4> and leaves them behind when stopped; a private
+    # base (short: socket paths are limited to 107 bytes) is removed below.
+    rpc_dir = Path(tempfile.mkdtemp(prefix="fleetlens-vllm-"))
+    env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
                "--enforce-eager", "--otlp-traces-endpoint", otlp_endpoint, *args]
@@ -183,6 +189,7 @@ def running_vllm(python: Path, model: Path, log_path: Path, *, otlp_endpoint: st
         yield server
     finally:
         stop_tree(process)
+        shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
