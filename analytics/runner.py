@@ -22,6 +22,7 @@ from analytics.attribution import Tables
 from analytics.config import AnalyticsConfig
 from analytics.provenance import provenance, write_json_atomic
 from analytics.webhook import notify_new
+from pipeline.joblock import exclusive
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
 from pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
@@ -97,10 +98,18 @@ def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
         notify: post incidents not posted before to ``config.webhooks`` and ``echo``.
         echo: called with one JSON line per new incident (e.g. ``click.echo``).
         refit_prophet: refit Prophet baselines now even when not due.
+
+    Holds the data directory's job lock (:mod:`pipeline.joblock`) for the whole run: it reads
+    a consistent set of the pipeline's partitions, and retention deletes none under it.
     """
-    started = time.perf_counter()
-    config = config or AnalyticsConfig()
     root = data_dir if isinstance(data_dir, DataDir) else DataDir(data_dir)
+    with exclusive(root, "analytics"):
+        return _run(root, config or AnalyticsConfig(), notify, echo, refit_prophet)
+
+
+def _run(root: DataDir, config: AnalyticsConfig, notify: bool,
+         echo: Callable[[str], None] | None, refit_prophet: bool) -> RunResult:
+    started = time.perf_counter()
     tables = _limit(Tables.from_data_dir(root), config.history_s)
     analysis = analyse(tables, config)
     since = None

@@ -20,7 +20,7 @@ import streamlit as st
 from dashboard import explore, incident, queries
 from dashboard.config import DashboardConfig, load_dashboard_config
 from pipeline.schema import tables as t
-from pipeline.storage import PARQUET_SUFFIX, DataDir, connect
+from pipeline.storage import PARQUET_SUFFIX, DataDir, connect, retry_vanished
 
 #: Every query a page may load, by name.
 QUERIES: dict[str, Callable[..., Any]] = {
@@ -94,7 +94,9 @@ def _cached(name: str, root: str, present: tuple[str, ...], epoch: int,
             args: tuple[Any, ...]) -> Any:
     # ``epoch`` (see cache_epoch) is only a cache key: results expire when it moves on.
     del epoch
-    return QUERIES[name](_connection(root, present), *args)
+    con = _connection(root, present)
+    # Compaction and retention may delete a file the query listed: listing again is enough.
+    return retry_vanished(lambda: QUERIES[name](con, *args))
 
 
 #: Per data directory: (data version, when that epoch began, epoch number).

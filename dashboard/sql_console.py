@@ -25,7 +25,7 @@ import duckdb
 import polars as pl
 
 from dashboard.filters import Filters
-from pipeline.storage import DataDir, connect
+from pipeline.storage import DataDir, connect, retry_vanished
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -86,7 +86,8 @@ def run_query(
         bound = {name: available[name] for name in wanted}
         timer.start()
         try:
-            frame = con.sql(query, params=bound or None).limit(row_cap + 1).pl()
+            frame = retry_vanished(  # compaction may delete a file the query listed
+                lambda: con.sql(query, params=bound or None).limit(row_cap + 1).pl())
         except duckdb.InterruptException:
             raise SqlRejected(f"query stopped after {timeout_s:.0f} s") from None
         except duckdb.Error as exc:

@@ -183,7 +183,8 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
 
     Raw data (and the per-request/per-sample tables) are kept pipeline.raw_retention_days,
     windows pipeline.windows_retention_days. Safe to run beside the collector and the
-    pipeline: only hours older than pipeline.compact_min_age_s are merged.
+    pipeline: only hours older than pipeline.compact_min_age_s are merged, and it waits
+    for a running pipeline or analytics step (the data directory's job lock).
     """
     from pipeline.compact import compact as run_compact
     from pipeline.storage import DataDir
@@ -202,4 +203,6 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
     click.echo(f"{verb} {summary.merged_files} segments into {summary.written_files} files "
                f"({summary.bytes_before} -> {summary.bytes_after} bytes); expired "
                f"{summary.expired_raw_hours} raw hours, {summary.expired_derived_files} "
-               f"derived partitions")
+               f"derived partitions"
+               + (f"; removed {summary.leftovers_removed} segments an interrupted compaction "
+                  "had already merged" if summary.leftovers_removed else ""))

@@ -34,6 +34,7 @@ import polars as pl
 from pipeline import energy as en
 from pipeline.config import PipelineConfig
 from pipeline.discovery import discover
+from pipeline.joblock import exclusive
 from pipeline.normalize import normalize
 from pipeline.partitions import (
     HOUR_NS,
@@ -290,7 +291,14 @@ class Pipeline:
 
     # --- the run ---------------------------------------------------------------------------
     def run_once(self, *, full: bool = False) -> RunSummary:
-        """Process the raw segments that are new since the last run (all of them if ``full``)."""
+        """Process the raw segments that are new since the last run (all of them if ``full``).
+
+        Holds the data directory's job lock (:mod:`pipeline.joblock`) for the whole run, so
+        compaction, another pipeline and the analytics wait for it."""
+        with exclusive(self.dd, "pipeline"):
+            return self._run_once(full)
+
+    def _run_once(self, full: bool) -> RunSummary:
         began = time.perf_counter()
         summary = RunSummary()
         state = PipelineState.load(self.dd)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from pipeline.schema import TABLES
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
 
@@ -31,12 +35,17 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
     """
     import duckdb
 
-    from pipeline.storage import DataDir, connect, existing_tables
+    from pipeline.storage import DataDir, connect, existing_tables, retry_vanished
 
     root = DataDir.from_env(data_dir)
     con = connect(root)
+
+    def run() -> pl.DataFrame | None:
+        result = con.sql(query)  # a statement without a result set gives None
+        return None if result is None else result.pl()
+
     try:
-        result = con.sql(query)
+        frame = retry_vanished(run)  # compaction may delete a segment the query listed
     except duckdb.CatalogException as exc:
         if not _MISSING_TABLE.search(str(exc)):
             raise click.ClickException(f"query failed: {exc}") from None
@@ -47,9 +56,8 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
         ) from None
     except duckdb.Error as exc:
         raise click.ClickException(f"query failed: {exc}") from None
-    if result is None:  # a statement without a result set
+    if frame is None:
         return
-    frame = result.pl()
     if fmt == "csv":
         frame.write_csv(sys.stdout)
     elif fmt == "json":

@@ -10,7 +10,8 @@ Files are the interface between fleetlens processes (DESIGN.md section 2)::
 Two rules keep concurrent readers safe. A Parquet file appears only complete: it is written
 under a hidden ``.<name>.tmp`` name (which no ``*.parquet`` glob matches), fsynced, renamed,
 and the directory fsynced. And no process shares a DuckDB database file: every reader opens
-its own in-memory DuckDB with one view per table over the Parquet globs.
+its own in-memory DuckDB with one view per table over the Parquet globs. Files do disappear
+(compaction, retention), so readers go through :func:`retry_vanished`.
 
 This module imports only :mod:`pipeline.schema`, so the collector may use it.
 """
@@ -22,9 +23,9 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +43,7 @@ TMP_SUFFIX = ".tmp"
 MAX_COMPONENT = 120
 _SAFE_CHARS = re.compile(r"[A-Za-z0-9._-]")
 _NS_PER_S = 1_000_000_000
+T = TypeVar("T")
 
 
 class StorageError(RuntimeError):
@@ -228,10 +230,11 @@ def connect(data_dir: DataDir, *, read_only_sandbox: bool = False) -> duckdb.Duc
     for name in t.TABLES:
         if name in present:
             glob = table_glob(data_dir, name).replace("'", "''")
-            con.execute(
+            # Creating the view reads every file's schema: compaction may delete one meanwhile.
+            retry_vanished(lambda glob=glob, name=name: con.execute(
                 f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet('
                 f"'{glob}', hive_partitioning = true, union_by_name = true)"
-            )
+            ))
         else:
             # A table with no data yet still answers queries, with zero rows. A real (empty)
             # table rather than a registered frame, so cursors of this connection see it too.
@@ -254,3 +257,31 @@ def scan(data_dir: DataDir, table: str) -> pl.LazyFrame:
     if not files:
         return t.table(table).empty().lazy()
     return pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
+
+
+#: Tries of a read that lost a file between listing and opening it (see :func:`retry_vanished`).
+READ_ATTEMPTS = 4
+_VANISHED = ("No such file or directory", "No files found that match the pattern")
+
+
+def is_vanished_file(error: BaseException) -> bool:
+    """Whether ``error`` says a file the read had listed was gone when it was opened."""
+    return isinstance(error, FileNotFoundError) or any(text in str(error) for text in _VANISHED)
+
+
+def retry_vanished(read: Callable[[], T], attempts: int = READ_ATTEMPTS) -> T:
+    """``read()``, tried again when it failed only because a file it listed had vanished.
+
+    Globs are expanded when a query runs, and ``fleetlens compact`` deletes the segments it
+    merged (after publishing the merged file), retention deletes old partitions: a reader
+    that listed a file just before may not open it. Listing again finds the merged file,
+    which holds the same rows, so the retried read answers as if it had run a moment later.
+    Any other error, or the last try's, is raised as it is.
+    """
+    for _ in range(attempts - 1):
+        try:
+            return read()
+        except Exception as error:
+            if not is_vanished_file(error):
+                raise
+    return read()

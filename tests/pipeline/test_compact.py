@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from fleetlens.cli import cli
@@ -89,3 +91,45 @@ def test_cli_pipeline_then_compact(tmp_path) -> None:
     dry = runner.invoke(cli, ["compact", "--data-dir", str(dd.root), "--dry-run"])
     assert dry.exit_code == 0 and "would merge 0 segments" in dry.output
     assert NS > 0
+
+
+def test_a_compaction_killed_between_publish_and_delete_changes_no_output(
+        tmp_path, monkeypatch) -> None:
+    """Reliability R2, mid-compaction: the merged file is published, some small segments
+    are still there (their rows twice in raw) and the state was not saved. The pipeline's
+    outputs do not change, and the next compaction finishes the job."""
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=5, seconds=400))
+    job = Pipeline(dd, PipelineConfig())
+    job.run_once()
+    outputs, spans = _digest(dd), _counts(dd)[0]
+    small = len(list(parquet_files(dd.root / "raw")))
+    deleted = []
+    real_unlink = Path.unlink
+
+    def dies_after_two(path: Path, missing_ok: bool = False) -> None:
+        if len(deleted) == 2:
+            raise SystemExit("killed mid-compaction")  # nothing after this point runs
+        deleted.append(path)
+        real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", dies_after_two)
+    later = T0 + 10 * HOUR_NS
+    with pytest.raises(SystemExit):
+        compact(dd, PipelineConfig(), now_ns=later)
+    monkeypatch.undo()
+    files = list(parquet_files(dd.root / "raw"))
+    assert len(files) == small - 2 + 1  # the merged file beside what was not deleted yet
+    assert _counts(dd)[0] > spans  # rows twice in raw, for now
+
+    summary = job.run_once()
+    assert summary.dirty_hours > 0  # the merged file is new to the state: its hour is redone
+    assert _digest(dd) == outputs  # ... to the same bytes, duplicates removed
+
+    compact(dd, PipelineConfig(), now_ns=later)
+    assert len(list(parquet_files(dd.root / "raw"))) == 2  # one per signal and hour
+    assert _counts(dd)[0] == spans
+    job.run_once()
+    assert _digest(dd) == outputs
+    assert job.run_once(full=True).new_segments == 2
+    assert _digest(dd) == outputs

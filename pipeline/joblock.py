@@ -1,0 +1,105 @@
+"""One writing job at a time per data directory.
+
+The pipeline, ``fleetlens compact`` and the analytics all rewrite files under ``derived/`` and
+``state/``, and compaction deletes raw segments the pipeline may be reading. Each takes this
+lock (``state/jobs.lock``, an advisory ``flock``) for the whole of its run, so that, for
+example, an hourly ``fleetlens compact`` from cron waits for a running ``pipeline --follow``
+step instead of deleting the segments under it or overwriting its ``state/pipeline.json``.
+
+Readers (the dashboard, ``fleetlens sql``) never take it: they must not wait for a job.
+
+The kernel drops a ``flock`` when its holder dies, so a crashed job never leaves a stale lock.
+Within one process the lock is re-entrant for the thread holding it (the pipeline's
+``--follow`` loop runs the analytics inside its own step) and excludes other threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pipeline.storage import DataDir
+
+LOCK_NAME = "jobs.lock"
+
+_GUARD = threading.Lock()
+#: Per lock file: this process's holder (a thread-re-entrant mutex, the open file, the depth).
+_HELD: dict[Path, _ProcessHold] = {}
+
+
+class _ProcessHold:
+    def __init__(self) -> None:
+        self.mutex = threading.RLock()
+        self.depth = 0
+        self.fd: int | None = None
+
+
+def lock_path(data_dir: DataDir) -> Path:
+    """The lock file of ``data_dir``."""
+    return data_dir.state / LOCK_NAME
+
+
+def holder(data_dir: DataDir) -> str:
+    """Who holds the lock, as its holder wrote it (``pid command``), or ``""``."""
+    try:
+        return lock_path(data_dir).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def exclusive(data_dir: DataDir, job: str,
+              on_wait: Callable[[str], None] | None = _say) -> Iterator[None]:
+    """Hold the data directory's job lock for the ``with`` block, waiting for it if needed.
+
+    Args:
+        data_dir: the data directory.
+        job: what this holder is (``pipeline``, ``compact``, ``analytics``), recorded in the
+            lock file for whoever waits.
+        on_wait: called once with a message when another process holds the lock (default:
+            printed on stderr); ``None`` waits silently.
+    """
+    path = lock_path(data_dir)
+    with _GUARD:
+        hold = _HELD.setdefault(path, _ProcessHold())
+    with hold.mutex:
+        if hold.depth == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                _acquire(fd, data_dir, on_wait)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {job}\n".encode(), 0)
+            except BaseException:
+                os.close(fd)
+                raise
+            hold.fd = fd
+        hold.depth += 1
+        try:
+            yield
+        finally:
+            hold.depth -= 1
+            if hold.depth == 0 and hold.fd is not None:
+                os.close(hold.fd)  # closing the last descriptor releases the flock
+                hold.fd = None
+
+
+def _acquire(fd: int, data_dir: DataDir, on_wait: Callable[[str], None] | None) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    if on_wait is not None:
+        who = holder(data_dir) or "another job"
+        on_wait(f"waiting for {who} to finish with {data_dir.root} ({lock_path(data_dir)})")
+    fcntl.flock(fd, fcntl.LOCK_EX)
