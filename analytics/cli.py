@@ -10,12 +10,12 @@ from pathlib import Path
 import click
 
 from analytics.config import AnalyticsConfig
-from pipeline.schema.settings import ConfigError, load_section
+from pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
 
 NS = 1_000_000_000
 _DATA_DIR = click.option("--data-dir", "data_dir", type=click.Path(file_okay=False),
                          default=None,
-                         help="Data directory [default: $FLEETLENS_DATA or ./fleetlens-data].")
+                         help=DATA_DIR_HELP)
 _CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                        default=None,
                        help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
@@ -29,10 +29,10 @@ def load_analytics_config(path: str | None) -> AnalyticsConfig:
         raise click.ClickException(f"invalid configuration: {exc}") from None
 
 
-def _root(data_dir: str | None):  # noqa: ANN202
+def _root(data_dir: str | None, config_file: str | None = None):  # noqa: ANN202
     from pipeline.storage import DataDir
 
-    return DataDir.from_env(data_dir)
+    return DataDir.from_env(data_dir, config_file)
 
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
@@ -74,7 +74,7 @@ def analyze(data_dir: str | None, config_file: str | None, follow: bool, interva
     from analytics.runner import run
 
     config = load_analytics_config(config_file)
-    root = _root(data_dir)
+    root = _root(data_dir, config_file)
     while True:
         result = run(root, config, echo=click.echo, refit_prophet=refit)
         for error in result.post_errors:
@@ -105,7 +105,7 @@ def incidents(data_dir: str | None, config_file: str | None, since: str | None, 
     from pipeline.schema import tables as t
     from pipeline.storage import parquet_files
 
-    root = _root(data_dir)
+    root = _root(data_dir, config_file)
     never = next(parquet_files(root.table_dir(t.INCIDENTS)), None) is None
     if refresh or (refresh is None and never):
         run(root, load_analytics_config(config_file), notify=False)
@@ -163,7 +163,7 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
     from pipeline.schema import columns as c
     from pipeline.schema import tables as t
 
-    root = _root(data_dir)
+    root = _root(data_dir, config_file)
     if refit:
         result = run(root, load_analytics_config(config_file), notify=False,
                      refit_prophet=True)
@@ -210,7 +210,7 @@ def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
                       (part.split("=", 1) for part in sla.split(",") if part.strip())}
         except ValueError:
             raise click.BadParameter(f"{sla!r}: expected column=limit[,column=limit]") from None
-    root = _root(data_dir)
+    root = _root(data_dir, config_file)
     prepared = prepare(scan(root, t.REQUESTS).collect(), scan(root, t.INSTANCE_GPUS).collect(),
                        scan(root, t.GPU_SAMPLES).collect(),
                        scan(root, t.REQUEST_ENERGY).collect())

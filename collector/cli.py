@@ -10,6 +10,7 @@ import click
 
 from collector.config import CollectorConfig
 from pipeline.schema.settings import (
+    DATA_DIR_HELP,
     DEFAULT_DATA_DIR,
     ENV_DATA_DIR,
     ConfigError,
@@ -33,8 +34,7 @@ def load(config_file: str | None, overrides: dict[str, Any]) -> tuple[CollectorC
 
 @click.command()
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
-              help="Data directory [default: $FLEETLENS_DATA, the config's data_dir, "
-                   "or ./fleetlens-data].")
+              help=DATA_DIR_HELP)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
 @click.option("--grpc-address", default=None, help="OTLP/gRPC HOST:PORT [127.0.0.1:4317].")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from pipeline.schema.settings import DATA_DIR_HELP
+
 APP = Path(__file__).resolve().parent / "app.py"
 
 
@@ -24,7 +26,7 @@ def streamlit_argv(address: str, port: int) -> list[str]:
 
 @click.command()
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Data directory [default: $FLEETLENS_DATA or ./fleetlens-data].")
+              help=DATA_DIR_HELP)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
 @click.option("--address", default=None, help="Address to bind [default: 127.0.0.1].")
@@ -56,7 +58,7 @@ def dashboard(data_dir: str | None, config_path: str | None, address: str | None
         cfg = load_dashboard_config(config_path, environ=env)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    root = DataDir.from_env(data_dir)
+    root = DataDir.from_env(data_dir, config_path)
     env[ENV_DATA_DIR] = str(root.root)
     if config_path:
         env[ENV_CONFIG_FILE] = str(Path(config_path).resolve())

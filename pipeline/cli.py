@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 import click
 
 from pipeline.config import PipelineConfig
-from pipeline.schema.settings import ConfigError, load_section
+from pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
 from pipeline.storage import DataDir
 
 if TYPE_CHECKING:
     from pipeline.runner import RunSummary
 
-_DATA_DIR_HELP = "Data directory [default: $FLEETLENS_DATA or ./fleetlens-data]."
+_DATA_DIR_HELP = DATA_DIR_HELP
 
 
 def load_pipeline_config(path: str | None, **overrides: object) -> PipelineConfig:
@@ -96,7 +96,7 @@ def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int |
         cfg = load_pipeline_config(config_file, window_s=window_s)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
-    root = DataDir.from_env(data_dir)
+    root = DataDir.from_env(data_dir, config_file)
     show = sys.stderr.isatty() if progress is None else progress
     bar, report = _progress_printer(show)
     job = Pipeline(root, cfg, progress=report)
@@ -193,7 +193,7 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
         cfg = load_pipeline_config(config_file)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
-    summary = run_compact(DataDir.from_env(data_dir), cfg, dry_run=dry_run)
+    summary = run_compact(DataDir.from_env(data_dir, config_file), cfg, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps(summary.as_dict(), sort_keys=True))
         return

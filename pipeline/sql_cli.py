@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pipeline.schema import TABLES
+from pipeline.schema.settings import DATA_DIR_HELP
 
 if TYPE_CHECKING:
     import polars as pl
@@ -19,7 +20,7 @@ _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECA
 @click.command()
 @click.argument("query")
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
-              help="Data directory [default: $FLEETLENS_DATA or ./fleetlens-data].")
+              help=DATA_DIR_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format.")
 @click.option("--max-rows", type=int, default=1000, show_default=True,
@@ -29,7 +30,8 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
 
     Every fleetlens table is a view (empty until it has data): raw spans,
     metric_points and log_records, and the derived requests, windows, gpu_samples,
-    engine_samples, request_energy, baselines, incidents and causes. Example:
+    engine_samples, request_energy, gpu_window_energy, baselines, incidents and
+    causes (and the internal instance_gpus and gpu_slot_energy). Example:
 
         fleetlens sql "select service_name, count(*) from spans group by 1"
     """

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.schema import tables as t
-from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR
+from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR, read_config
 
 if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
     import duckdb
@@ -57,9 +57,19 @@ class DataDir:
         self.root = Path(root).expanduser().resolve()
 
     @classmethod
-    def from_env(cls, explicit: str | os.PathLike[str] | None = None) -> DataDir:
-        """``explicit``, else ``$FLEETLENS_DATA``, else ``./fleetlens-data``."""
-        return cls(explicit or os.environ.get(ENV_DATA_DIR) or DEFAULT_DATA_DIR)
+    def from_env(cls, explicit: str | os.PathLike[str] | None = None,
+                 config_file: str | os.PathLike[str] | None = None) -> DataDir:
+        """``explicit``, else ``$FLEETLENS_DATA``, else the config file's top-level
+        ``data_dir`` (``config_file``, else ``$FLEETLENS_CONFIG``, else ``./fleetlens.toml``),
+        else ``./fleetlens-data``.
+
+        Raises:
+            ConfigError: when the config file has to be read and cannot be.
+        """
+        chosen = explicit or os.environ.get(ENV_DATA_DIR)
+        if not chosen:
+            chosen = read_config(config_file).get("data_dir")
+        return cls(chosen or DEFAULT_DATA_DIR)
 
     @property
     def wal(self) -> Path:

@@ -33,6 +33,9 @@ ENV_DATA_DIR = "FLEETLENS_DATA"
 ENV_CONFIG_FILE = "FLEETLENS_CONFIG"
 DEFAULT_CONFIG_FILE = "fleetlens.toml"
 DEFAULT_DATA_DIR = "./fleetlens-data"
+#: Help text of every command's ``--data-dir`` (the order :meth:`DataDir.from_env` uses).
+DATA_DIR_HELP = ("Data directory [default: $FLEETLENS_DATA, else the config file's data_dir, "
+                 "else ./fleetlens-data].")
 
 
 class ConfigError(ValueError):

@@ -239,7 +239,7 @@ _CAUSES = Table(
     key=(c.INCIDENT_ID, c.RANK),
 )
 
-# --- derived by the pipeline beside the DESIGN.md tables ----------------------------------
+# --- derived by the pipeline beside the contract tables above ---------------------------
 GPU_WINDOW_ENERGY = "gpu_window_energy"
 INSTANCE_GPUS = "instance_gpus"
 GPU_SLOT_ENERGY = "gpu_slot_energy"

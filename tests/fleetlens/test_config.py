@@ -87,3 +87,45 @@ def test_env_override_with_unknown_key_is_named() -> None:
     with pytest.raises(ConfigError, match="collector.nope: unknown key"):
         load_config(None, environ={"FLEETLENS_COLLECTOR__NOPE": "1"})
     assert env_overrides({"FLEETLENS_X__Y": "plain text"}) == {"x": {"y": "plain text"}}
+
+
+def test_every_command_finds_the_data_dir_the_config_file_names(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """``data_dir`` in fleetlens.toml is used by the pipeline, sql and analytics commands
+    (not only the collector); ``$FLEETLENS_DATA`` and ``--data-dir`` still come first."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fleetlens.cli import cli
+    from pipeline.storage import DataDir
+    from tests.pipeline.fleet import make_fleet, write_batches
+
+    monkeypatch.delenv("FLEETLENS_DATA", raising=False)
+    monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./fleetlens.toml here, and ./fleetlens-data is visible
+    configured = DataDir(tmp_path / "from-config")
+    write_batches(configured, make_fleet(seed=2, seconds=60))
+    (tmp_path / "etc").mkdir()
+    config = write(tmp_path / "etc", f'data_dir = "{configured.root}"\n')
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["pipeline", "--config", str(config), "--no-progress"])
+    assert ran.exit_code == 0, ran.output
+    assert any(configured.derived("requests").rglob("*.parquet"))
+    assert not (tmp_path / "fleetlens-data").exists()
+
+    count = "select count(*) as n from requests"
+    monkeypatch.setenv("FLEETLENS_CONFIG", str(config))  # sql has no --config option
+    found = runner.invoke(cli, ["sql", "--format", "json", count])
+    assert found.exit_code == 0, found.output
+    assert json.loads(found.stdout)[0]["n"] > 0
+    analysed = runner.invoke(cli, ["incidents", "--format", "json"])  # computes them first
+    assert analysed.exit_code == 0, analysed.output
+    assert (configured.state / "analytics" / "provenance.json").exists()
+
+    monkeypatch.setenv("FLEETLENS_DATA", str(tmp_path / "elsewhere"))  # the variable wins
+    elsewhere = runner.invoke(cli, ["sql", "--format", "json", count])
+    assert elsewhere.exit_code == 0 and json.loads(elsewhere.stdout)[0]["n"] == 0
+    flag = runner.invoke(cli, ["sql", "--data-dir", str(configured.root), "--format", "json",
+                               count])
+    assert json.loads(flag.stdout)[0]["n"] > 0  # and the flag wins over the variable
