@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
@@ -36,21 +37,30 @@ def check(file: str | None, fmt: str) -> None:
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
     source = resolve_config_file(file)
-    data = to_dict(cfg, redact=True)  # tokens and password hashes never reach a terminal
-    if fmt == "json":
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    if fmt == "json":  # tokens and password hashes never reach a terminal
+        click.echo(json.dumps(to_dict(cfg, redact=True), indent=2, sort_keys=True))
         return
     click.echo(f"# effective configuration ({source or 'defaults'} + environment); valid")
-    click.echo(_to_toml(data))
+    click.echo(_to_toml(to_dict(cfg, redact=True, unset=True)))
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key(name: str) -> str:
+    """A TOML key: bare when it may be (``grpc_address``), quoted otherwise (a GPU model)."""
+    return name if _BARE_KEY.fullmatch(name) else json.dumps(name)
 
 
 def _to_toml(data: dict, prefix: str = "") -> str:
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    lines = [f"[{prefix}]"] if prefix and scalars else []
-    lines += scalars
+    """``data`` as TOML that ``config check`` reads back; unset fields as comments."""
+    scalars = [f"# {_key(k)} = (unset)" if v is None else f"{_key(k)} = {_toml_value(v)}"
+               for k, v in data.items() if not isinstance(v, dict)]
+    lines = [f"[{prefix}]"] if prefix and (scalars or not data) else []
+    lines += scalars or (["# (empty)"] if prefix and not data else [])
     for key, value in data.items():
         if isinstance(value, dict):
-            lines += ["", _to_toml(value, f"{prefix}.{key}" if prefix else key)]
+            lines += ["", _to_toml(value, f"{prefix}.{_key(key)}" if prefix else _key(key))]
     return "\n".join(lines).strip("\n")
 
 
@@ -62,6 +72,6 @@ def _toml_value(value: object) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # a table inside a list ([[agent.vllm]]): an inline table
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}"
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(v)}"
                                 for k, v in value.items()) + " }"
     return json.dumps(str(value))

@@ -219,12 +219,13 @@ def load_section(
     return build(cls, merge(dict(data), given), section)
 
 
-def to_dict(config: Any, *, redact: bool = False) -> dict[str, Any]:
+def to_dict(config: Any, *, redact: bool = False, unset: bool = False) -> dict[str, Any]:
     """The config as plain TOML-able data (tuples become lists, ``None`` fields are dropped).
 
     Args:
         config: a config dataclass.
         redact: replace the values of :data:`SECRET_FIELDS` (for printing and logging).
+        unset: keep ``None`` fields as ``None`` (to show every key that exists).
     """
     out: dict[str, Any] = {}
     for field in dataclasses.fields(config):
@@ -232,12 +233,12 @@ def to_dict(config: Any, *, redact: bool = False) -> dict[str, Any]:
         if redact and field.name in SECRET_FIELDS and value:
             out[field.name] = [REDACTED] * len(value) if isinstance(value, tuple) else REDACTED
         elif dataclasses.is_dataclass(value):
-            out[field.name] = to_dict(value, redact=redact)
+            out[field.name] = to_dict(value, redact=redact, unset=unset)
         elif isinstance(value, tuple):  # a list of tables ([[agent.vllm]]) stays tables
             out[field.name] = [
                 to_dict(v, redact=redact) if dataclasses.is_dataclass(v) else v for v in value
             ]
-        elif value is not None:
+        elif value is not None or unset:
             out[field.name] = value
     return out
 

@@ -30,13 +30,16 @@ def test_help_lists_only_commands_that_exist() -> None:
 
 def test_sql_does_not_import_heavy_components(tmp_path: Path) -> None:
     code = ("import sys; from fleetlens.cli import cli; "
-            "sys.argv=['fleetlens','sql','--data-dir',sys.argv[1],'select 1'];\n"
-            "try: cli()\nexcept SystemExit: pass\n"
+            "sys.argv=['fleetlens','sql','--data-dir',sys.argv[1],'--format','json',"
+            "'select 41 + 1 as answer'];\n"
+            "try: cli()\nexcept SystemExit as exit: status = exit.code\n"
             "heavy = ('streamlit', 'prophet', 'analytics', 'dashboard')\n"
-            "print([m for m in heavy if m in sys.modules])")
+            "print(status, [m for m in heavy if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                          text=True, timeout=120)
-    assert out.stdout.strip().endswith("[]"), out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert json.loads(lines[0]) == [{"answer": 42}], out.stdout + out.stderr  # it ran
+    assert lines[-1] == "0 []", out.stdout + out.stderr
 
 
 def test_config_check_prints_and_rejects(tmp_path: Path) -> None:
@@ -50,6 +53,23 @@ def test_config_check_prints_and_rejects(tmp_path: Path) -> None:
     out = fleetlens("config", "check", str(bad))
     assert out.returncode != 0
     assert "collector.workers" in out.stderr
+
+
+def test_config_check_prints_toml_it_reads_back(tmp_path: Path) -> None:
+    """Every key is shown (unset ones as comments), and keys that need quotes get them."""
+    given = tmp_path / "given.toml"
+    given.write_text('[analytics.hbm_gbps]\n"NVIDIA H100 80GB HBM3" = 3350.0\n'
+                     '[analytics.model_shapes]\n"llama-3.1-8b" = "32,4096,8,128,2"\n')
+    printed = fleetlens("config", "check", str(given))
+    assert printed.returncode == 0, printed.stderr
+    assert "# tls_ca_file = (unset)" in printed.stdout  # [agent]: a key that exists, unset
+    again = tmp_path / "again.toml"
+    again.write_text(printed.stdout)
+    reread = fleetlens("config", "check", str(again), "--format", "json")
+    assert reread.returncode == 0, reread.stderr
+    first = fleetlens("config", "check", str(given), "--format", "json")
+    assert json.loads(reread.stdout) == json.loads(first.stdout)
+    assert json.loads(first.stdout)["analytics"]["hbm_gbps"] == {"NVIDIA H100 80GB HBM3": 3350.0}
 
 
 def test_config_check_redacts_secrets(tmp_path: Path) -> None:
