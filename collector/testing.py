@@ -264,6 +264,22 @@ class RunningCollector:
         raise TimeoutError(f"collector process group {self.pid} still alive after SIGKILL")
 
 
+#: 127.0.0.1 as /proc/net/tcp writes it, and as an IPv4-mapped IPv6 address in tcp6.
+LOOPBACK_HEX = frozenset({"0100007F", "0000000000000000FFFF00000100007F"})
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp) with a socket listening on TCP ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
 def wait_for_port(address: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
     """Wait until ``HOST:PORT`` accepts TCP connections (or the process exits)."""
     host, _, port = address.rpartition(":")

@@ -90,12 +90,16 @@ def test_k8s_manifests(k8s: dict, tmp_path: Path) -> None:
     assert {("Deployment", "fleetlens-collector"), ("Service", "fleetlens-collector"),
             ("Deployment", "fleetlens-pipeline"), ("Deployment", "fleetlens-dashboard"),
             ("DaemonSet", "fleetlens-agent"), ("Deployment", "vllm-llama-8b")} <= set(k8s)
+    ours = []
     for (kind, _), doc in k8s.items():
         if kind not in ("Deployment", "DaemonSet"):
             continue
         for container in doc["spec"]["template"]["spec"]["containers"]:
             if container["image"] == IMAGE:
                 parse_command(container["args"])
+                ours.append(container["args"][0])
+    # collector, pipeline, dashboard, agent: an image tag out of step would parse nothing
+    assert sorted(ours) == ["agent", "collector", "dashboard", "pipeline"], ours
     config = k8s[("ConfigMap", "fleetlens-config")]["data"]["fleetlens.toml"]
     path = tmp_path / "fleetlens.toml"
     path.write_text(config)

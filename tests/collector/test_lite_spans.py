@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import polars as pl
 import pytest
@@ -141,3 +142,8 @@ def test_json_cache_skips_large_attribute_sets() -> None:
     out = decode_spans(request, _limits(), NameLimiter(10), 1, request.SerializeToString())
     assert len(json.loads(out.columns[c.ATTRIBUTES][0])) == 20 + 4  # + vLLM's 4 non-promoted
     assert module._JSON_CACHE.keys() - before.keys() == set()
+    fresh = vllm_span()  # the positive control: a small set (not seen before) is cached
+    fresh.attributes.extend(kvs({"extra.id": uuid.uuid4().hex}))
+    small = trace_request([fresh])
+    decode_spans(small, _limits(), NameLimiter(10), 1, small.SerializeToString())
+    assert len(module._JSON_CACHE.keys() - before.keys()) == 1

@@ -16,7 +16,12 @@ from collector.cli import load
 from collector.config import LOOPBACK, CollectorConfig
 from collector.decode_common import OVERFLOW_NAME
 from collector.signals import SPANS
-from collector.testing import running_collector, vllm_trace_request
+from collector.testing import (
+    LOOPBACK_HEX,
+    listening_addresses,
+    running_collector,
+    vllm_trace_request,
+)
 from pipeline.schema import columns as c
 from pipeline.storage import DataDir, parquet_files, scan
 
@@ -76,22 +81,6 @@ def test_cardinality_cap_puts_new_service_names_in_the_overflow_bucket(tmp_path)
     assert names.height == 20
 
 
-#: 127.0.0.1 as /proc/net/tcp writes it, and as an IPv4-mapped IPv6 address in tcp6.
-LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}
-
-
-def _listening(port: int) -> set[str]:
-    """Local addresses (hex, as in /proc/net/tcp) listening on ``port``."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            address, hex_port = fields[1].split(":")
-            if int(hex_port, 16) == port and fields[3] == "0A":
-                found.add(address)
-    return found
-
-
 def test_defaults_are_loopback_and_listeners_bind_only_loopback(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     for name in ("FLEETLENS_CONFIG", "FLEETLENS_COLLECTOR__GRPC_ADDRESS",
@@ -103,7 +92,7 @@ def test_defaults_are_loopback_and_listeners_bind_only_loopback(tmp_path, monkey
     assert config.http_address.startswith(f"{LOOPBACK}:")
     with running_collector(tmp_path / "data") as col:
         for address in (col.grpc_address, col.http_address):
-            found = _listening(int(address.rpartition(":")[2]))
+            found = listening_addresses(int(address.rpartition(":")[2]))
             assert found and found <= LOOPBACK_HEX, found
         col.stop()
 

@@ -109,7 +109,13 @@ def test_injected_disk_full_fails_append_and_sync(tmp_path, monkeypatch) -> None
         wal.append(1, 2, b"refused")
     os.unlink(flag)
     wal.sync(wal.append(1, 3, b"again"))
+    pending = wal.append(1, 4, b"written, not yet durable")
+    flag.touch()  # the disk fills between the write and its fsync
+    with pytest.raises(OSError):
+        wal.sync(pending)  # so its request is never answered OK
+    os.unlink(flag)
+    wal.sync(pending)  # durable once there is room again
     wal.close()
     files = segments(tmp_path / "wal" / "w1")
     payloads = [r.payload for p in files for r in read_segment(p).records]
-    assert payloads == [b"ok", b"again"]
+    assert payloads == [b"ok", b"again", b"written, not yet durable"]

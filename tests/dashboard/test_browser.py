@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from collector.testing import LOOPBACK_HEX, listening_addresses
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update"]
@@ -161,9 +163,5 @@ def test_sql_console_in_the_browser(server, browser) -> None:
 
 
 def test_dashboard_binds_loopback_only(server) -> None:
-    port = int(server.rsplit(":", 1)[1])
-    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip("ss not available")
-    local = {line.split()[3].rsplit(":", 1)[0] for line in out.stdout.splitlines() if line}
-    assert local and local <= {"127.0.0.1", "[::1]", "[::ffff:127.0.0.1]"}, local
+    found = listening_addresses(int(server.rsplit(":", 1)[1]))
+    assert found and found <= LOOPBACK_HEX, found

@@ -40,7 +40,7 @@ def test_single_run_does_not_analyze_by_default(tmp_path: Path) -> None:
     assert t.BASELINES not in existing_tables(dd)
 
 
-def test_pipeline_package_alone_has_no_analyze_option() -> None:
+def test_pipeline_package_alone_hides_the_analyze_option() -> None:
     plain = make_pipeline_command()
     analyze = next(p for p in plain.params if p.name == "analyze")
     assert analyze.hidden

@@ -14,7 +14,7 @@ from pipeline.config import PipelineConfig
 from pipeline.runner import OUTPUTS, Pipeline
 from pipeline.storage import DataDir, connect, parquet_files
 from tests.pipeline.fleet import make_fleet, write_batches
-from tests.pipeline.rawdata import HOUR_NS, NS, T0
+from tests.pipeline.rawdata import HOUR_NS, T0
 
 
 def _digest(dd: DataDir) -> dict[str, str]:
@@ -88,9 +88,21 @@ def test_cli_pipeline_then_compact(tmp_path) -> None:
     assert rows == [(10,)]
     bad = runner.invoke(cli, ["pipeline", "--data-dir", str(dd.root), "--window-s", "7"])
     assert bad.exit_code != 0 and "window_s" in bad.output
-    dry = runner.invoke(cli, ["compact", "--data-dir", str(dd.root), "--dry-run"])
-    assert dry.exit_code == 0 and "would merge 0 segments" in dry.output
-    assert NS > 0
+    # The data is from a fixed past date: keep it from expiring, and merge hours of any age.
+    config = tmp_path / "fleetlens.toml"
+    config.write_text("[pipeline]\nwindow_s = 10\nraw_retention_days = 36500\n"
+                      "windows_retention_days = 36500\ncompact_min_age_s = 0\n")
+    base = ["compact", "--data-dir", str(dd.root), "--config", str(config)]
+    before = _digest(dd)
+    dry = runner.invoke(cli, [*base, "--dry-run"])
+    assert dry.exit_code == 0 and "would merge 8 segments" in dry.output, dry.output
+    assert _digest(dd) == before
+    done = runner.invoke(cli, base)
+    assert done.exit_code == 0 and "merged 8 segments into 2 files" in done.output, done.output
+    rerun = runner.invoke(cli, ["pipeline", "--data-dir", str(dd.root), "--config", str(config),
+                                "--no-progress"])
+    assert rerun.exit_code == 0 and "0 hours recomputed" in rerun.output, rerun.output
+    assert _digest(dd) == before
 
 
 def test_a_compaction_killed_between_publish_and_delete_changes_no_output(
