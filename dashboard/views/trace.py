@@ -15,6 +15,9 @@ ident = st.text_input("Trace id or request id", value=st.query_params.get("id", 
 if not ident:
     st.caption("Slowest requests in range; open one or paste an id above.")
     slow = data.load("slow_requests", f)
+    if slow.is_empty():
+        ui.empty_note("requests")
+        st.stop()
     st.dataframe(slow.with_columns(pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS)
                                    .alias("open")),
                  hide_index=True, key="trace_slowest",

@@ -65,6 +65,23 @@ def test_password_from_environment_and_closed_without_one() -> None:
     assert not verify_password("anything", cfg, environ={})
 
 
+PAGES = ("incidents", "incident_detail", "baselines", "kv_cache", "energy", "leaderboard",
+         "trace", "sql")
+
+
+def _nothing_on_any_page(at) -> None:  # noqa: ANN001 - an AppTest
+    """Every page, opened directly before logging in, shows no data and no SQL console."""
+    for page in PAGES:
+        at.switch_page(f"views/{page}.py")
+        at.run()
+        assert not at.exception, page
+        shown = (len(at.metric), len(at.dataframe), len(at.get("plotly_chart")),
+                 len(at.text_area))
+        assert shown == (0, 0, 0, 0), (page, shown)
+    at.switch_page("views/overview.py")
+    at.run()
+
+
 def test_password_login_gates_every_page(demo_data, monkeypatch) -> None:
     from streamlit.testing.v1 import AppTest
 
@@ -82,6 +99,7 @@ def test_password_login_gates_every_page(demo_data, monkeypatch) -> None:
         at.run()
         assert not at.exception
         assert not at.metric and not at.get("plotly_chart")  # nothing rendered before login
+        _nothing_on_any_page(at)
         at.text_input(key="password").input("wrong")
         at.button[0].click().run()
         assert at.error and not at.metric
@@ -143,6 +161,7 @@ def test_oidc_login_gates_every_page(demo_data, monkeypatch) -> None:
         assert not at.exception
         assert [b.label for b in at.button] == ["Log in"]
         assert not at.metric and not at.get("plotly_chart") and not at.dataframe
+        _nothing_on_any_page(at)
     finally:
         data.config.clear()
 

@@ -147,9 +147,11 @@ def test_sql_console_runs_and_rejects(app) -> None:
     assert app.error and "only SELECT" in app.error[0].value
 
 
-@pytest.mark.parametrize("page", ["incidents", "incident_detail", "baselines", "kv_cache",
-                                  "energy", "leaderboard", "trace", "sql"])
-def test_pages_on_an_empty_data_dir_say_so(tmp_path, monkeypatch, page: str) -> None:
+@pytest.mark.parametrize(("page", "says"), [
+    ("incidents", "No incidents"), ("incident_detail", "No incidents"),
+    ("baselines", "No baselines"), ("kv_cache", "No engine samples"),
+    ("energy", "No windows"), ("leaderboard", "No windows"), ("trace", "No requests")])
+def test_pages_on_an_empty_data_dir_say_so(tmp_path, monkeypatch, page: str, says: str) -> None:
     from streamlit.testing.v1 import AppTest
 
     from tests.dashboard.conftest import APP
@@ -159,6 +161,21 @@ def test_pages_on_an_empty_data_dir_say_so(tmp_path, monkeypatch, page: str) -> 
     at.run()
     assert not at.exception and any("No windows" in i.value for i in at.info)
     open_page(at, page)
+    assert any(says in i.value for i in at.info), [i.value for i in at.info]
+
+
+def test_sql_console_on_an_empty_data_dir_answers_with_no_rows(tmp_path, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboard.conftest import APP
+
+    monkeypatch.setenv("FLEETLENS_DATA", str(tmp_path / "nothing-yet"))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    open_page(at, "sql")
+    at.button(key="sql_run").click().run()
+    assert not at.exception and not at.error
+    assert any("0 row(s)" in caption.value for caption in at.caption)
 
 
 def test_data_arriving_while_the_dashboard_runs_is_picked_up(tmp_path, monkeypatch) -> None:
