@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from pipeline.runner import RunSummary
 
 _DATA_DIR_HELP = DATA_DIR_HELP
+#: Median export delays (seconds) outside this range are reported host by host: exporters
+#: batch for a few seconds, so more than a minute, or a span received before it ended, is
+#: clock skew, a stalled exporter or a replay of old data.
+EXPORT_DELAY_OK_S = (-1.0, 60.0)
 
 
 def load_pipeline_config(path: str | None, **overrides: object) -> PipelineConfig:
@@ -167,8 +171,20 @@ def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
     click.echo(f"{summary.new_segments} new segments ({summary.new_rows} rows, "
                f"{summary.too_late_rows} too late), {summary.dirty_hours} hours recomputed "
                f"in {summary.seconds:.2f} s; rows written: {written or 'none'}")
-    for host, delay in summary.export_delay_s.items():
-        click.echo(f"  host {host}: median export delay {delay:.3f} s")
+    delays = summary.export_delay_s
+    if not delays:
+        return
+    low, high = min(delays.values()), max(delays.values())
+    click.echo(f"  export delay (span end to receipt, median per host): {low:.1f} to "
+               f"{high:.1f} s over {len(delays)} hosts")
+    # One line per host only where the delay says something is off: a fleet prints one line.
+    for host, delay in sorted(delays.items()):
+        if delay < EXPORT_DELAY_OK_S[0]:
+            click.echo(f"  host {host}: median export delay {delay:.1f} s: its clock runs "
+                       "ahead of the collector's")
+        elif delay > EXPORT_DELAY_OK_S[1]:
+            click.echo(f"  host {host}: median export delay {delay:.1f} s: its clock runs "
+                       "behind the collector's, its exporter stalls, or this is a replay")
 
 
 @click.command()

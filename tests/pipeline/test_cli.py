@@ -88,3 +88,15 @@ def test_config_file_env_and_overrides(tmp_path, monkeypatch) -> None:
     cfg_file.write_text("[pipeline]\nwindow_secs = 60\n")
     with pytest.raises(ConfigError, match="did you mean 'window_s'"):
         load_pipeline_config(str(cfg_file))
+
+
+def test_summary_names_only_hosts_whose_export_delay_looks_wrong(capsys) -> None:
+    from pipeline.cli import _print_summary
+    from pipeline.runner import RunSummary
+
+    delays = {"fine-1": 0.4, "fine-2": 3.2, "ahead": -612.0, "behind": 900.0}
+    _print_summary(RunSummary(new_segments=1, export_delay_s=delays), as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert "-612.0 to 900.0 s over 4 hosts" in lines[1]
+    assert [line.split(":")[0].strip() for line in lines[2:]] == ["host ahead", "host behind"]
+    assert "ahead of the collector's" in lines[2] and "behind the collector's" in lines[3]
