@@ -8,10 +8,8 @@ costs milliseconds. Pages call :func:`load` with the name of a query function.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -19,8 +17,7 @@ import streamlit as st
 
 from dashboard import explore, incident, queries
 from dashboard.config import DashboardConfig, load_dashboard_config
-from pipeline.schema import tables as t
-from pipeline.storage import PARQUET_SUFFIX, DataDir, connect, retry_vanished
+from pipeline.storage import DataDir, connect, existing_tables, retry_vanished
 
 #: Every query a page may load, by name.
 QUERIES: dict[str, Callable[..., Any]] = {
@@ -63,17 +60,9 @@ def data_dir() -> DataDir:
     return DataDir.from_env()
 
 
-def _has_parquet(folder: Path) -> bool:
-    """Whether ``folder`` holds a published Parquet file (stops at the first one)."""
-    for _, _, files in os.walk(folder):
-        if any(f.endswith(PARQUET_SUFFIX) and not f.startswith(".") for f in files):
-            return True
-    return False
-
-
 def present_tables(root: DataDir) -> tuple[str, ...]:
     """Tables with data; part of the connection's cache key, so new tables get views."""
-    return tuple(name for name in t.TABLES if _has_parquet(root.table_dir(name)))
+    return tuple(existing_tables(root))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)

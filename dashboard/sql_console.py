@@ -25,7 +25,7 @@ import duckdb
 import polars as pl
 
 from dashboard.filters import Filters
-from pipeline.storage import DataDir, connect, retry_vanished
+from pipeline.storage import DataDir, connect, retry_vanished, tables_named_in
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -66,7 +66,7 @@ def run_query(
     """
     if not query.strip():
         raise SqlRejected("enter a query")
-    con = connect(root, read_only_sandbox=True)
+    con = connect(root, read_only_sandbox=True, tables=tables_named_in(query))
     timer = threading.Timer(timeout_s, con.interrupt)
     try:
         try:

@@ -37,10 +37,16 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
     """
     import duckdb
 
-    from pipeline.storage import DataDir, connect, existing_tables, retry_vanished
+    from pipeline.storage import (
+        DataDir,
+        connect,
+        existing_tables,
+        retry_vanished,
+        tables_named_in,
+    )
 
     root = DataDir.from_env(data_dir)
-    con = connect(root)
+    con = connect(root, tables=tables_named_in(query))  # views of the tables it names only
 
     def run() -> pl.DataFrame | None:
         result = con.sql(query)  # a statement without a result set gives None

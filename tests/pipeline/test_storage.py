@@ -26,6 +26,7 @@ from pipeline.storage import (
     remove_stale_tmp,
     safe_component,
     scan,
+    tables_named_in,
     write_parquet_atomic,
 )
 
@@ -103,6 +104,20 @@ def test_connect_has_a_view_per_table_even_when_empty(data_dir: DataDir) -> None
     assert existing_tables(data_dir) == [t.CAUSES]
     assert scan(data_dir, t.CAUSES).collect().height == 1
     assert scan(data_dir, t.REQUESTS).collect().height == 0
+
+
+def test_a_connection_for_one_query_makes_views_of_the_tables_it_names(
+        data_dir: DataDir) -> None:
+    query = 'select count(*) from "CAUSES" c join incidents i using (incident_id)'
+    assert tables_named_in(query) == [t.INCIDENTS, t.CAUSES]
+    assert tables_named_in("select requests from windows_old, spans_x") == [t.REQUESTS]
+    frame = t.table(t.CAUSES).empty()
+    write_parquet_atomic(frame, data_dir.partition_path(t.CAUSES, date="2026-01-01") / "a.parquet")
+    con = connect(data_dir, tables=tables_named_in(query))
+    assert con.sql(query).fetchall() == [(0,)]
+    made = {row[0] for row in con.sql("select table_name from information_schema.tables")
+            .fetchall()}
+    assert made == {t.INCIDENTS, t.CAUSES}  # no view over the raw tables' thousands of files
 
 
 def test_sandboxed_connection_refuses_file_access(data_dir: DataDir, tmp_path: Path) -> None:
