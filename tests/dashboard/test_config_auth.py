@@ -167,8 +167,10 @@ def test_oidc_login_gates_every_page(demo_data, monkeypatch) -> None:
 
 
 def test_auto_refresh_toggle(app) -> None:
+    assert "_last_run" not in app.session_state
     app.sidebar.toggle(key="auto_refresh").set_value(True).run()
     assert not app.exception
-    assert any(m.label == "Requests/s" for m in app.metric)
+    assert "_last_run" in app.session_state  # the timer fragment is armed (its tick is not
+    assert any(m.label == "Requests/s" for m in app.metric)  # simulated by AppTest)
     app.sidebar.button(key="refresh").click().run()
     assert not app.exception

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import polars as pl
 import pytest
 
@@ -63,8 +65,12 @@ def test_time_range_picker(app) -> None:
     incidents, _ = frames(app)
     assert incidents.is_empty()  # the incident ended well before the last 15 minutes
     app.sidebar.selectbox(key="f_range").set_value("Custom").run()
-    assert app.sidebar.slider(key="f_custom") is not None
-    assert not app.exception
+    custom = app.sidebar.slider(key="f_custom")
+    low, high = custom.value  # the whole range at first
+    custom.set_value((high - dt.timedelta(minutes=15), high)).run()
+    assert not app.exception and frames(app)[0].is_empty()
+    app.sidebar.slider(key="f_custom").set_value((low, high)).run()
+    assert frames(app)[0][c.CAUSE].to_list() == [Cause.KV_CACHE_PRESSURE.value]  # whole range
 
 
 def test_incidents_page_lists_and_filters(app) -> None:
