@@ -110,6 +110,11 @@ def request_spans(spans: pl.DataFrame) -> pl.DataFrame:
     return _gateway_overhead(spans, candidates)
 
 
+#: Span attributes holding durations (seconds); negative ones are read as missing.
+_DURATION_ATTRIBUTES = (c.GEN_AI_TIME_IN_QUEUE_S, c.GEN_AI_PREFILL_S, c.GEN_AI_DECODE_S,
+                        c.GEN_AI_INFERENCE_S, c.GEN_AI_TTFT_S, c.GEN_AI_E2E_S)
+
+
 def _seconds_or(col: str, fallback: pl.Expr) -> pl.Expr:
     return pl.coalesce(pl.col(col), fallback)
 
@@ -153,6 +158,11 @@ def normalize(
     )
     duration_s = (pl.col(c.END_NS) - pl.col(c.START_NS)) / _NS
     inference, prefill, decode = c.GEN_AI_INFERENCE_S, c.GEN_AI_PREFILL_S, c.GEN_AI_DECODE_S
+    # vLLM subtracts engine timestamps that stay 0.0 when a step never happened (a request
+    # aborted before it was scheduled, or before its first token), so such a phase comes out
+    # negative by up to the engine's uptime. A negative duration is no duration: null.
+    spans = spans.with_columns(pl.when(pl.col(col) >= 0).then(pl.col(col)).alias(col)
+                               for col in _DURATION_ATTRIBUTES)
     out = spans.with_columns(
         pl.coalesce(c.GEN_AI_REQUEST_ID, _ATTR_RESP_ID,
                     pl.concat_str(c.TRACE_ID, pl.lit("-"), c.SPAN_ID)).alias(c.REQUEST_ID),
@@ -174,6 +184,9 @@ def normalize(
         ((pl.col(_GW_DUR) - (pl.col(c.END_NS) - pl.col(c.START_NS))) / _NS).alias(c.NETWORK_S),
     )
     out = out.with_columns(
+        # No token, no first token: vLLM then reports a time to first token of 0.0.
+        pl.when(pl.col(c.OUTPUT_TOKENS).fill_null(1) > 0).then(pl.col(c.TTFT_S))
+        .alias(c.TTFT_S),
         pl.when(pl.col(c.OUTPUT_TOKENS) > 1)
         .then(pl.col(c.DECODE_S) / (pl.col(c.OUTPUT_TOKENS) - 1)).alias(c.TPOT_S),
         (pl.col(c.E2E_S) - pl.col(c.QUEUE_S) - pl.col(c.PREFILL_S) - pl.col(c.DECODE_S))

@@ -59,6 +59,27 @@ def test_missing_prefill_or_decode_attributes() -> None:
     assert both["e2e_s"] == pytest.approx(1.0) and both["ttft_s"] == pytest.approx(0.35)
 
 
+def test_vllm_requests_aborted_before_a_step_have_no_negative_phases() -> None:
+    """vLLM 0.32 subtracts engine timestamps that stay 0.0 when a step never happened."""
+    never_scheduled = vllm_span(1, start_ns=T0, queue=-5123.4, prefill=0.0, decode=0.0,
+                                ttft=0.0, completion=0, finish=None)
+    no_first_token = vllm_span(2, start_ns=T0, queue=0.3, prefill=-812.0, decode=0.0,
+                               ttft=0.0, completion=0, finish=None)
+    no_first_token[next(k for k in no_first_token if k.endswith("inference_s"))] = -812.0
+    normal = vllm_span(3, start_ns=T0, ttft=0.35)
+    rows = _one([never_scheduled, no_first_token, normal]).sort("trace_id").to_dicts()
+    first, second, third = rows
+    assert first["queue_s"] is None and first["prefill_s"] == 0.0  # both stamps were 0.0
+    assert first["ttft_s"] is None and first["overhead_s"] is None
+    assert second["queue_s"] == pytest.approx(0.3)
+    assert second["prefill_s"] is None and second["inference_s"] is None
+    assert second["ttft_s"] is None and second["overhead_s"] is None
+    assert third["ttft_s"] == pytest.approx(0.35)  # so a window's TTFT is the real one's
+    assert all(r[col] is None or r[col] >= 0 for r in rows
+               for col in ("queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s",
+                           "e2e_s", "overhead_s"))
+
+
 @pytest.mark.parametrize("completion,tpot", [(0, None), (1, None), (2, 0.6), (None, None)])
 def test_zero_and_one_output_token_have_no_tpot(completion, tpot) -> None:
     out = _one([vllm_span(1, start_ns=T0, completion=completion)]).row(0, named=True)
