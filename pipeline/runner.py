@@ -54,9 +54,10 @@ from pipeline.state import PipelineState
 from pipeline.storage import DataDir
 from pipeline.windows import windows
 
-#: Version of the derived files' layout: a change recomputes them all on the next run
-#: (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added).
-OUTPUT_FORMAT = 2
+#: Version of the derived files' layout or meaning: a change recomputes them all on the next
+#: run (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added; 3: negative
+#: vLLM phases and the TTFT of requests without tokens are null).
+OUTPUT_FORMAT = 3
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
 OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
            t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS)
