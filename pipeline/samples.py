@@ -245,10 +245,12 @@ def _first_last(slim: pl.DataFrame, combos: pl.DataFrame) -> pl.DataFrame:
 
 
 def counter_increase(value: pl.Expr, over: list[str]) -> pl.Expr:
-    """Increase of a cumulative counter since the previous row of the same series.
+    """Increase of a cumulative counter since the previous value of the same series.
 
     A drop means the counter restarted (process or driver restart): the increase is then the
-    new value, as Prometheus ``increase()`` does. Null for a series' first row.
+    new value, as Prometheus ``increase()`` does. Null for a series' first value and for rows
+    without one; a row without the counter (a scrape that missed it) does not lose the
+    increase across it: the next value is compared with the last one seen.
     """
-    diff = value - value.shift(1).over(over)
+    diff = value - value.forward_fill().shift(1).over(over)
     return pl.when(diff < 0).then(value).otherwise(diff)

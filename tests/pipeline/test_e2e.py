@@ -31,8 +31,8 @@ T0 = (time.time_ns() // (3600 * NS) - 2) * 3600 * NS + 600 * NS
 
 
 def _quantile(values: list[float], q: float) -> float:
-    """Linear-interpolation quantile (what quantile_cont computes)."""
-    s = sorted(values)
+    """Linear-interpolation quantile (what quantile_cont computes), nulls ignored."""
+    s = sorted(v for v in values if v is not None)
     pos = q * (len(s) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
@@ -75,7 +75,8 @@ def _send(endpoint: str, rng: random.Random) -> list[dict]:
             gateway.end(end_time=end + 5_000_000)
         sent.append({"id": f"cmpl-{i}-0", "arrival": arrival, "end": end, "queue": queue,
                      "prefill": prefill, "decode": decode, "e2e": e2e,
-                     "ttft": queue + prefill + 0.002, "prompt": prompt,
+                     # no token, no first token: the pipeline leaves that TTFT null
+                     "ttft": queue + prefill + 0.002 if completion else None, "prompt": prompt,
                      "completion": completion, "gateway": gateway is not None})
     assert provider.force_flush(30_000)
     provider.shutdown()

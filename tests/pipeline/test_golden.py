@@ -261,3 +261,14 @@ def test_clock_skew_between_host_and_collector(tmp_path) -> None:
     assert cov == pytest.approx(1.0)
     assert json.loads((dd.state / "pipeline.json").read_text())["watermarks"].keys() == {
         "h1", "h2"}
+
+
+def test_counter_increase_spans_a_sample_without_the_counter_and_restarts() -> None:
+    from pipeline.samples import counter_increase
+
+    frame = pl.DataFrame({"series": ["a"] * 6 + ["b"] * 2,
+                          "total": [100, None, 160, 10, None, 30, 5, 7]})
+    out = frame.select(counter_increase(pl.col("total"), ["series"]).alias("inc"))
+    # a: +60 across the missing scrape, a restart counts its new value, then +20 across the
+    # second gap; b starts its own series.
+    assert out["inc"].to_list() == [None, None, 60, 10, None, 20, None, 2]
