@@ -23,10 +23,10 @@ _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECA
               help=DATA_DIR_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format.")
-@click.option("--max-rows", type=int, default=1000, show_default=True,
+@click.option("--max-rows", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Rows printed in table format (csv and json print all).")
 def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
-    """Run QUERY with DuckDB over the data directory.
+    """Run one read-only QUERY with DuckDB over the data directory.
 
     Every fleetlens table is a view (empty until it has data): raw spans,
     metric_points and log_records, and the derived requests, windows, gpu_samples,
@@ -34,6 +34,11 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
     causes (and the internal instance_gpus and gpu_slot_energy). Example:
 
         fleetlens sql "select service_name, count(*) from spans group by 1"
+
+    QUERY is one SELECT (WITH, FROM, DESCRIBE, SHOW and SUMMARIZE are SELECTs too)
+    or EXPLAIN; nothing that writes (COPY, ATTACH, CREATE, ...) runs, so a query
+    cannot change the data directory. To export, use --format csv or json and
+    redirect the output.
     """
     import duckdb
 
@@ -45,12 +50,12 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
         tables_named_in,
     )
 
+    _refuse_writes(query)
     root = DataDir.from_env(data_dir)
     con = connect(root, tables=tables_named_in(query))  # views of the tables it names only
 
-    def run() -> pl.DataFrame | None:
-        result = con.sql(query)  # a statement without a result set gives None
-        return None if result is None else result.pl()
+    def run() -> pl.DataFrame:
+        return con.sql(query).pl()
 
     try:
         frame = retry_vanished(run)  # compaction may delete a segment the query listed
@@ -64,14 +69,29 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
         ) from None
     except duckdb.Error as exc:
         raise click.ClickException(f"query failed: {exc}") from None
-    if frame is None:
-        return
     if fmt == "csv":
         frame.write_csv(sys.stdout)
     elif fmt == "json":
         click.echo(frame.write_json())
     else:
         _print_table(frame, max_rows)
+
+
+def _refuse_writes(query: str) -> None:
+    """Raise a usage error unless ``query`` is exactly one SELECT or EXPLAIN statement."""
+    import duckdb
+
+    try:
+        statements = duckdb.connect(":memory:").extract_statements(query)
+    except duckdb.Error as exc:
+        raise click.ClickException(f"query failed: {exc}") from None
+    if len(statements) != 1:
+        raise click.UsageError(f"expected one query, got {len(statements)} statements")
+    kind = statements[0].type
+    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+        raise click.UsageError(
+            f"only read-only queries run here (got {kind.name}); to save a result, use "
+            "--format csv or json and redirect it to a file")
 
 
 def _print_table(frame, max_rows: int) -> None:  # noqa: ANN001 - polars DataFrame

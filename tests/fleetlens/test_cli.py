@@ -104,3 +104,19 @@ def test_sql_unknown_table_lists_tables(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "nope does not exist" in out.stderr
     assert "fleetlens tables: spans, metric_points" in out.stderr
+
+
+def test_sql_runs_read_only_queries_only(tmp_path: Path) -> None:
+    root = DataDir(tmp_path / "d")
+    segment = root.raw_segment_path("spans", 10**18, "w", 1)
+    write_parquet_atomic(pl.DataFrame({c.NAME: ["llm_request"]}), segment)
+    before = segment.read_bytes()
+    for query in (f"copy (select 1 as x) to '{segment}' (format parquet)",
+                  f"attach '{tmp_path / 'other.db'}' as other",
+                  "create table t as select 1", "select 1; select 2"):
+        out = fleetlens("sql", "--data-dir", str(root.root), query)
+        assert out.returncode == 2, (query, out.stdout, out.stderr)
+        assert "read-only" in out.stderr or "one query" in out.stderr, out.stderr
+    assert segment.read_bytes() == before and not (tmp_path / "other.db").exists()
+    out = fleetlens("sql", "--data-dir", str(root.root), "describe spans", "--format", "csv")
+    assert out.returncode == 0 and "name,VARCHAR" in out.stdout, out.stderr
