@@ -29,10 +29,11 @@ def load_analytics_config(path: str | None) -> AnalyticsConfig:
         raise click.ClickException(f"invalid configuration: {exc}") from None
 
 
-def _root(data_dir: str | None, config_file: str | None = None):  # noqa: ANN202
-    from pipeline.storage import DataDir
+def _root(data_dir: str | None, config_file: str | None = None, *,  # noqa: ANN202
+          must_exist: bool = True):
+    from pipeline.cli import resolve_data_dir
 
-    return DataDir.from_env(data_dir, config_file)
+    return resolve_data_dir(data_dir, config_file, must_exist=must_exist)
 
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
@@ -74,7 +75,7 @@ def analyze(data_dir: str | None, config_file: str | None, follow: bool, interva
     from analytics.runner import run
 
     config = load_analytics_config(config_file)
-    root = _root(data_dir, config_file)
+    root = _root(data_dir, config_file, must_exist=not follow)
     while True:
         result = run(root, config, echo=click.echo, refit_prophet=refit)
         for error in result.post_errors:

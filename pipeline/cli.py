@@ -13,7 +13,7 @@ import click
 
 from pipeline.config import PipelineConfig
 from pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
-from pipeline.storage import DataDir
+from pipeline.storage import DataDir, StorageError
 
 if TYPE_CHECKING:
     from pipeline.runner import RunSummary
@@ -23,6 +23,17 @@ _DATA_DIR_HELP = DATA_DIR_HELP
 #: batch for a few seconds, so more than a minute, or a span received before it ended, is
 #: clock skew, a stalled exporter or a replay of old data.
 EXPORT_DELAY_OK_S = (-1.0, 60.0)
+
+
+def resolve_data_dir(data_dir: str | None, config_file: str | None, *,
+                     must_exist: bool = True) -> DataDir:
+    """The data directory a command works on (see :meth:`DataDir.from_env`), as a clean
+    command-line error when it cannot be found or, with ``must_exist``, does not exist."""
+    try:
+        root = DataDir.from_env(data_dir, config_file)
+        return root.require() if must_exist else root
+    except (ConfigError, StorageError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def load_pipeline_config(path: str | None, **overrides: object) -> PipelineConfig:
@@ -100,7 +111,8 @@ def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int |
         cfg = load_pipeline_config(config_file, window_s=window_s)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
-    root = DataDir.from_env(data_dir, config_file)
+    # A live --follow may start before the collector has made the directory.
+    root = resolve_data_dir(data_dir, config_file, must_exist=not follow)
     show = sys.stderr.isatty() if progress is None else progress
     bar, report = _progress_printer(show)
     job = Pipeline(root, cfg, progress=report)
@@ -203,13 +215,12 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
     for a running pipeline or analytics step (the data directory's job lock).
     """
     from pipeline.compact import compact as run_compact
-    from pipeline.storage import DataDir
 
     try:
         cfg = load_pipeline_config(config_file)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
-    summary = run_compact(DataDir.from_env(data_dir, config_file), cfg, dry_run=dry_run)
+    summary = run_compact(resolve_data_dir(data_dir, config_file), cfg, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps(summary.as_dict(), sort_keys=True))
         return

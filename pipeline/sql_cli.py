@@ -42,8 +42,8 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
     """
     import duckdb
 
+    from pipeline.cli import resolve_data_dir
     from pipeline.storage import (
-        DataDir,
         connect,
         existing_tables,
         retry_vanished,
@@ -51,7 +51,7 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
     )
 
     _refuse_writes(query)
-    root = DataDir.from_env(data_dir)
+    root = resolve_data_dir(data_dir, None)
     con = connect(root, tables=tables_named_in(query))  # views of the tables it names only
 
     def run() -> pl.DataFrame:

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.schema import tables as t
-from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR, read_config
+from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR, ConfigError, read_config
 
 if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
     import duckdb
@@ -69,7 +69,25 @@ class DataDir:
         chosen = explicit or os.environ.get(ENV_DATA_DIR)
         if not chosen:
             chosen = read_config(config_file).get("data_dir")
+            if chosen is not None and not isinstance(chosen, str):
+                raise ConfigError(f"data_dir: expected a path (a string), got {chosen!r}")
         return cls(chosen or DEFAULT_DATA_DIR)
+
+    def require(self) -> DataDir:
+        """This data directory, checked to exist as a directory (for commands that only read
+        or process what is there: a mistyped path must not answer "nothing yet").
+
+        Raises:
+            StorageError: saying what is wrong and where the path came from.
+        """
+        if not self.root.exists():
+            raise StorageError(
+                f"no data directory at {self.root} (from --data-dir, ${ENV_DATA_DIR}, the "
+                "config file's data_dir or the default ./fleetlens-data); the collector "
+                "creates it when it starts")
+        if not self.root.is_dir():
+            raise StorageError(f"the data directory {self.root} is not a directory")
+        return self
 
     @property
     def wal(self) -> Path:

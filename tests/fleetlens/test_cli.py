@@ -84,6 +84,10 @@ def test_config_check_redacts_secrets(tmp_path: Path) -> None:
 
 def test_sql_over_an_empty_and_a_filled_data_dir(tmp_path: Path) -> None:
     root = DataDir(tmp_path / "d")
+    missing = fleetlens("sql", "--data-dir", str(root.root), "select count(*) from spans")
+    assert missing.returncode == 1 and "no data directory at" in missing.stderr  # a typo
+    assert not root.root.exists()  # is not answered with "nothing yet", nor created
+    root.root.mkdir()
     out = fleetlens("sql", "--data-dir", str(root.root), "select count(*) as n from spans",
                     "--format", "json")
     assert out.returncode == 0, out.stderr
@@ -120,3 +124,18 @@ def test_sql_runs_read_only_queries_only(tmp_path: Path) -> None:
     assert segment.read_bytes() == before and not (tmp_path / "other.db").exists()
     out = fleetlens("sql", "--data-dir", str(root.root), "describe spans", "--format", "csv")
     assert out.returncode == 0 and "name,VARCHAR" in out.stdout, out.stderr
+
+
+def test_one_shot_commands_refuse_a_data_dir_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    for command in (["pipeline"], ["compact"], ["analyze"], ["incidents"], ["baselines"],
+                    ["leaderboard"], ["explain", "inc-1"]):
+        out = fleetlens(*command, "--data-dir", str(missing))
+        assert out.returncode == 1, (command, out.stdout, out.stderr)
+        assert f"no data directory at {missing}" in out.stderr, (command, out.stderr)
+        assert "Traceback" not in out.stderr
+    assert not missing.exists()  # none of them made it
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    out = fleetlens("pipeline", env={"PATH": "/usr/bin", "FLEETLENS_DATA": str(afile)})
+    assert out.returncode == 1 and "is not a directory" in out.stderr, out.stderr

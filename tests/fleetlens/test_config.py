@@ -123,6 +123,7 @@ def test_every_command_finds_the_data_dir_the_config_file_names(tmp_path: Path,
     assert analysed.exit_code == 0, analysed.output
     assert (configured.state / "analytics" / "provenance.json").exists()
 
+    (tmp_path / "elsewhere").mkdir()
     monkeypatch.setenv("FLEETLENS_DATA", str(tmp_path / "elsewhere"))  # the variable wins
     elsewhere = runner.invoke(cli, ["sql", "--format", "json", count])
     assert elsewhere.exit_code == 0 and json.loads(elsewhere.stdout)[0]["n"] == 0
