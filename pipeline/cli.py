@@ -124,6 +124,10 @@ def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int |
             bar.start()
         try:
             summary = job.run_once(full=full and first)
+        except StorageError as exc:  # e.g. a damaged state file: says what to do
+            if not follow:
+                raise click.ClickException(str(exc)) from None
+            click.echo(f"pipeline run failed, retrying in {pause:g} s: {exc}", err=True)
         except Exception as exc:  # noqa: BLE001 - a live monitor reports and retries
             if not follow:
                 raise
@@ -220,7 +224,10 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
         cfg = load_pipeline_config(config_file)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
-    summary = run_compact(resolve_data_dir(data_dir, config_file), cfg, dry_run=dry_run)
+    try:
+        summary = run_compact(resolve_data_dir(data_dir, config_file), cfg, dry_run=dry_run)
+    except StorageError as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(summary.as_dict(), sort_keys=True))
         return

@@ -302,8 +302,9 @@ class Pipeline:
     def _run_once(self, full: bool) -> RunSummary:
         began = time.perf_counter()
         summary = RunSummary()
-        state = PipelineState.load(self.dd)
         fp = fingerprint(self.cfg)
+        # A full run needs nothing of the old state, so it also replaces a damaged one.
+        state = PipelineState() if full else PipelineState.load(self.dd)
         if full or state.fingerprint != fp:
             state = PipelineState(fingerprint=fp)
         found = discover(self.dd, state, self.gap_ns, self.cfg.lateness_s * NS)

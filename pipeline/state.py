@@ -13,10 +13,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.storage import DataDir, fsync_dir, tmp_path_for
+from pipeline.storage import DataDir, StorageError, fsync_dir, tmp_path_for
 
 STATE_FILE = "pipeline.json"
 STATE_VERSION = 1
+
+
+class StateError(StorageError):
+    """``state/pipeline.json`` cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -44,18 +48,28 @@ class PipelineState:
 
     @classmethod
     def load(cls, data_dir: DataDir) -> PipelineState:
-        """The saved state, or an empty one when there is none yet."""
+        """The saved state, or an empty one when there is none yet.
+
+        Raises:
+            StateError: the file exists but is not a state this version wrote (edited by
+                hand, or damaged); the message says how to rebuild it.
+        """
         path = data_dir.state / STATE_FILE
         if not path.exists():
             return cls()
-        raw = json.loads(path.read_text())
-        if raw.get("version") != STATE_VERSION:
-            return cls()
-        return cls(
-            segments={k: Segment(**v) for k, v in raw.get("segments", {}).items()},
-            watermarks={k: int(v) for k, v in raw.get("watermarks", {}).items()},
-            fingerprint=raw.get("fingerprint", ""),
-        )
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("version") != STATE_VERSION:
+                return cls()
+            return cls(
+                segments={k: Segment(**v) for k, v in raw.get("segments", {}).items()},
+                watermarks={k: int(v) for k, v in raw.get("watermarks", {}).items()},
+                fingerprint=str(raw.get("fingerprint", "")),
+            )
+        except (ValueError, TypeError, AttributeError) as exc:  # JSON errors are ValueErrors
+            raise StateError(
+                f"{path} is unreadable ({type(exc).__name__}: {exc}); `fleetlens pipeline "
+                "--full` rebuilds it (and every derived table) from the raw data") from None
 
     def save(self, data_dir: DataDir) -> Path:
         """Replace the state file atomically; keys are sorted so equal states are equal bytes."""

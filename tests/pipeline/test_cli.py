@@ -100,3 +100,26 @@ def test_summary_names_only_hosts_whose_export_delay_looks_wrong(capsys) -> None
     assert "-612.0 to 900.0 s over 4 hosts" in lines[1]
     assert [line.split(":")[0].strip() for line in lines[2:]] == ["host ahead", "host behind"]
     assert "ahead of the collector's" in lines[2] and "behind the collector's" in lines[3]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "[]", '{"version": 1, "segments": {"x": 5}}'])
+def test_a_damaged_state_file_is_named_and_full_rebuilds_it(tmp_path, damage: str) -> None:
+    from click.testing import CliRunner
+
+    from fleetlens.cli import cli
+
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=1, seconds=60))
+    runner = CliRunner()
+    base = ["--data-dir", str(dd.root)]
+    assert runner.invoke(cli, ["pipeline", *base, "--no-progress"]).exit_code == 0
+    (dd.state / "pipeline.json").write_text(damage)
+    for command in ("pipeline", "compact"):
+        out = runner.invoke(cli, [command, *base])
+        assert out.exit_code == 1 and "pipeline.json is unreadable" in out.output, out.output
+        assert "--full" in out.output  # what to do
+        assert isinstance(out.exception, SystemExit)  # a clean exit, not a traceback
+    rebuilt = runner.invoke(cli, ["pipeline", *base, "--full", "--no-progress"])
+    assert rebuilt.exit_code == 0 and "8 new segments" in rebuilt.output, rebuilt.output
+    again = runner.invoke(cli, ["pipeline", *base, "--no-progress"])
+    assert again.exit_code == 0 and again.output.startswith("0 new segments"), again.output
