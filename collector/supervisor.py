@@ -19,6 +19,7 @@ import threading
 import time
 
 from collector.config import CollectorConfig
+from collector.preflight import check_ports_free, warn_if_exposed
 from collector.telemetry import log, shared_array
 
 RESTART_DELAY_S = 0.5
@@ -48,6 +49,8 @@ def worker_count(config: CollectorConfig) -> int:
 def run(config: CollectorConfig, root: str) -> None:
     """Serve until SIGTERM/SIGINT with ``worker_count(config)`` processes."""
     count = worker_count(config)
+    warn_if_exposed(config)
+    check_ports_free(config)  # one clear line instead of every worker failing in turn
     # Arrow's default mimalloc pool keeps freed pages; the system allocator gives them back
     # (about 70 MiB less RSS under load). Read when Arrow first allocates, so set it first.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

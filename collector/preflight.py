@@ -1,0 +1,71 @@
+"""Checks before the collector forks its workers: ports free, exposure said out loud.
+
+With several workers, a port held by another program made each worker fail and restart
+three times (about 90 lines of tracebacks) before the supervisor gave up. One trial bind,
+with the workers' own SO_REUSEPORT, finds it first and says so in one line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from collector.config import CollectorConfig
+from collector.telemetry import log
+
+
+class PortInUse(RuntimeError):
+    """A listening address is taken by another program."""
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def check_ports_free(config: CollectorConfig) -> None:
+    """Bind each listening address once, as a worker will (SO_REUSEPORT on).
+
+    Raises:
+        PortInUse: naming the address and the setting that chose it.
+    """
+    for setting in ("grpc_address", "http_address"):
+        address = getattr(config, setting)
+        host, port = _host_port(address)
+        for family, kind, proto, _, where in socket.getaddrinfo(host, port,
+                                                                type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                try:
+                    probe.bind(where)
+                except OSError as exc:
+                    raise PortInUse(f"cannot listen on {address} ({setting}): {exc.strerror}; "
+                                    "another program holds it, or pick another with "
+                                    f"--{setting.replace('_', '-')}") from None
+            break  # the first address the name resolves to is the one the worker binds
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: resolve it as the server will
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None))
+
+
+def warn_if_exposed(config: CollectorConfig) -> list[str]:
+    """Log (and return) a warning for each non-loopback listener without tokens or TLS."""
+    if config.auth_tokens or config.tls.cert_file:
+        return []
+    warnings = []
+    for setting in ("grpc_address", "http_address"):
+        address = getattr(config, setting)
+        if not _is_loopback(_host_port(address)[0]):
+            warnings.append(f"{setting} {address} is not loopback and neither auth_tokens nor "
+                            "TLS is configured: anyone who reaches it can write telemetry "
+                            "(docs/collector.md, security)")
+    for warning in warnings:
+        log.warning(warning)
+    return warnings

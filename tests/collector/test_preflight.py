@@ -1,0 +1,41 @@
+"""Before the workers start: a taken port is one clear line; an open listener is warned about."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from collector.config import CollectorConfig, TlsConfig
+from collector.preflight import warn_if_exposed
+from collector.testing import free_port
+
+
+def test_a_port_held_by_another_program_stops_the_collector_in_one_line(tmp_path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+        out = subprocess.run(
+            [sys.executable, "-m", "fleetlens", "collector", "--data-dir", str(tmp_path / "d"),
+             "--grpc-address", f"127.0.0.1:{taken}",
+             "--http-address", f"127.0.0.1:{free_port()}", "--workers", "2"],
+            capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{taken} (grpc_address)" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "restarting" not in out.stderr, out.stderr
+
+
+def test_a_listener_beyond_loopback_without_tokens_or_tls_is_warned_about() -> None:
+    exposed = CollectorConfig(grpc_address="0.0.0.0:4317")
+    (warning,) = warn_if_exposed(exposed)
+    assert warning.startswith("grpc_address 0.0.0.0:4317 is not loopback")
+    assert warn_if_exposed(CollectorConfig()) == []  # the default: loopback only
+    assert warn_if_exposed(CollectorConfig(grpc_address="0.0.0.0:4317",
+                                           auth_tokens=("t",))) == []
+    with_tls = CollectorConfig(http_address="[::]:4318",
+                               tls=TlsConfig(cert_file="c.pem", key_file="k.pem"))
+    assert warn_if_exposed(with_tls) == []
+    assert len(warn_if_exposed(CollectorConfig(http_address="[::]:4318"))) == 1
