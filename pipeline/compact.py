@@ -30,7 +30,14 @@ from pipeline.joblock import exclusive
 from pipeline.partitions import HOUR_NS, NS, existing_hours, partition_file
 from pipeline.schema import tables as t
 from pipeline.state import PipelineState, Segment
-from pipeline.storage import PARQUET_SUFFIX, DataDir, parquet_files, write_parquet_atomic
+from pipeline.storage import (
+    PARQUET_SUFFIX,
+    DataDir,
+    damaged_error,
+    parquet_files,
+    unreadable_files,
+    write_parquet_atomic,
+)
 
 _DAY_NS = 24 * HOUR_NS
 #: Names of merged files, and the footer key listing the segments each was made of.
@@ -148,7 +155,13 @@ def compact(dd: DataDir, cfg: PipelineConfig, *, now_ns: int | None = None,
     Holds the data directory's job lock (:mod:`pipeline.joblock`): it waits for a running
     pipeline step, which may be reading the segments it would delete."""
     with exclusive(dd, "compact"):
-        return _compact(dd, cfg, now_ns, dry_run)
+        try:
+            return _compact(dd, cfg, now_ns, dry_run)
+        except pa.ArrowException as exc:  # a damaged segment: name it (Arrow may not)
+            bad = unreadable_files(dd.root / "raw")
+            if bad:
+                raise damaged_error(dd, bad) from exc
+            raise
 
 
 def _compact(dd: DataDir, cfg: PipelineConfig, now_ns: int | None,

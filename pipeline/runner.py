@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
 import polars as pl
+import pyarrow as pa
 
 from pipeline import energy as en
 from pipeline.config import PipelineConfig
@@ -51,7 +52,7 @@ from pipeline.samples import engine_samples, gpu_samples, instance_gpus
 from pipeline.schema import columns as c
 from pipeline.schema import tables as t
 from pipeline.state import PipelineState
-from pipeline.storage import DataDir
+from pipeline.storage import DataDir, damaged_error, unreadable_files
 from pipeline.windows import windows
 
 #: Version of the derived files' layout or meaning: a change recomputes them all on the next
@@ -297,7 +298,14 @@ class Pipeline:
         Holds the data directory's job lock (:mod:`pipeline.joblock`) for the whole run, so
         compaction, another pipeline and the analytics wait for it."""
         with exclusive(self.dd, "pipeline"):
-            return self._run_once(full)
+            try:
+                return self._run_once(full)
+            except (pl.exceptions.ComputeError, pa.ArrowException, OSError) as exc:
+                # Polars names no file when one is damaged: find the ones to move aside.
+                bad = unreadable_files(self.dd.root / "raw")
+                if bad:
+                    raise damaged_error(self.dd, bad) from exc
+                raise
 
     def _run_once(self, full: bool) -> RunSummary:
         began = time.perf_counter()

@@ -52,9 +52,10 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
 
     _refuse_writes(query)
     root = resolve_data_dir(data_dir, None)
-    con = connect(root, tables=tables_named_in(query))  # views of the tables it names only
 
     def run() -> pl.DataFrame:
+        # Views of the tables the query names only; making them reads the files' footers.
+        con = connect(root, tables=tables_named_in(query))
         return con.sql(query).pl()
 
     try:

@@ -309,6 +309,30 @@ def scan(data_dir: DataDir, table: str) -> pl.LazyFrame:
     return pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
 
 
+def unreadable_files(folder: Path) -> list[Path]:
+    """Published Parquet files under ``folder`` whose footer cannot be read (truncated or
+    overwritten outside fleetlens: atomic publishing never leaves such a file)."""
+    bad = []
+    for path in parquet_files(folder):
+        try:
+            pq.read_metadata(path)
+        except FileNotFoundError:
+            continue  # deleted meanwhile (compaction): not damaged
+        except (OSError, pa.ArrowException):
+            bad.append(path)
+    return bad
+
+
+def damaged_error(data_dir: DataDir, bad: list[Path]) -> StorageError:
+    """The error for damaged files: which ones, and what to do about them."""
+    shown = ", ".join(str(p.relative_to(data_dir.root)) for p in bad[:3])
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return StorageError(
+        f"{len(bad)} Parquet file(s) in {data_dir.root} cannot be read (truncated or "
+        f"overwritten): {shown}{more}. Move them out of the data directory (keep them for "
+        "inspection) and run again; their rows are lost unless a copy exists elsewhere")
+
+
 #: Tries of a read that lost a file between listing and opening it (see :func:`retry_vanished`).
 READ_ATTEMPTS = 4
 _VANISHED = ("No such file or directory", "No files found that match the pattern")

@@ -123,3 +123,29 @@ def test_a_damaged_state_file_is_named_and_full_rebuilds_it(tmp_path, damage: st
     assert rebuilt.exit_code == 0 and "8 new segments" in rebuilt.output, rebuilt.output
     again = runner.invoke(cli, ["pipeline", *base, "--no-progress"])
     assert again.exit_code == 0 and again.output.startswith("0 new segments"), again.output
+
+
+def test_a_damaged_raw_segment_is_named_by_every_command_that_reads_it(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from fleetlens.cli import cli
+
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=1, seconds=60))
+    runner = CliRunner()
+    base = ["--data-dir", str(dd.root)]
+    assert runner.invoke(cli, ["pipeline", *base, "--no-progress"]).exit_code == 0
+    damaged = sorted((dd.root / "raw" / "spans").rglob("*.parquet"))[0]
+    with open(damaged, "r+b") as handle:
+        handle.truncate(500)  # e.g. a copy cut short outside fleetlens
+    config = tmp_path / "keep.toml"  # the fleet's fixed date would be expired by retention
+    config.write_text("[pipeline]\nraw_retention_days = 36500\ncompact_min_age_s = 0\n")
+    name = str(damaged.relative_to(dd.root))
+    for command in (["pipeline"], ["pipeline", "--full"], ["compact", "--config", str(config)],
+                    ["sql", "select count(*) from spans"]):
+        out = runner.invoke(cli, [*command, *base])
+        assert out.exit_code == 1 and isinstance(out.exception, SystemExit), (command, out)
+        assert name in out.output, (command, out.output)
+    damaged.rename(tmp_path / damaged.name)  # moved aside, as the message says
+    rebuilt = runner.invoke(cli, ["pipeline", *base, "--full", "--no-progress"])
+    assert rebuilt.exit_code == 0 and "7 new segments" in rebuilt.output, rebuilt.output
