@@ -52,6 +52,19 @@ class LazyGroup(click.Group):
             raise TypeError(f"{target} is not a click command")
         return command
 
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the command; a data-directory or configuration problem is one line, not a
+        traceback (each command handles its usual ones, this catches the rest)."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            from pipeline.schema.settings import ConfigError
+            from pipeline.storage import StorageError
+
+            if isinstance(exc, StorageError | ConfigError):
+                raise click.ClickException(str(exc)) from None
+            raise
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Short help comes from the table above so --help imports no component.
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
@@ -67,7 +80,8 @@ def cli() -> None:
     Ingests OpenTelemetry spans (vLLM, any OTel server) and GPU/engine telemetry, computes
     per-request phases, windows, energy and baselines, and explains latency spikes.
 
-    Data lives in one directory: --data-dir, else $FLEETLENS_DATA, else ./fleetlens-data.
+    Data lives in one directory: --data-dir, else $FLEETLENS_DATA, else data_dir in the
+    configuration file, else ./fleetlens-data.
     Configuration: fleetlens.toml (--config, else $FLEETLENS_CONFIG) with FLEETLENS_*
     environment overrides; see `fleetlens config check --help`.
     """

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pipeline.storage import DataDir
+from pipeline.storage import DataDir, StorageError
 
 LOCK_NAME = "jobs.lock"
 
@@ -73,8 +73,13 @@ def exclusive(data_dir: DataDir, job: str,
         hold = _HELD.setdefault(path, _ProcessHold())
     with hold.mutex:
         if hold.depth == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot take the job lock {path}: {exc.strerror} ({job} writes to the "
+                    "data directory: is it read-only, or is state/ not a folder?)") from None
             try:
                 _acquire(fd, data_dir, on_wait)
                 os.ftruncate(fd, 0)

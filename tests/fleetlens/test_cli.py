@@ -139,3 +139,13 @@ def test_one_shot_commands_refuse_a_data_dir_that_does_not_exist(tmp_path: Path)
     afile.write_text("")
     out = fleetlens("pipeline", env={"PATH": "/usr/bin", "FLEETLENS_DATA": str(afile)})
     assert out.returncode == 1 and "is not a directory" in out.stderr, out.stderr
+
+
+def test_a_data_dir_the_jobs_cannot_write_is_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / "state").write_text("")  # a file where the jobs keep their state and lock
+    for command in ("pipeline", "compact", "analyze", "incidents"):
+        out = fleetlens(command, "--data-dir", str(root))
+        assert out.returncode == 1, (command, out.stderr)
+        assert "cannot take the job lock" in out.stderr and "Traceback" not in out.stderr
