@@ -40,9 +40,9 @@ class PipelineConfig:
         require(self.raw_retention_days > 0, "raw_retention_days", "must be positive")
         require(self.windows_retention_days > 0, "windows_retention_days", "must be positive")
         require(self.energy_slot_s > 0, "energy_slot_s", "must be positive")
+        require(3600 % self.window_s == 0, "window_s", "must divide one hour (10, 60, 300, ...)")
         require(self.window_s % self.energy_slot_s == 0 or self.window_s < self.energy_slot_s,
                 "energy_slot_s", f"must divide window_s ({self.window_s})")
-        require(3600 % self.window_s == 0, "window_s", "must divide one hour (10, 60, 300, ...)")
         require(self.max_request_s > 0, "max_request_s", "must be positive")
         require(self.max_sample_gap_s > 0, "max_sample_gap_s", "must be positive")
         for spec in self.dimensions:

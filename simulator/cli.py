@@ -35,7 +35,8 @@ def _receiver_reachable(endpoint: str, timeout_s: float) -> bool:
               help="Virtual start time instead of [fleet].start: ISO time, now, now-6h.")
 @click.option("--token", envvar="FLEETLENS_SIMULATE_TOKEN", default=None,
               help="Bearer token for a collector with auth_tokens [env FLEETLENS_SIMULATE_TOKEN].")
-@click.option("--connect-timeout", type=float, default=5.0, show_default=True,
+@click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True,
               help="Seconds to wait for the collector before giving up.")
 def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: bool,
              ground_truth: str | None, seed: int | None, start: str | None,
