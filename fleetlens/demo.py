@@ -149,6 +149,8 @@ def build(root: Path, minutes: int, speed: float | None, missing: list[str],
         click.echo("skipping the pipeline: not available in this build")
     else:
         click.echo("[3/4] pipeline: raw telemetry to requests, windows and energy")
+        click.echo("      (the fleet was simulated faster than real time, so its spans arrive "
+                   "long after they end: the export-delay lines below read it as a replay)")
         pipe = children.start("pipeline", ["pipeline", "--data-dir", str(root), "--progress"])
         if pipe.wait() != 0:
             raise click.ClickException(f"pipeline failed with status {pipe.returncode}")
