@@ -10,6 +10,7 @@ KV-cache usage is averaged. A signal the server does not expose is absent (never
 
 from __future__ import annotations
 
+import http.client
 import logging
 import time
 import urllib.error
@@ -68,13 +69,27 @@ def engine_samples(text: str, instance_id: str, ts_ns: int) -> list[EngineSample
 
 
 def fetch_text(url: str, timeout_s: float) -> str:
-    """GET ``url`` and return its body (bounded in size)."""
+    """GET ``url`` and return its body (bounded in size and, as a whole, in time).
+
+    The socket timeout bounds each read only, so a server that drips a byte a second would
+    hold a plain ``read()`` (and every target after it) for as long as it likes.
+
+    Raises:
+        TimeoutError: the whole exchange took longer than ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
     request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    chunks: list[bytes] = []
+    size = 0
     with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-        body = response.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
-        raise ExpositionError(f"{url}: body larger than {MAX_BODY_BYTES} bytes")
-    return body.decode("utf-8", errors="replace")
+        while chunk := response.read1(64 * 1024):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise ExpositionError(f"{url}: body larger than {MAX_BODY_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url}: body not complete after {timeout_s:g} s")
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 class VllmScraper:
@@ -100,7 +115,9 @@ class VllmScraper:
             ts_ns = self._clock_ns()
             try:
                 samples = engine_samples(self._fetch(url, self.timeout_s), instance_id, ts_ns)
-            except (OSError, urllib.error.URLError, ExpositionError) as exc:
+            # HTTPException: a reply that is not HTTP, or a body cut short.
+            except (OSError, urllib.error.URLError, http.client.HTTPException,
+                    ExpositionError) as exc:
                 if url not in self.failing:
                     log.warning("vLLM %s (%s): scrape failed: %s", instance_id, url, exc)
                     self.failing.add(url)

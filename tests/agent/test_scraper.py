@@ -141,3 +141,63 @@ def test_scraper_over_http_logs_failures_once_and_recovers(metrics_server, caplo
     handler.body = b"garbage{ line\n"
     assert scraper.scrape() == []
     assert scraper.failing == {url}
+
+
+@pytest.fixture
+def raw_server():
+    """A TCP server that answers every connection with ``reply(conn)``, set by the test."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    state: dict = {"reply": lambda conn: None, "stop": False}
+
+    def serve() -> None:
+        while not state["stop"]:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=_answer, args=(conn, state["reply"]), daemon=True).start()
+
+    def _answer(conn, reply) -> None:  # noqa: ANN001
+        with conn:
+            conn.recv(65536)  # the request
+            try:
+                reply(conn)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", state
+    finally:
+        state["stop"] = True
+        listener.close()
+
+
+def test_a_garbled_or_dripping_target_costs_only_itself(metrics_server, raw_server) -> None:
+    import time
+
+    server, _ = metrics_server
+    good = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    bad, state = raw_server
+    scraper = VllmScraper([("h/bad", bad), ("h/good", good)], timeout_s=1.0)
+    state["reply"] = lambda conn: conn.sendall(b"this is not HTTP\r\n\r\n")
+    assert [s.instance_id for s in scraper.scrape()] == ["h/good"]  # BadStatusLine
+    state["reply"] = lambda conn: conn.sendall(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")  # cut short
+    assert [s.instance_id for s in scraper.scrape()] == ["h/good"]  # IncompleteRead
+
+    def drip(conn) -> None:  # noqa: ANN001 - a byte every 0.2 s: each read is in time
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(100):
+            conn.sendall(b"#")
+            time.sleep(0.2)
+
+    state["reply"] = drip
+    began = time.monotonic()
+    assert [s.instance_id for s in scraper.scrape()] == ["h/good"]
+    # The drip lasts 20 s; the whole exchange is bounded by timeout_s (1 s), not each read.
+    assert time.monotonic() - began < 10.0
+    assert scraper.failing == {bad}
