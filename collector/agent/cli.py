@@ -83,8 +83,8 @@ def agent(config_file: str | None, collector: str | None, fake_gpus: int | None,
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    runner.run()
-    sys.exit(0)
+    # Exit 1 when collections were discarded at shutdown, so the loss is not silent.
+    sys.exit(1 if runner.run() else 0)
 
 
 def load_agent_config(path: str | None, overrides: Mapping[str, object] | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -105,6 +106,13 @@ def _merge_metric(parts: list[Metric]) -> Metric:
     return Metric(name=first.name, description=first.description, unit=first.unit, data=data)
 
 
+#: Collections per OTLP request: a backlog goes out in pieces a standard OTLP receiver takes
+#: (its default limit is 4 MiB; 50 collections of 8 GPUs encode to about 0.6 MiB).
+MAX_BATCH = 50
+#: Seconds between repeated warnings while collections are being dropped.
+DROP_WARNING_EVERY_S = 30.0
+
+
 class Outbox:
     """Bounded queue of collections, shipped by a background thread every ``interval_s``."""
 
@@ -113,63 +121,90 @@ class Outbox:
         self.exporter = exporter
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.name = name
         self._pending: deque[MetricsData] = deque()
         self._max = max_pending
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"export-{name}", daemon=True)
         self._failing = False
+        self._warned_at = float("-inf")
         self.dropped = 0
         self.exported_batches = 0
 
     def put(self, data: MetricsData | None) -> None:
-        """Queue one collection; beyond the bound the oldest is dropped (and counted)."""
+        """Queue one collection; beyond the bound the oldest is dropped (counted, logged)."""
         if data is None:
             return
         with self._lock:
             self._pending.append(data)
-            while len(self._pending) > self._max:
-                self._pending.popleft()
-                self.dropped += 1
-                if self.dropped == 1 or self.dropped % 1000 == 0:
-                    log.warning("collector unreachable: dropped %d collections", self.dropped)
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest collections beyond the bound (the caller holds the lock)."""
+        over = len(self._pending) - self._max
+        if over <= 0:
+            return
+        for _ in range(over):
+            self._pending.popleft()
+        self.dropped += over
+        now = time.monotonic()
+        if now - self._warned_at >= DROP_WARNING_EVERY_S:
+            self._warned_at = now
+            log.warning("%s: the collector has been unreachable for longer than the buffer "
+                        "holds (max_pending_collections=%d): %d collections dropped so far, "
+                        "oldest first", self.name, self._max, self.dropped)
 
     def start(self) -> None:
         self._thread.start()
 
     def flush(self) -> bool:
-        """Ship everything queued now; on failure put it back. Returns success."""
-        with self._lock:
-            batch = list(self._pending)
-            self._pending.clear()
-        if not batch:
-            return True
-        result = self.exporter.export(merge(batch), timeout_millis=self.timeout_s * 1000)
-        if result is MetricExportResult.SUCCESS:
+        """Ship everything queued now, :data:`MAX_BATCH` collections per request; on a
+        failure put the unsent ones back. Returns whether everything went out."""
+        while True:
+            with self._lock:
+                batch = [self._pending.popleft()
+                         for _ in range(min(MAX_BATCH, len(self._pending)))]
+            if not batch:
+                return True
+            result = self.exporter.export(merge(batch), timeout_millis=self.timeout_s * 1000)
+            if result is not MetricExportResult.SUCCESS:
+                break
             self.exported_batches += 1
             if self._failing:
-                log.warning("collector reachable again")
+                log.warning("%s: collector reachable again", self.name)
                 self._failing = False
-            return True
         if not self._failing:
-            log.warning("export to the collector failed; keeping %d collections", len(batch))
+            log.warning("%s: export to the collector failed; keeping the collections",
+                        self.name)
             self._failing = True
         with self._lock:
             for data in reversed(batch):
                 self._pending.appendleft(data)
-            while len(self._pending) > self._max:
-                self._pending.popleft()
-                self.dropped += 1
+            self._trim()
         return False
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.flush()
 
-    def stop(self) -> None:
-        """Stop the thread after one last flush."""
+    def begin_stop(self) -> None:
+        """Ask the export thread to end (several outboxes then stop side by side)."""
         self._stop.set()
+
+    def stop(self) -> int:
+        """Stop the thread after one last flush; returns how many collections were not
+        delivered (logged as an error)."""
+        self.begin_stop()
         if self._thread.is_alive():
             self._thread.join()
-        self.flush()
+        # The collector just failed: one more full timeout would only delay the exit.
+        if not self._failing:
+            self.flush()
+        with self._lock:
+            left = len(self._pending)
+        if left:
+            log.error("%s: %d collections not delivered at shutdown: the collector is "
+                      "unreachable", self.name, left)
         self.exporter.shutdown()
+        return left

@@ -108,8 +108,9 @@ class Agent:
             log.info("instance -> GPU mapping: %s", self.engine_state.mapping)
 
     # --- running ---------------------------------------------------------------------------
-    def run(self) -> None:
-        """Run until :meth:`stop`; then flush what is queued."""
+    def run(self) -> int:
+        """Run until :meth:`stop`; then flush what is queued. Returns how many collections
+        could not be delivered."""
         self.gpu_outbox.start()
         self.engine_outbox.start()
         threads = [threading.Thread(target=self._loop, args=(self.engine_tick_with_mapping,
@@ -123,10 +124,12 @@ class Agent:
         self._stop.wait()
         for thread in threads:
             thread.join()
-        self.gpu_outbox.stop()
-        self.engine_outbox.stop()
+        for outbox in (self.gpu_outbox, self.engine_outbox):
+            outbox.begin_stop()  # both threads end side by side, not one after the other
+        undelivered = self.gpu_outbox.stop() + self.engine_outbox.stop()
         if self.sampler is not None:
             self.sampler.backend.close()
+        return undelivered
 
     def engine_tick_with_mapping(self) -> None:
         """:meth:`engine_tick`, refreshing the mapping every ``mapping_interval_s``."""

@@ -169,6 +169,48 @@ def test_outbox_is_bounded_while_the_collector_is_down(sink: OtlpSink) -> None:
     assert len([p for p in sink.points() if p.name == a.HW_POWER]) == 3
 
 
+def test_a_backlog_goes_out_in_bounded_requests_and_drops_are_logged(
+        sink: OtlpSink, caplog) -> None:
+    import logging
+
+    from collector.agent.export import MAX_BATCH
+
+    agent = make_agent(sink, FakeGpuBackend(1), max_pending_collections=2 * MAX_BATCH + 10)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2 * MAX_BATCH + 15):  # the collector "down" (nothing flushed)
+            agent.gpu_tick()
+    assert agent.gpu_outbox.dropped == 5
+    # Said at the first drop (then at most every 30 s, with the running total).
+    (warning,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert "1 collections dropped so far" in warning and "max_pending_collections" in warning
+    assert agent.gpu_outbox.flush()
+    assert len(sink.metric_requests) == 3  # 50 + 50 + 10, not one request of 110
+    assert len([p for p in sink.points() if p.name == a.HW_POWER]) == 2 * MAX_BATCH + 10
+
+
+def test_shutdown_with_the_collector_down_says_what_was_lost_and_exits_1(tmp_path) -> None:
+    import signal
+    import time
+
+    from collector.testing import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fleetlens", "agent", "--collector",
+         f"127.0.0.1:{free_port()}", "--fake-gpus", "1", "--host-name", "h"],
+        env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)  # a few seconds of samples, none deliverable
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 1, err
+    assert "not delivered at shutdown" in err and "Traceback" not in err, err
+
+
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     key, cert = tmp / "key.pem", tmp / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
