@@ -29,6 +29,26 @@ def to_datetime(ns: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(ns / NS, tz=dt.UTC)
 
 
+def duration(seconds: float | None) -> str:
+    """A latency as people read it: ``850 ms``, ``2.11 s``, ``313 s`` (``n/a`` if missing)."""
+    if seconds is None:
+        return "n/a"
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:,.0f} ms" if abs(seconds) >= 0.01 else \
+            f"{seconds * 1000:.1f} ms"
+    return f"{seconds:,.2f} s" if abs(seconds) < 100 else f"{seconds:,.0f} s"
+
+
+def readable(frame: pl.DataFrame) -> pl.DataFrame:
+    """A table for people: int64-ns time columns as UTC datetimes (ms), floats to 4 digits."""
+    return frame.with_columns(
+        *[pl.from_epoch(pl.col(name), time_unit="ns").dt.cast_time_unit("ms")
+          .dt.replace_time_zone("UTC")
+          for name, dtype in frame.schema.items() if name.endswith("_ns") and dtype.is_integer()],
+        pl.selectors.float().round_sig_figs(4),
+    )
+
+
 def with_time(frame: pl.DataFrame, column: str, alias: str = "time") -> pl.DataFrame:
     """Add a UTC datetime column from an int64-ns column."""
     return frame.with_columns(pl.from_epoch(pl.col(column), time_unit="ns").alias(alias))

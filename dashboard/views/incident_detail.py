@@ -95,7 +95,9 @@ for i in range(0, len(names), 4):
 st.subheader("Slowest requests")
 slow = data.load("slowest_requests", inc)
 st.dataframe(
-    slow.with_columns(pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS).alias("trace")),
+    ui.readable(slow.with_columns(  # the link column first: visible without scrolling
+        pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS).alias("trace"))
+        .select("trace", pl.exclude("trace"))),
     hide_index=True, key="detail_slowest",
     column_config={"trace": st.column_config.LinkColumn("trace", display_text="waterfall")},
 )

@@ -39,10 +39,14 @@ def _expected(col: str) -> float | None:
 
 def _metric(slot, label: str, col: str, scale: float, unit: str, inverse: bool) -> None:  # noqa: ANN001
     now, expected = _mean(recent, col), _expected(col)
-    value = "n/a" if now is None else f"{now * scale:,.1f} {unit}"
+
+    def shown(value: float) -> str:  # latencies in ms or s, whichever reads best
+        return ui.duration(value) if unit == "s" else f"{value * scale:,.1f} {unit}"
+
+    value = "n/a" if now is None else shown(now)
     delta = None if now is None or not expected else f"{100 * (now / expected - 1):+.0f}%"
     slot.metric(label, value, delta, delta_color="inverse" if inverse else "normal",
-                help=None if expected is None else f"expected {expected * scale:,.1f} {unit}")
+                help=None if expected is None else f"expected {shown(expected)}")
 
 
 row = st.columns(4)
@@ -52,7 +56,7 @@ _metric(row[2], "Energy per token", c.J_PER_TOKEN, 1, "J/tok", True)
 _metric(row[3], "Error rate", c.ERROR_RATE, 100, "%", True)
 row = st.columns(len(HEADLINE))
 for slot, (label, col) in zip(row, HEADLINE, strict=True):
-    _metric(slot, label, col, 1000, "ms", True)
+    _metric(slot, label, col, 1, "s", True)
 
 incidents = data.load("incidents", f)
 last_end = int(series[c.WINDOW_START_NS].max())

@@ -18,8 +18,8 @@ if not ident:
     if slow.is_empty():
         ui.empty_note("requests")
         st.stop()
-    st.dataframe(slow.with_columns(pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS)
-                                   .alias("open")),
+    link = pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS).alias("open")
+    st.dataframe(ui.readable(slow.with_columns(link).select("open", pl.exclude("open"))),
                  hide_index=True, key="trace_slowest",
                  column_config={"open": st.column_config.LinkColumn("open",
                                                                     display_text="waterfall")})
@@ -48,9 +48,9 @@ st.plotly_chart(fig, key="trace_waterfall")
 cols = st.columns(4)
 if reqs.height:
     r = reqs.row(0, named=True)
-    cols[0].metric("E2E", f"{1000 * r[c.E2E_S]:.0f} ms")
-    cols[1].metric("Queue", f"{1000 * r[c.QUEUE_S]:.0f} ms")
-    cols[2].metric("Prefill", f"{1000 * r[c.PREFILL_S]:.0f} ms")
-    cols[3].metric("Decode", f"{1000 * r[c.DECODE_S]:.0f} ms")
-st.dataframe(spans, hide_index=True, key="trace_spans")
-st.dataframe(reqs, hide_index=True, key="trace_requests")
+    cols[0].metric("E2E", ui.duration(r[c.E2E_S]))
+    cols[1].metric("Queue", ui.duration(r[c.QUEUE_S]))
+    cols[2].metric("Prefill", ui.duration(r[c.PREFILL_S]))
+    cols[3].metric("Decode", ui.duration(r[c.DECODE_S]))
+st.dataframe(ui.readable(spans), hide_index=True, key="trace_spans")
+st.dataframe(ui.readable(reqs), hide_index=True, key="trace_requests")
