@@ -77,18 +77,28 @@ def energy_by(con: duckdb.DuckDBPyConnection, f: Filters, dim: str) -> pl.DataFr
 
 
 def power_vs_limit(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
-    """Per host: mean and peak power against the summed power limit of its GPUs."""
+    """Per host: mean and peak power against the summed power limit of its GPUs.
+
+    The peak is that of the host's total power (its GPUs' 1-second means added up second by
+    second), comparable with the summed limit; adding each GPU's own peak, reached at
+    different moments, would show hosts above a limit they never reached.
+    """
     clause, params = where(con, f, time_col=c.TS_NS, dims=(c.HOST_NAME,))
     return run(con, f"""
         WITH g AS (SELECT {c.HOST_NAME}, {c.GPU_UUID}, any_value({c.GPU_MODEL}) AS {c.GPU_MODEL},
-                          avg({c.POWER_W}) AS mean_w, max({c.POWER_W}) AS peak_w,
-                          avg({c.POWER_LIMIT_W}) AS limit_w,
+                          avg({c.POWER_W}) AS mean_w, avg({c.POWER_LIMIT_W}) AS limit_w,
                           avg(({c.UTIL_GPU} < 0.05)::INT) AS idle_share
-                   FROM {t.GPU_SAMPLES} WHERE {clause} GROUP BY 1, 2)
+                   FROM {t.GPU_SAMPLES} WHERE {clause} GROUP BY 1, 2),
+             per_second AS (SELECT {c.HOST_NAME}, {c.GPU_UUID}, {c.TS_NS} // 1000000000 AS s,
+                                   avg({c.POWER_W}) AS w
+                            FROM {t.GPU_SAMPLES} WHERE {clause} GROUP BY 1, 2, 3),
+             peak AS (SELECT {c.HOST_NAME}, max(w) AS peak_power_w
+                      FROM (SELECT {c.HOST_NAME}, s, sum(w) AS w FROM per_second GROUP BY 1, 2)
+                      GROUP BY 1)
         SELECT {c.HOST_NAME}, any_value({c.GPU_MODEL}) AS {c.GPU_MODEL}, count(*) AS gpus,
-               sum(mean_w) AS mean_power_w, sum(peak_w) AS peak_power_w,
+               sum(mean_w) AS mean_power_w, any_value(peak.peak_power_w) AS peak_power_w,
                sum(limit_w) AS power_limit_w, avg(idle_share) AS idle_share
-        FROM g GROUP BY 1 ORDER BY mean_power_w DESC""", params)
+        FROM g JOIN peak USING ({c.HOST_NAME}) GROUP BY 1 ORDER BY mean_power_w DESC""", params)
 
 
 def request_energy(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:

@@ -162,3 +162,22 @@ def test_cache_epoch_moves_only_when_data_changed_and_ttl_passed(tmp_path) -> No
     os.utime(state, ns=(1, state.stat().st_mtime_ns + 10**9))
     assert cache_epoch(root, 30, now=5020.0) == first + 1  # too soon: at most every ttl
     assert cache_epoch(root, 30, now=5041.0) == first + 2
+
+
+def test_host_peak_power_is_of_the_host_total_not_a_sum_of_gpu_peaks(tmp_path) -> None:
+    from pipeline.schema import conform
+
+    root = DataDir(tmp_path / "d")
+    ns = 10**9
+    # GPU A peaks at 300 W in second 0, GPU B in second 1: the host never draws 600 W.
+    rows = {c.TS_NS: [0, ns // 2, ns, ns + ns // 2] * 2,
+            c.HOST_NAME: ["h"] * 8, c.GPU_UUID: ["GPU-A"] * 4 + ["GPU-B"] * 4,
+            c.GPU_MODEL: ["H100"] * 8, c.POWER_W: [300.0, 300.0, 100.0, 100.0,
+                                                  100.0, 100.0, 300.0, 300.0],
+            c.POWER_LIMIT_W: [350.0] * 8, c.UTIL_GPU: [0.9] * 8}
+    frame = conform(pl.DataFrame(rows), t.GPU_SAMPLES)
+    write_parquet_atomic(frame, root.partition_path(t.GPU_SAMPLES, date="1970-01-01") / "a.parquet")
+    (host,) = explore.power_vs_limit(connect(root), Filters()).to_dicts()
+    assert host[c.HOST_NAME] == "h" and host["gpus"] == 2
+    assert host["peak_power_w"] == pytest.approx(400.0)
+    assert host["mean_power_w"] == pytest.approx(400.0) and host["power_limit_w"] == 700.0
