@@ -21,6 +21,10 @@ FILTER_KEYS = {"services": c.SERVICE_NAME, "models": c.MODEL, "hosts": c.HOST_NA
                "regions": c.REGION}
 #: "Last 24 h": what on-call looks at first, and a bounded number of points per chart.
 DEFAULT_RANGE = list(RANGES).index("Last 24 h")
+#: Legends above the plot, right-aligned: below it they covered the axis's date line.
+LEGEND_ON_TOP = {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"}
+#: Every time axis is UTC, and says so.
+TIME_AXIS = {"type": "date", "title": {"text": "UTC", "standoff": 4}}
 PHASE_COLOURS = {"queue": "#e45756", "prefill": "#f58518", "decode": "#4c78a8",
                  "overhead": "#bab0ac", "span": "#9ecae9"}
 
@@ -117,21 +121,21 @@ def band_chart(frame: pl.DataFrame, value: str, title: str, *, band: pl.DataFram
     if band is not None and band.height:
         bt = with_time(band, c.TS_NS)
         x = xs(bt)
-        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.UPPER), line={"width": 0},
+        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.UPPER), line={"width": 0}, mode="lines",
                                  showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.LOWER), fill="tonexty",
+        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.LOWER), fill="tonexty", mode="lines",
                                  fillcolor="rgba(76,120,168,0.18)", line={"width": 0},
                                  name="baseline band"))
-        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.EXPECTED), name="expected",
+        fig.add_trace(go.Scatter(x=x, y=ys(bt, c.EXPECTED), name="expected", mode="lines",
                                  line={"dash": "dot", "color": "#4c78a8"}))
     if frame.height:
-        fig.add_trace(go.Scatter(x=xs(frame), y=ys(frame, value), name=title,
+        fig.add_trace(go.Scatter(x=xs(frame), y=ys(frame, value), name=title, mode="lines",
                                  line={"color": "#222"}))
     if shade is not None:
         fig.add_vrect(x0=shade[0] / 1e6, x1=shade[1] / 1e6,
                       fillcolor="rgba(228,87,86,0.2)", line_width=0)
     fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                      legend={"orientation": "h", "y": -0.2}, xaxis={"type": "date"})
+                      legend=LEGEND_ON_TOP, xaxis=TIME_AXIS)
     return fig
 
 
@@ -141,7 +145,7 @@ def lines(frame: pl.DataFrame, y: str, by: str, title: str, height: int = 280) -
     for (key,), part in frame.sort("time").group_by(by, maintain_order=True):
         fig.add_trace(go.Scatter(x=xs(part), y=ys(part, y), name=str(key), mode="lines"))
     fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                      xaxis={"type": "date"})
+                      legend=LEGEND_ON_TOP, xaxis=TIME_AXIS)
     return fig
 
 

@@ -27,15 +27,16 @@ if causes:
 if metrics:
     incidents = incidents.filter(pl.col(c.METRIC).is_in(metrics))
 
-table = ui.with_time(incidents, c.START_NS, "started").with_columns(
+table = ui.with_time(incidents, c.START_NS, "started (UTC)").with_columns(
     ((pl.col(c.END_NS) - pl.col(c.START_NS)) / 6e10).round(1).alias("minutes"),
     pl.concat_str([c.SERVICE_NAME, c.MODEL, c.HOST_NAME], separator=" / ").alias("scope"),
     pl.format("incident?id={}", c.INCIDENT_ID).alias("open"),
 )
 st.caption(f"{table.height} incident(s)")
 st.dataframe(
-    table.select("started", "minutes", c.SEVERITY, c.METRIC, "scope", c.PEAK, c.EXPECTED,
-                 c.CAUSE, c.SUBJECT, c.SUMMARY, "open", c.INCIDENT_ID),
+    ui.readable(table.select("open", "started (UTC)", "minutes", c.SEVERITY, c.METRIC,
+                             "scope", c.PEAK, c.EXPECTED, c.CAUSE, c.SUBJECT, c.SUMMARY,
+                             c.INCIDENT_ID)),
     hide_index=True, key="incidents_table",
     column_config={"open": st.column_config.LinkColumn("open", display_text="details")},
 )

@@ -22,7 +22,8 @@ recent = complete.tail(RECENT_WINDOWS)
 older = complete.slice(max(complete.height - 2 * RECENT_WINDOWS, 0), RECENT_WINDOWS)
 st.caption(f"Last {RECENT_WINDOWS} complete windows against their baseline (or, without one, "
            f"the {RECENT_WINDOWS} before). Range: {series['time'].min()} to "
-           f"{series['time'].max()} UTC.")
+           f"{series['time'].max()} UTC; the charts leave out the newest window while it "
+           "fills (its dip would look like an outage).")
 
 
 def _mean(frame: pl.DataFrame, col: str) -> float | None:
@@ -64,16 +65,16 @@ active = incidents.filter(pl.col(c.END_NS).fill_null(last_end) >= last_end - 5 *
 left, right = st.columns([3, 2])
 left.subheader(f"Active incidents: {active.height}")
 left.caption(f"{incidents.height} incident(s) in range; active = still open in the last 5 min.")
-shown = ui.with_time(incidents.head(20), c.START_NS, "started")
+shown = ui.with_time(incidents.head(20), c.START_NS, "started (UTC)")
 left.dataframe(
-    shown.select("started", c.SEVERITY, c.CAUSE, c.HOST_NAME, c.METRIC, c.SUMMARY,
-                 pl.format("incident?id={}", c.INCIDENT_ID).alias("open")),
+    shown.select(pl.format("incident?id={}", c.INCIDENT_ID).alias("open"), "started (UTC)",
+                 c.SEVERITY, c.CAUSE, c.HOST_NAME, c.METRIC, c.SUMMARY),
     hide_index=True, key="overview_incidents",
     column_config={"open": st.column_config.LinkColumn("open", display_text="open")},
 )
 right.subheader("Hosts ranked by trouble")
 hosts = data.load("host_ranking", f)
-right.dataframe(hosts, hide_index=True, key="overview_hosts", column_config={
+right.dataframe(ui.readable(hosts), hide_index=True, key="overview_hosts", column_config={
     "e2e_vs_fleet": st.column_config.NumberColumn("p99 e2e / fleet median", format="%.2f"),
 })
 
@@ -85,4 +86,4 @@ for i in range(0, len(charts), 2):
     cols = st.columns(2)
     for slot, (col, title) in zip(cols, charts[i:i + 2], strict=True):
         band = data.load("fleet_band", f, col)
-        slot.plotly_chart(ui.band_chart(series, col, title, band=band), key=f"chart_{col}")
+        slot.plotly_chart(ui.band_chart(complete, col, title, band=band), key=f"chart_{col}")
