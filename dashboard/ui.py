@@ -43,6 +43,15 @@ def duration(seconds: float | None) -> str:
     return f"{seconds:,.2f} s" if abs(seconds) < 100 else f"{seconds:,.0f} s"
 
 
+def versus(value: float | None, expected: float | None) -> str | None:
+    """A value against its expected level: ``+35%``, or ``x120`` once it is several times
+    over (a percentage like +1263666% is a number nobody reads)."""
+    if value is None or not expected:
+        return None
+    ratio = value / expected
+    return f"x{ratio:,.0f}" if ratio >= 10 else f"{100 * (ratio - 1):+.0f}%"
+
+
 def readable(frame: pl.DataFrame) -> pl.DataFrame:
     """A table for people: int64-ns time columns as UTC datetimes (ms), floats to 4 digits."""
     return frame.with_columns(

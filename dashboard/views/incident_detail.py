@@ -36,9 +36,10 @@ st.subheader(top[c.SUMMARY] if top else f"{inc[c.METRIC]} above its baseline")
 cols = st.columns(5)
 cols[0].metric("Severity", inc[c.SEVERITY])
 cols[1].metric("Metric", inc[c.METRIC])
-cols[2].metric("Peak", f"{inc[c.PEAK]:.3g}",
-               f"{100 * (inc[c.PEAK] / inc[c.EXPECTED] - 1):+.0f}%" if inc[c.EXPECTED] else None,
-               delta_color="inverse")
+cols[2].metric("Peak", ui.duration(inc[c.PEAK]) if inc[c.METRIC].endswith("_s")
+               else f"{inc[c.PEAK]:.3g}", ui.versus(inc[c.PEAK], inc[c.EXPECTED]),
+               delta_color="inverse",
+               help=None if inc[c.EXPECTED] is None else f"expected {inc[c.EXPECTED]:.3g}")
 cols[3].metric("Duration", f"{(p['end'] - p['start']) / 6e10:.1f} min")
 cols[4].metric("Scope", f"{inc[c.HOST_NAME]}", f"{inc[c.SERVICE_NAME]} / {inc[c.MODEL]}",
                delta_color="off")

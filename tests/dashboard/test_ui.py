@@ -6,7 +6,7 @@ import datetime as dt
 
 import polars as pl
 
-from dashboard.ui import duration, readable
+from dashboard.ui import duration, readable, versus
 
 
 def test_durations_read_in_ms_below_a_second_and_in_s_above() -> None:
@@ -22,3 +22,8 @@ def test_tables_show_times_as_utc_datetimes_and_round_floats() -> None:
     assert out["arrival_ns"][0] == dt.datetime(2026, 9, 21, 14, 13, 20, 123000, tzinfo=dt.UTC)
     assert out["e2e_s"][0] == 19.79
     assert out["request_id"][0] == "r1" and out["output_tokens"][0] == 12  # untouched
+
+
+def test_a_value_against_its_expected_level() -> None:
+    assert [versus(*pair) for pair in ((1.35, 1.0), (0.5, 1.0), (239.4, 0.0189), (1.0, 0.0),
+                                       (None, 1.0))] == ["+35%", "-50%", "x12,667", None, None]
