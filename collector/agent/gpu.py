@@ -11,11 +11,15 @@ counter before Volta) is ``None``. A GPU that has fallen off the bus raises :cla
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+log = logging.getLogger(__name__)
 
 
 class GpuLost(RuntimeError):
@@ -79,6 +83,7 @@ class PynvmlBackend:
         except pynvml.NVMLError as exc:  # the base class: every init failure lands here
             raise NoGpu(str(exc)) from exc
         self._handles: dict[int, object] = {}
+        self._reported: set[tuple[int, str, str]] = set()
 
     def device_count(self) -> int:
         return self._count
@@ -98,24 +103,38 @@ class PynvmlBackend:
         except nv.NVMLError as exc:
             self._handles.pop(index, None)
             raise GpuLost(f"GPU {index}: {exc}") from exc
-        opt = self._optional
-        util = opt(lambda: nv.nvmlDeviceGetUtilizationRates(handle))
-        mem = opt(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
-        procs = opt(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle)) or []
+        try:
+            return self._fields(index, handle, str(uuid), str(name))
+        except GpuLost:
+            self._handles.pop(index, None)  # after a reset the GPU gets a new handle
+            raise
+
+    def _fields(self, index: int, handle: object, uuid: str, name: str) -> NvmlReading:
+        nv = self._nv
+
+        def opt(field: str, call: Callable[[], T]) -> T | None:
+            return self._optional(index, field, call)
+
+        util = opt("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(handle))
+        mem = opt("memory", lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+        procs = opt("processes", lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle)) or []
         return NvmlReading(
             index=index,
-            uuid=str(uuid),
-            name=str(name),
-            power_mw=opt(lambda: nv.nvmlDeviceGetPowerUsage(handle)),
-            energy_mj=opt(lambda: nv.nvmlDeviceGetTotalEnergyConsumption(handle)),
+            uuid=uuid,
+            name=name,
+            power_mw=opt("power", lambda: nv.nvmlDeviceGetPowerUsage(handle)),
+            energy_mj=opt("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(handle)),
             util_gpu_pct=None if util is None else int(util.gpu),
             util_mem_pct=None if util is None else int(util.memory),
             mem_used_bytes=None if mem is None else int(mem.used),
             mem_total_bytes=None if mem is None else int(mem.total),
-            sm_clock_mhz=opt(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)),
-            temp_c=opt(lambda: self._temperature(handle)),
-            power_limit_mw=opt(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(handle)),
-            clocks_event_reasons=opt(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle)),
+            sm_clock_mhz=opt("sm clock", lambda: nv.nvmlDeviceGetClockInfo(handle,
+                                                                          nv.NVML_CLOCK_SM)),
+            temp_c=opt("temperature", lambda: self._temperature(handle)),
+            power_limit_mw=opt("power limit",
+                               lambda: nv.nvmlDeviceGetEnforcedPowerLimit(handle)),
+            clocks_event_reasons=opt("clock event reasons",
+                                     lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle)),
             pids=tuple(sorted({int(p.pid) for p in procs})),
         )
 
@@ -128,17 +147,26 @@ class PynvmlBackend:
             # drivers before the versioned call
             return int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
 
-    def _optional(self, call: Callable[[], T]) -> T | None:
-        """``call()``, or ``None`` when this GPU or driver lacks the field.
+    def _optional(self, index: int, field: str, call: Callable[[], T]) -> T | None:
+        """``call()``, or ``None`` when this GPU or driver lacks the field, or the read failed.
 
-        A lost GPU is re-raised as :class:`GpuLost` so the sampler can skip it.
+        A lost GPU is re-raised as :class:`GpuLost` so the sampler can skip it. A failure
+        other than "not supported" (unknown, timeout, reset required, ...) also gives no
+        point, and is logged once per GPU, field and kind, so that a gap is explained.
         """
         nv = self._nv
         try:
             return call()
         except (nv.NVMLError_GpuIsLost, nv.NVMLError_GpuNotFound) as exc:
             raise GpuLost(str(exc)) from exc
-        except nv.NVMLError:
+        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+            return None  # this GPU or driver does not have it: expected, silent
+        except nv.NVMLError as exc:
+            key = (index, field, type(exc).__name__)
+            if key not in self._reported:
+                self._reported.add(key)
+                log.warning("GPU %d: reading %s failed (%s); no point until it reads again",
+                            index, field, exc)
             return None
 
 

@@ -115,3 +115,32 @@ def test_init_failures_become_nogpu_with_nvml_message(driver: Driver) -> None:
     driver.init_error = pynvml.NVMLError_DriverNotLoaded()
     with pytest.raises(NoGpu, match="Driver Not Loaded"):
         PynvmlBackend()
+
+
+def test_a_failing_field_is_no_point_said_once_and_a_lost_gpu_gets_a_new_handle(
+        driver: Driver, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    import logging
+
+    backend = PynvmlBackend()
+    backend.read(0)
+    real_power, real_handle = pynvml.nvmlDeviceGetPowerUsage, pynvml.nvmlDeviceGetHandleByIndex
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage",
+                        lambda h: (_ for _ in ()).throw(pynvml.NVMLError_Timeout()))
+    with caplog.at_level(logging.WARNING):
+        first, second = backend.read(0), backend.read(0)
+    assert first.power_mw is None and second.power_mw is None and first.temp_c == 64
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("GPU 0: reading power failed") and "Timeout" in said
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", real_power)
+
+    handles = []
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex",
+                        lambda i: handles.append(i) or real_handle(i))
+    driver.lost.add(0)  # a field read finds it lost (the cached handle is still used)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: "GPU-aaaa")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: "NVIDIA H100 80GB HBM3")
+    with pytest.raises(GpuLost):
+        backend.read(0)
+    driver.lost.clear()  # back after a reset
+    assert backend.read(0).power_mw == 612_345
+    assert handles == [0]  # looked up again, not the stale one reused
