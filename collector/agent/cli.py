@@ -35,7 +35,8 @@ def open_backend(config: AgentConfig, echo=click.echo) -> GpuBackend | None:
     try:
         return open_nvml()
     except NoGpu as exc:
-        echo(f"no NVIDIA GPU/driver: {exc}; GPU sampling off", err=True)
+        echo(f"no NVIDIA GPU/driver: {exc}; GPU sampling off (NVML is tried again every "
+             "minute)", err=True)
         return None
 
 
@@ -73,7 +74,8 @@ def agent(config_file: str | None, collector: str | None, fake_gpus: int | None,
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     backend = open_backend(config)
-    runner = Agent(config, backend)
+    # Without NVML now, keep trying: the driver may load after the agent (boot, upgrade).
+    runner = Agent(config, backend, reopen_gpus=None if config.fake_gpus else open_nvml)
     gpus = backend.device_count() if backend is not None else 0
     click.echo(f"fleetlens agent: {gpus} GPU(s), {len(config.vllm)} vLLM target(s) -> "
                f"{config.collector}", err=True)

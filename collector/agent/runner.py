@@ -15,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 
 from collector.agent.config import AgentConfig, VllmTarget, is_loopback
 from collector.agent.export import MetricGroup, Outbox
-from collector.agent.gpu import GpuBackend
+from collector.agent.gpu import GpuBackend, NoGpu
 from collector.agent.instruments import EngineState, GpuState, register_engine, register_gpu
 from collector.agent.mapping import (
     gpus_from_config,
@@ -29,6 +29,8 @@ from collector.agent.scraper import VllmScraper
 from pipeline.schema import attributes as a
 
 log = logging.getLogger(__name__)
+#: Seconds between attempts to open NVML when it was not available at start.
+GPU_RETRY_S = 60.0
 
 
 def otlp_exporter(config: AgentConfig) -> MetricExporter:
@@ -56,8 +58,11 @@ class Agent:
     """One host's agent. ``backend`` is ``None`` when there is no GPU (scraping only)."""
 
     def __init__(self, config: AgentConfig, backend: GpuBackend | None,
-                 exporter_factory: Callable[[AgentConfig], MetricExporter] = otlp_exporter
-                 ) -> None:
+                 exporter_factory: Callable[[AgentConfig], MetricExporter] = otlp_exporter,
+                 reopen_gpus: Callable[[], GpuBackend] | None = None) -> None:
+        """``reopen_gpus``, when there is no backend yet: called every :data:`GPU_RETRY_S`
+        until it returns one (raising :class:`NoGpu` meanwhile), for a driver that loads
+        after the agent starts."""
         self.config = config
         self.host_name = config.resolved_host_name()
         resource = Resource.create({a.SERVICE_NAME: config.service_name,
@@ -78,6 +83,10 @@ class Agent:
                                    timeout_s=config.scrape_timeout_s)
         self._stop = threading.Event()
         self._next_mapping = 0.0
+        self._reopen_gpus = reopen_gpus if backend is None else None
+        self._next_gpu_try = time.monotonic() + GPU_RETRY_S
+        self._threads: list[threading.Thread] = []
+        self._threads_lock = threading.Lock()
 
     # --- one step of each loop (tests drive these directly) --------------------------------
     def gpu_tick(self) -> None:
@@ -113,15 +122,12 @@ class Agent:
         could not be delivered."""
         self.gpu_outbox.start()
         self.engine_outbox.start()
-        threads = [threading.Thread(target=self._loop, args=(self.engine_tick_with_mapping,
-                                                             self.config.scrape_interval_s),
-                                    name="engine", daemon=True)]
+        self._start_loop("engine", self.engine_tick_with_mapping, self.config.scrape_interval_s)
         if self.sampler is not None:
-            threads.append(threading.Thread(target=self._loop, name="gpu", daemon=True,
-                                            args=(self.gpu_tick, self.config.gpu_interval_s)))
-        for thread in threads:
-            thread.start()
+            self._start_loop("gpu", self.gpu_tick, self.config.gpu_interval_s)
         self._stop.wait()
+        with self._threads_lock:
+            threads = list(self._threads)
         for thread in threads:
             thread.join()
         for outbox in (self.gpu_outbox, self.engine_outbox):
@@ -131,8 +137,35 @@ class Agent:
             self.sampler.backend.close()
         return undelivered
 
+    def _start_loop(self, name: str, tick: Callable[[], None], interval_s: float) -> None:
+        with self._threads_lock:
+            if self._stop.is_set():
+                return
+            thread = threading.Thread(target=self._loop, args=(tick, interval_s), name=name,
+                                      daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def try_gpus_again(self) -> None:
+        """Without GPUs since start: try NVML again every :data:`GPU_RETRY_S` (a driver that
+        loads after the agent, or comes back after an upgrade), and start sampling when up."""
+        if self._reopen_gpus is None or time.monotonic() < self._next_gpu_try:
+            return
+        self._next_gpu_try = time.monotonic() + GPU_RETRY_S
+        try:
+            backend = self._reopen_gpus()
+        except NoGpu as exc:
+            log.debug("still no GPU: %s", exc)
+            return
+        self._reopen_gpus = None
+        self.sampler = GpuSampler(backend)
+        log.warning("NVML is available now: sampling %d GPU(s)", backend.device_count())
+        self._start_loop("gpu", self.gpu_tick, self.config.gpu_interval_s)
+
     def engine_tick_with_mapping(self) -> None:
-        """:meth:`engine_tick`, refreshing the mapping every ``mapping_interval_s``."""
+        """:meth:`engine_tick`, refreshing the mapping every ``mapping_interval_s`` (and,
+        without GPUs, trying NVML again now and then)."""
+        self.try_gpus_again()
         now = time.monotonic()
         # GPU indices and PIDs resolve only against samples: wait for the first ones.
         if now >= self._next_mapping and (self.sampler is None or self.gpu_state.samples):

@@ -211,6 +211,40 @@ def test_shutdown_with_the_collector_down_says_what_was_lost_and_exits_1(tmp_pat
     assert "not delivered at shutdown" in err and "Traceback" not in err, err
 
 
+def test_gpus_that_appear_after_start_are_sampled(sink: OtlpSink, monkeypatch) -> None:
+    import threading
+    import time
+
+    from collector.agent import runner
+    from collector.agent.gpu import NoGpu
+
+    monkeypatch.setattr(runner, "GPU_RETRY_S", 0.2)
+    tries = []
+
+    def reopen():  # the driver loads on the third try
+        tries.append(1)
+        if len(tries) < 3:
+            raise NoGpu("Driver Not Loaded")
+        return FakeGpuBackend(2)
+
+    config = AgentConfig(collector=sink.endpoint, host_name="gpu-host-1",
+                         scrape_interval_s=0.1, gpu_interval_s=0.05, export_interval_s=0.2)
+    agent = Agent(config, None, reopen_gpus=reopen)
+    worker = threading.Thread(target=agent.run)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                p.name == a.HW_POWER for p in sink.points()):
+            time.sleep(0.1)
+    finally:
+        agent.stop()
+        worker.join(30)
+    assert len(tries) == 3 and agent.sampler is not None
+    assert {p.attributes[a.HW_ID] for p in sink.points() if p.name == a.HW_POWER} == {
+        s.uuid for s in agent.sampler.sample()}  # both GPUs, from their first samples on
+
+
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     key, cert = tmp / "key.pem", tmp / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",

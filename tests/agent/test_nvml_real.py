@@ -17,7 +17,8 @@ from tests.agent.otlp_sink import OtlpSink
 from tests.agent.test_scraper import metrics_server  # noqa: F401  (fixture)
 from tests.conftest import REPO
 
-NO_GPU_LINE = "no NVIDIA GPU/driver: NVML Shared Library Not Found; GPU sampling off"
+NO_GPU_LINE = ("no NVIDIA GPU/driver: NVML Shared Library Not Found; GPU sampling off (NVML "
+               "is tried again every minute)")
 
 
 def _has_nvml() -> bool:
