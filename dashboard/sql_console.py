@@ -46,7 +46,7 @@ def filter_params(f: Filters) -> dict[str, Any]:
     """The sidebar filters as named parameters a console query may use."""
     return {
         "from_ns": f.start_ns, "to_ns": f.end_ns, "services": list(f.services),
-        "models": list(f.models), "hosts": list(f.hosts),
+        "models": list(f.models), "hosts": list(f.hosts), "regions": list(f.regions),
     }
 
 

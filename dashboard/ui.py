@@ -92,7 +92,7 @@ def sidebar() -> Filters:
                 picked = st.slider("From / to (UTC)", min_value=to_datetime(lo),
                                    max_value=to_datetime(hi),
                                    value=(to_datetime(lo), to_datetime(hi)), key="f_custom",
-                                   format="MM-DD HH:mm")
+                                   format="MM-DD HH:mm", step=dt.timedelta(minutes=1))
                 start, end = int(picked[0].timestamp() * NS), int(picked[1].timestamp() * NS)
             elif RANGES[choice] is not None:
                 start, end = max(lo, hi - RANGES[choice] * NS), hi

@@ -10,7 +10,8 @@ cap = data.config().sql_row_cap
 st.title("SQL console")
 st.caption(f"One SELECT over the tables (spans, requests, windows, incidents, ...). External "
            f"files are off; at most {cap:,} rows come back. The sidebar filters are bound "
-           "parameters: $from_ns, $to_ns, $services, $models, $hosts.")
+           "parameters: $from_ns, $to_ns, $services, $models, $hosts, $regions "
+           "(lists: `list_contains($regions, region)`).")
 default = ("SELECT service_name, model, count(*) AS requests, quantile_cont(e2e_s, 0.99) AS "
            "e2e_p99_s\nFROM requests\nWHERE ($from_ns IS NULL OR arrival_ns >= $from_ns)\n"
            "GROUP BY ALL ORDER BY requests DESC")

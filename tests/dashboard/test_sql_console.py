@@ -69,3 +69,14 @@ def test_long_query_is_interrupted(demo_data) -> None:
     query = "SELECT count(*) FROM range(100000000000) a"
     with pytest.raises(SqlRejected, match="stopped"):
         run_query(demo_data[0], query, row_cap=1, timeout_s=0.5)
+
+
+def test_the_region_filter_is_a_parameter_too(demo_data) -> None:
+    root = demo_data[0]
+    params = filter_params(Filters(regions=("us-east",)))
+    query = (f"SELECT DISTINCT {c.HOST_NAME} FROM {t.REQUESTS} "
+             f"WHERE list_contains($regions, {c.REGION}) ORDER BY 1")
+    got = run_query(root, query, row_cap=100, params=params).frame
+    ref = scan(root, t.REQUESTS).filter(pl.col(c.REGION) == "us-east").select(
+        c.HOST_NAME).unique().sort(c.HOST_NAME).collect()
+    assert got[c.HOST_NAME].to_list() == ref[c.HOST_NAME].to_list() and got.height > 0
