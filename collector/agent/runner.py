@@ -133,6 +133,7 @@ class Agent:
         for outbox in (self.gpu_outbox, self.engine_outbox):
             outbox.begin_stop()  # both threads end side by side, not one after the other
         undelivered = self.gpu_outbox.stop() + self.engine_outbox.stop()
+        self.scraper.close()
         if self.sampler is not None:
             self.sampler.backend.close()
         return undelivered

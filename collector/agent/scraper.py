@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from collector.agent.prometheus import ExpositionError, parse_samples
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 #: Signals averaged (not summed) across engines of one model.
 AVERAGED = frozenset({a.ENGINE_KV_CACHE_USAGE})
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Targets scraped at once (a host rarely runs more vLLM servers than it has GPUs).
+MAX_PARALLEL_SCRAPES = 8
 
 
 @dataclass(frozen=True)
@@ -106,24 +109,38 @@ class VllmScraper:
         self.timeout_s = timeout_s
         self._clock_ns = clock_ns
         self._fetch = fetch
-        self.failing: set[str] = set()
+        self.failing: set[str] = set()  # updated from the scraping threads (set ops are atomic)
+        self._pool: ThreadPoolExecutor | None = None
 
     def scrape(self) -> list[EngineSample]:
-        """One round over every target."""
-        out: list[EngineSample] = []
-        for instance_id, url in self.targets:
-            ts_ns = self._clock_ns()
-            try:
-                samples = engine_samples(self._fetch(url, self.timeout_s), instance_id, ts_ns)
-            # HTTPException: a reply that is not HTTP, or a body cut short.
-            except (OSError, urllib.error.URLError, http.client.HTTPException,
-                    ExpositionError) as exc:
-                if url not in self.failing:
-                    log.warning("vLLM %s (%s): scrape failed: %s", instance_id, url, exc)
-                    self.failing.add(url)
-                continue
-            if url in self.failing:
-                log.warning("vLLM %s (%s): scraping again", instance_id, url)
-                self.failing.discard(url)
-            out.extend(samples)
-        return out
+        """One round over every target, side by side: the round (and the collection time
+        its points are stamped with) lasts as long as the slowest target, not their sum."""
+        if len(self.targets) <= 1:
+            results = [self._one(*target) for target in self.targets]
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(min(len(self.targets), MAX_PARALLEL_SCRAPES),
+                                                thread_name_prefix="scrape")
+            results = list(self._pool.map(lambda target: self._one(*target), self.targets))
+        return [sample for samples in results for sample in samples]
+
+    def _one(self, instance_id: str, url: str) -> list[EngineSample]:
+        ts_ns = self._clock_ns()
+        try:
+            samples = engine_samples(self._fetch(url, self.timeout_s), instance_id, ts_ns)
+        # HTTPException: a reply that is not HTTP, or a body cut short.
+        except (OSError, urllib.error.URLError, http.client.HTTPException,
+                ExpositionError) as exc:
+            if url not in self.failing:
+                log.warning("vLLM %s (%s): scrape failed: %s", instance_id, url, exc)
+                self.failing.add(url)
+            return []
+        if url in self.failing:
+            log.warning("vLLM %s (%s): scraping again", instance_id, url)
+            self.failing.discard(url)
+        return samples
+
+    def close(self) -> None:
+        """Stop the scraping threads (the agent calls it at shutdown)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

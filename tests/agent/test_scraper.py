@@ -201,3 +201,18 @@ def test_a_garbled_or_dripping_target_costs_only_itself(metrics_server, raw_serv
     # The drip lasts 20 s; the whole exchange is bounded by timeout_s (1 s), not each read.
     assert time.monotonic() - began < 10.0
     assert scraper.failing == {bad}
+
+
+def test_targets_are_scraped_side_by_side() -> None:
+    # Each fetch waits for the other: scraped one after the other, the first would time out.
+    both = threading.Barrier(2)
+
+    def fetch(url: str, timeout_s: float) -> str:
+        both.wait(timeout=10)
+        return NEW
+
+    scraper = VllmScraper([("h/a", "http://a"), ("h/b", "http://b")], fetch=fetch)
+    try:
+        assert sorted(s.instance_id for s in scraper.scrape()) == ["h/a", "h/b"]
+    finally:
+        scraper.close()
