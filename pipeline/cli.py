@@ -210,7 +210,10 @@ def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
               help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
 @click.option("--dry-run", is_flag=True, help="Only print what would be merged or deleted.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_json: bool) -> None:
+@click.option("--every", type=click.FloatRange(min=60), default=None, metavar="SECONDS",
+              help="Keep running, once every SECONDS (a service instead of a cron job).")
+def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_json: bool,
+            every: float | None) -> None:
     """Merge small raw segments into one file per hour and apply retention.
 
     Raw data (and the per-request/per-sample tables) are kept pipeline.raw_retention_days,
@@ -224,10 +227,22 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
         cfg = load_pipeline_config(config_file)
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
-    try:
-        summary = run_compact(resolve_data_dir(data_dir, config_file), cfg, dry_run=dry_run)
-    except StorageError as exc:
-        raise click.ClickException(str(exc)) from None
+    root = resolve_data_dir(data_dir, config_file, must_exist=every is None)
+    stop = _StopFlag(enabled=every is not None)
+    while True:
+        try:
+            summary = run_compact(root, cfg, dry_run=dry_run)
+        except StorageError as exc:
+            if every is None:
+                raise click.ClickException(str(exc)) from None
+            click.echo(f"compact failed, trying again in {every:g} s: {exc}", err=True)
+        else:
+            _print_compact(summary, dry_run, as_json)
+        if every is None or stop.wait(every):
+            return
+
+
+def _print_compact(summary, dry_run: bool, as_json: bool) -> None:  # noqa: ANN001
     if as_json:
         click.echo(json.dumps(summary.as_dict(), sort_keys=True))
         return

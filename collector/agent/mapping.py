@@ -9,6 +9,7 @@ namespace (``hostPID: true``), because NVML reports host PIDs.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,7 +17,10 @@ from urllib.parse import urlsplit
 
 from collector.agent.sampler import GpuSample
 
+log = logging.getLogger(__name__)
 PROC = Path("/proc")
+#: Ports already reported as unreadable (said once, not every mapping refresh).
+_DENIED_REPORTED: set[int] = set()
 _LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
 
 
@@ -46,11 +50,15 @@ def listening_pids(port: int, proc: Path = PROC) -> set[int]:
         return set()
     wanted = {f"socket:[{inode}]" for inode in inodes}
     found = set()
+    denied = 0
     for pid in _pids(proc):
         try:
             fds = os.scandir(proc / str(pid) / "fd")
-        except OSError:
+        except PermissionError:
+            denied += 1
             continue
+        except OSError:
+            continue  # the process ended meanwhile
         with fds:
             for fd in fds:
                 try:
@@ -59,6 +67,11 @@ def listening_pids(port: int, proc: Path = PROC) -> set[int]:
                         break
                 except OSError:
                     continue
+    if not found and denied and port not in _DENIED_REPORTED:
+        _DENIED_REPORTED.add(port)
+        log.warning("port %d is listening but its process is not readable here (%d "
+                    "processes' fds denied): run the agent as root with SYS_PTRACE, or list "
+                    "the instance's GPUs in [[agent.vllm]] gpus", port, denied)
     return found
 
 

@@ -263,3 +263,34 @@ def test_tls_export(tmp_path: Path) -> None:
         plain.gpu_tick()
         assert not plain.gpu_outbox.flush()  # a plaintext client cannot talk to a TLS sink
         assert len(sink.metric_requests) == 1
+
+
+def test_an_unreadable_vllm_process_is_said_once_not_silently_unmapped(
+        tmp_path: Path, monkeypatch, caplog) -> None:
+    import logging
+
+    from collector.agent import mapping
+
+    proc = tmp_path / "proc"
+    (proc / "net").mkdir(parents=True)
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+    (proc / "net" / "tcp").write_text(
+        f"{header}  timeout inode\n"
+        "   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0"
+        "        0 4242 1\n")  # 127.0.0.1:8000 listening, inode 4242
+    (proc / "4711" / "fd").mkdir(parents=True)  # vLLM, owned by another user
+    real_scandir = os.scandir
+
+    def scandir(path):  # noqa: ANN001, ANN202 - as seen by an unprivileged agent
+        if str(path).endswith("4711/fd"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(mapping.os, "scandir", scandir)
+    monkeypatch.setattr(mapping, "_DENIED_REPORTED", set())
+    with caplog.at_level(logging.WARNING):
+        assert mapping.listening_pids(8000, proc) == set()
+        assert mapping.listening_pids(8000, proc) == set()  # the next refresh: not again
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "port 8000 is listening but its process is not readable" in said
+    assert "SYS_PTRACE" in said

@@ -54,15 +54,18 @@ def test_compose_commands_parse_and_config_loads(compose: dict) -> None:
     services = compose["services"]
     assert {"collector", "pipeline", "dashboard", "agent", "vllm"} <= set(services)
     ours = {n: s for n, s in services.items() if s.get("image") == IMAGE}
-    assert set(ours) == {"collector", "pipeline", "dashboard", "agent"}
+    assert set(ours) == {"collector", "pipeline", "compact", "dashboard", "agent"}
     for name, service in ours.items():
         ctx = parse_command(service["command"])
         assert ctx.info_name == service["command"][0] == name
     assert "--follow" in services["pipeline"]["command"]
+    assert "--every" in services["compact"]["command"]  # retention runs
+    assert services["agent"]["user"] == "root" and "SYS_PTRACE" in services["agent"]["cap_add"]
     config = load_config(DEPLOY / "fleetlens.toml", environ={
         "FLEETLENS_COLLECTOR__AUTH_TOKENS": '["t"]', "FLEETLENS_AGENT__AUTH_TOKEN": "t"})
     assert config.collector.auth_tokens == ("t",) and config.agent.auth_token == "t"
     assert config.dashboard.auth == "password"
+    assert config.pipeline.window_s == config.analytics.window_s  # detection is tuned on it
     # published ports bind loopback only
     for service in services.values():
         assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", []))
@@ -92,18 +95,21 @@ def test_k8s_manifests(k8s: dict, tmp_path: Path) -> None:
             ("DaemonSet", "fleetlens-agent"), ("Deployment", "vllm-llama-8b")} <= set(k8s)
     ours = []
     for (kind, _), doc in k8s.items():
-        if kind not in ("Deployment", "DaemonSet"):
+        if kind not in ("Deployment", "DaemonSet", "CronJob"):
             continue
-        for container in doc["spec"]["template"]["spec"]["containers"]:
+        spec = doc["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else doc["spec"]
+        for container in spec["template"]["spec"]["containers"]:
             if container["image"] == IMAGE:
                 parse_command(container["args"])
                 ours.append(container["args"][0])
-    # collector, pipeline, dashboard, agent: an image tag out of step would parse nothing
-    assert sorted(ours) == ["agent", "collector", "dashboard", "pipeline"], ours
+    # An image tag out of step would parse nothing; compact is the retention CronJob.
+    assert sorted(ours) == ["agent", "collector", "compact", "dashboard", "pipeline"], ours
     config = k8s[("ConfigMap", "fleetlens-config")]["data"]["fleetlens.toml"]
     path = tmp_path / "fleetlens.toml"
     path.write_text(config)
-    assert load_config(path, environ={}).collector.grpc_address == "0.0.0.0:4317"
+    loaded = load_config(path, environ={})
+    assert loaded.collector.grpc_address == "0.0.0.0:4317"
+    assert loaded.pipeline.window_s == loaded.analytics.window_s  # detection is tuned on it
 
 
 def test_k8s_agent_has_nvml_access_and_matches_vllm(k8s: dict) -> None:

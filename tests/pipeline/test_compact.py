@@ -145,3 +145,27 @@ def test_a_compaction_killed_between_publish_and_delete_changes_no_output(
     assert _digest(dd) == outputs
     assert job.run_once(full=True).new_segments == 2
     assert _digest(dd) == outputs
+
+
+def test_compact_every_runs_as_a_service_until_sigterm(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=4, seconds=60))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    child = subprocess.Popen([sys.executable, "-m", "fleetlens", "compact", "--data-dir",
+                              str(dd.root), "--every", "60", "--json"],
+                             env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        first = child.stdout.readline()  # the first round, at once
+        assert '"merged_files"' in first, first
+        child.send_signal(signal.SIGTERM)  # between rounds: stops without waiting the minute
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
