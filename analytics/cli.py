@@ -40,7 +40,8 @@ _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
 
 
 def parse_since(text: str, now_ns: int | None = None) -> int:
-    """``2h`` / ``30m`` / ``1d`` ago, an ISO-8601 time (UTC if no zone), or ns since epoch."""
+    """``2h`` / ``30m`` / ``1d`` ago, an ISO-8601 time (UTC if no zone), or a Unix time in
+    seconds, ms, µs or ns (told apart by size, as a date in years 1973-5138 needs)."""
     import datetime as dt
 
     now_ns = now_ns if now_ns is not None else time.time_ns()
@@ -49,7 +50,11 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
         scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
         return now_ns - int(float(match[1]) * scale * NS)
     if text.strip().isdigit():
-        return int(text)
+        value = int(text)
+        for scale in (NS, 10**6, 10**3):  # seconds, ms, µs since the epoch
+            if value < 10**11 * NS // scale:
+                return value * scale
+        return value
     try:
         moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -91,7 +96,8 @@ def analyze(data_dir: str | None, config_file: str | None, follow: bool, interva
 @click.command()
 @_DATA_DIR
 @_CONFIG
-@click.option("--since", default=None, help="Only incidents starting after: 2h, ISO time, ns.")
+@click.option("--since", default=None,
+              help="Only incidents starting after: 2h, an ISO time, or a Unix time (s, ms or ns).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
 @click.option("--refresh/--no-refresh", default=None,

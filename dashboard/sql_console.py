@@ -66,7 +66,7 @@ def run_query(
     """
     if not query.strip():
         raise SqlRejected("enter a query")
-    con = connect(root, read_only_sandbox=True, tables=tables_named_in(query))
+    con = connect(root, read_only_sandbox=True, tables=tables_named_in(query) or None)
     timer = threading.Timer(timeout_s, con.interrupt)
     try:
         try:

@@ -54,8 +54,9 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
     root = resolve_data_dir(data_dir, None)
 
     def run() -> pl.DataFrame:
-        # Views of the tables the query names only; making them reads the files' footers.
-        con = connect(root, tables=tables_named_in(query))
+        # Views of the tables the query names only (making them reads the files' footers);
+        # a query that names none (SHOW TABLES, information_schema) gets them all.
+        con = connect(root, tables=tables_named_in(query) or None)
         return con.sql(query).pl()
 
     try:

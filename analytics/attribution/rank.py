@@ -88,7 +88,7 @@ def rank_candidates(facts: Facts) -> list[Candidate]:
         subject = fmt_subject(top.dimension, top.value)
     return [Candidate(
         _PHASE_FALLBACK[phase], subject, 0.01, facts.share(phase),
-        f"{phase} time +{facts.ms(phase):.0f} ms ({facts.share(phase):.0%} of excess); "
+        f"{phase} time {facts.ms(phase):+.0f} ms ({facts.share(phase):.0%} of excess); "
         "no engine or GPU signal explains it",
         {"fallback": "dominant phase"},
     )]

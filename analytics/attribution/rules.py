@@ -134,7 +134,7 @@ def traffic_surge(f: Facts) -> Candidate:
         Cause.TRAFFIC_SURGE, f.service_subject(),
         strength * (0.4 + 0.6 * f.share("queue", "prefill")), f.share("queue"),
         f"arrivals x{r:.1f} ({value(rps, 0):.1f} -> {value(rps):.1f} req/s) on "
-        f"{f.service}; queue time +{f.ms('queue'):.0f} ms ({f.share('queue'):.0%} of excess), "
+        f"{f.service}; queue time {f.ms('queue'):+.0f} ms ({f.share('queue'):.0%} of excess), "
         f"{waiting:.0f} requests waiting",
         {"rps": rps, "rps_ratio": r, "waiting": waiting},
     )
@@ -163,7 +163,7 @@ def kv_pressure(f: Facts) -> Candidate:
     return Candidate(
         Cause.KV_CACHE_PRESSURE, subject,
         strength * damp * (0.4 + 0.6 * f.share("queue", "decode")), f.share("queue", "decode"),
-        f"queue time +{f.ms('queue'):.0f} ms, decode +{f.ms('decode'):.0f} ms "
+        f"queue time {f.ms('queue'):+.0f} ms, decode {f.ms('decode'):+.0f} ms "
         f"({f.share('queue', 'decode'):.0%} of excess) on {_where(subject)}: KV cache "
         f"{value(s.get('kv_max')):.0%} full, {value(s.get('preempt_per_min')):.0f} "
         "preemptions/min",
@@ -188,7 +188,7 @@ def prefix_drop(f: Facts) -> Candidate:
     return Candidate(
         Cause.PREFIX_CACHE_DROP, subject,
         strength * (0.4 + 0.6 * f.share("prefill", "queue")), f.share("prefill"),
-        f"prefill +{f.ms('prefill'):.0f} ms ({f.share('prefill'):.0%} of excess) on "
+        f"prefill {f.ms('prefill'):+.0f} ms ({f.share('prefill'):.0%} of excess) on "
         f"{_where(subject)}: prefix cache hit rate {value(hit, 0):.0%} -> {value(hit):.0%}",
         {c.PREFIX_HIT_RATE: hit, "cached_ratio": cached, "per_host_strength": per_host},
     )
@@ -202,6 +202,6 @@ def long_prompts(f: Facts) -> Candidate:
         Cause.LONG_PROMPTS, f.service_subject(),
         strength * (0.4 + 0.6 * f.share("prefill", "queue")), f.share("prefill", "queue"),
         f"prompts {value(tokens, 0):.0f} -> {value(tokens):.0f} tokens (x{r:.1f}) on "
-        f"{f.service}; prefill +{f.ms('prefill'):.0f} ms, queue +{f.ms('queue'):.0f} ms",
+        f"{f.service}; prefill {f.ms('prefill'):+.0f} ms, queue {f.ms('queue'):+.0f} ms",
         {c.INPUT_TOKENS: tokens, "input_ratio": r},
     )

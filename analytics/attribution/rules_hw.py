@@ -46,7 +46,7 @@ def thermal_throttle(f: Facts) -> Candidate:
         return (f"SM clock {value(s.get('sm_clock'), 0):.0f} -> {value(s.get('sm_clock')):.0f}"
                 f" MHz on {_where(subject)}: thermal throttling in "
                 f"{value(s.get('thermal_frac')):.0%} of samples at {value(s.get('temp')):.0f} C;"
-                f" decode +{f.ms('decode'):.0f} ms, prefill +{f.ms('prefill'):.0f} ms")
+                f" decode {f.ms('decode'):+.0f} ms, prefill {f.ms('prefill'):+.0f} ms")
     return _gpu_candidate(f, Cause.THERMAL_THROTTLE, thermal_strength, describe)
 
 
@@ -199,7 +199,7 @@ def network_overhead(f: Facts) -> Candidate:
     part = net_frac if _has_network(f) else 1 - _engine_term(f, subject)
     return Candidate(
         Cause.NETWORK_OVERHEAD, subject, strength * part, f.share("overhead") * part,
-        f"network +{f.ms('network'):.0f} ms, overhead +{f.ms('overhead'):.0f} ms "
+        f"network {f.ms('network'):+.0f} ms, overhead {f.ms('overhead'):+.0f} ms "
         f"({f.share('overhead'):.0%} of excess) between gateway and engine on "
         f"{_where(subject)}; GPUs busy as usual",
         {"overhead_delta_s": per_host, "network_share_of_overhead": net_frac},
@@ -222,7 +222,7 @@ def engine_overhead(f: Facts) -> Candidate:
         share = f.share("decode", "prefill", "overhead")
         return Candidate(
             Cause.ENGINE_OVERHEAD, subject, top * (0.4 + 0.6 * share), share,
-            f"decode +{f.ms('decode'):.0f} ms, overhead +{f.ms('overhead'):.0f} ms on "
+            f"decode {f.ms('decode'):+.0f} ms, overhead {f.ms('overhead'):+.0f} ms on "
             f"{_where(subject)} while its GPUs idle (utilisation x{util:.2f}, clocks "
             "normal): the engine spends longer per step outside the GPU",
             {"per_host_strength": idle, "util_ratio": util},
@@ -235,7 +235,7 @@ def engine_overhead(f: Facts) -> Candidate:
         subject = fmt_subject(c.HOST_NAME, hosts[0])
     return Candidate(
         Cause.ENGINE_OVERHEAD, subject, strength * part, f.share("overhead") * part,
-        f"engine overhead +{f.ms('engine_overhead'):.0f} ms ({f.share('overhead'):.0%} of "
+        f"engine overhead {f.ms('engine_overhead'):+.0f} ms ({f.share('overhead'):.0%} of "
         f"excess) on {_where(subject)}: GPU utilisation x{util:.2f} while requests wait on "
         "the engine",
         {"overhead_delta_s": per_host, "util_ratio": util},

@@ -179,3 +179,14 @@ def test_package_entry_point_and_grouped_baselines(filled) -> None:
     assert plain.analysis.incidents.height > 0
     assert result.analysis.incidents[c.INCIDENT_ID].to_list() == \
         plain.analysis.incidents[c.INCIDENT_ID].to_list()
+
+
+def test_since_reads_relative_iso_and_unix_times_in_any_unit() -> None:
+    from analytics.cli import parse_since
+
+    now = 1_795_995_000 * 10**9
+    ns = 1_795_995_000 * 10**9
+    assert parse_since("2h", now) == now - 2 * 3600 * 10**9
+    assert parse_since("2026-11-29T23:30:00Z", now) == ns
+    for text in ("1795995000", "1795995000000", "1795995000000000", str(ns)):
+        assert parse_since(text, now) == ns, text  # seconds, ms, µs and ns alike

@@ -149,3 +149,11 @@ def test_a_data_dir_the_jobs_cannot_write_is_one_line(tmp_path: Path) -> None:
         out = fleetlens(command, "--data-dir", str(root))
         assert out.returncode == 1, (command, out.stderr)
         assert "cannot take the job lock" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sql_schema_queries_see_every_table(tmp_path: Path) -> None:
+    root = DataDir(tmp_path / "d")
+    root.root.mkdir()
+    out = fleetlens("sql", "--data-dir", str(root.root), "show tables", "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    assert {"spans", "requests", "windows", "incidents"} <= set(out.stdout.split())
