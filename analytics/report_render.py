@@ -15,6 +15,7 @@ import polars as pl
 from analytics.attribution.phases import PHASES
 from analytics.baselines import METHOD_ROLLING
 from analytics.report import Report, iso
+from analytics.units import duration, signed_duration, versus
 from pipeline.schema import columns as c
 
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -45,19 +46,23 @@ def sparkline(values: list[float]) -> str:
 def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
     """Sections as (title, lines); shared by text and Markdown."""
     inc = report.incident
-    ratio = inc[c.PEAK] / inc[c.EXPECTED] if inc[c.EXPECTED] else float("nan")
+    seconds = str(inc[c.METRIC]).endswith("_s")
+
+    def level(value: float | None) -> str:
+        return duration(value) if seconds else "n/a" if value is None else f"{value:.3g}"
+
     head = [
         f"{bullet}scope: {_scope(inc)} ({inc.get(c.LEVEL, '')})",
         f"{bullet}window: {iso(inc[c.START_NS])} -> {iso(inc[c.END_NS])} "
         f"({(inc[c.END_NS] - inc[c.START_NS]) / NS / 60:.0f} min)",
-        f"{bullet}{inc[c.METRIC]}: peak {inc[c.PEAK] * 1000:.0f} ms vs expected "
-        f"{(inc[c.EXPECTED] or 0) * 1000:.0f} ms (x{ratio:.2f}); severity {inc[c.SEVERITY]}; "
-        f"detector {inc[c.DETECTOR]}",
+        f"{bullet}{inc[c.METRIC]}: peak {level(inc[c.PEAK])} vs expected "
+        f"{level(inc[c.EXPECTED])} ({versus(inc[c.PEAK], inc[c.EXPECTED]) or 'no baseline'}); "
+        f"severity {inc[c.SEVERITY]}; detector {inc[c.DETECTOR]}",
     ]
     causes = [f"{bullet}#{x[c.RANK]} {x[c.CAUSE]} on {x[c.SUBJECT]} (score {x[c.SCORE]:.2f}, "
               f"{x[c.SHARE_OF_EXCESS]:.0%} of excess): {x[c.SUMMARY]}" for x in report.causes]
     ev = report.evidence
-    phases = [f"{bullet}{p}: {ev['phases'][p]['excess_ms']:+.0f} ms "
+    phases = [f"{bullet}{p}: {signed_duration(ev['phases'][p]['excess_ms'] / 1000)} "
               f"({ev['phases'][p]['share']:.0%})" for p in PHASES if ev.get("phases")]
     dims = [f"{bullet}{d['dimension']}={d['value']}: lift x{d['lift']:.1f}, "
             f"{d[c.SHARE_OF_EXCESS]:.0%} of excess" for d in ev.get("top_dimensions", [])]

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
+from analytics.units import duration, versus  # noqa: F401 - the pages use them as ui.*
 from dashboard import data
 from dashboard.filters import Filters
 from pipeline.schema import columns as c
@@ -31,25 +32,6 @@ PHASE_COLOURS = {"queue": "#e45756", "prefill": "#f58518", "decode": "#4c78a8",
 
 def to_datetime(ns: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(ns / NS, tz=dt.UTC)
-
-
-def duration(seconds: float | None) -> str:
-    """A latency as people read it: ``850 ms``, ``2.11 s``, ``313 s`` (``n/a`` if missing)."""
-    if seconds is None:
-        return "n/a"
-    if abs(seconds) < 1:
-        return f"{seconds * 1000:,.0f} ms" if abs(seconds) >= 0.01 else \
-            f"{seconds * 1000:.1f} ms"
-    return f"{seconds:,.2f} s" if abs(seconds) < 100 else f"{seconds:,.0f} s"
-
-
-def versus(value: float | None, expected: float | None) -> str | None:
-    """A value against its expected level: ``+35%``, or ``x120`` once it is several times
-    over (a percentage like +1263666% is a number nobody reads)."""
-    if value is None or not expected:
-        return None
-    ratio = value / expected
-    return f"x{ratio:,.0f}" if ratio >= 10 else f"{100 * (ratio - 1):+.0f}%"
 
 
 def readable(frame: pl.DataFrame) -> pl.DataFrame:
