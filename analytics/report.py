@@ -80,8 +80,10 @@ def _series(data_dir: DataDir, incident: dict[str, Any]) -> pl.DataFrame:
 
 def _slowest(data_dir: DataDir, incident: dict[str, Any], n: int = 5) -> pl.DataFrame:
     files = [str(p) for p in parquet_files(data_dir.table_dir(t.REQUESTS))]
-    cols = [c.REQUEST_ID, c.TRACE_ID, c.HOST_NAME, c.E2E_S, c.QUEUE_S, c.PREFILL_S,
+    cols = [c.REQUEST_ID, c.TRACE_ID, c.HOST_NAME, c.E2E_S, c.TTFT_S, c.QUEUE_S, c.PREFILL_S,
             c.DECODE_S, c.INPUT_TOKENS, c.OUTPUT_TOKENS]
+    # Slowest by the incident's own metric: for a TTFT incident, the longest TTFTs.
+    order = c.request_latency_column(str(incident[c.METRIC])) or c.E2E_S
     if not files:
         return pl.DataFrame(schema={k: pl.String for k in cols})
     frame = pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore").filter(
@@ -89,7 +91,8 @@ def _slowest(data_dir: DataDir, incident: dict[str, Any], n: int = 5) -> pl.Data
     for key in (c.SERVICE_NAME, c.MODEL, c.HOST_NAME):
         if incident[key] != FLEET_WIDE:
             frame = frame.filter(pl.col(key) == incident[key])
-    return frame.select(cols).sort(c.E2E_S, descending=True).head(n).collect()
+    return frame.select(*cols, *([order] if order not in cols else [])).sort(
+        order, descending=True, nulls_last=True).head(n).collect()
 
 
 def build_report(data_dir: DataDir, ident: str) -> Report:

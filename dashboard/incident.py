@@ -166,15 +166,19 @@ def signals(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame
 
 def slowest_requests(con: duckdb.DuckDBPyConnection, inc: dict[str, Any],
                      limit: int = 20) -> pl.DataFrame:
-    """The slowest requests of the incident, with their phases."""
+    """The slowest requests of the incident by its own metric (the longest TTFTs for a TTFT
+    incident), with their phases."""
     p = periods(inc)
     scope, params = _scope(inc)
     params.update({"s": p["start"], "e": p["end"], "n": limit})
-    cols = ", ".join((c.REQUEST_ID, c.TRACE_ID, c.HOST_NAME, c.ARRIVAL_NS, c.E2E_S, c.TTFT_S,
-                      *PHASES, c.INPUT_TOKENS, c.OUTPUT_TOKENS))
+    # An identifier from the schema's own list, never from the data.
+    order = c.request_latency_column(str(inc[c.METRIC])) or c.E2E_S
+    names = [c.REQUEST_ID, c.TRACE_ID, c.HOST_NAME, c.ARRIVAL_NS, c.E2E_S, c.TTFT_S,
+             *PHASES, c.INPUT_TOKENS, c.OUTPUT_TOKENS]
+    cols = ", ".join(dict.fromkeys([*names, order]))
     return run(con, f"""SELECT {cols} FROM {t.REQUESTS} WHERE {scope}
-        AND {c.ARRIVAL_NS} >= $s AND {c.ARRIVAL_NS} < $e ORDER BY {c.E2E_S} DESC LIMIT $n""",
-               params)
+        AND {c.ARRIVAL_NS} >= $s AND {c.ARRIVAL_NS} < $e
+        ORDER BY {order} DESC NULLS LAST LIMIT $n""", params)
 
 
 def report_markdown(inc: dict[str, Any], causes: pl.DataFrame, phases: pl.DataFrame) -> str:

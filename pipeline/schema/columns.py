@@ -157,6 +157,15 @@ def percentile_column(metric: str, suffix: str) -> str:
     return f"{metric}_{suffix}_s"
 
 
+def request_latency_column(window_column: str) -> str | None:
+    """The ``requests`` column a window percentile summarises (``ttft_p99_s`` -> ``ttft_s``),
+    or None for a column that is not a latency percentile."""
+    metric, _, rest = window_column.partition("_")
+    if metric in LATENCY_METRICS and rest in {f"{s}_s" for s, _ in PERCENTILES}:
+        return f"{metric}_s"
+    return None
+
+
 # --- request_energy -----------------------------------------------------------------------
 ATTRIBUTION_COVERAGE = "attribution_coverage"
 

@@ -181,3 +181,19 @@ def test_host_peak_power_is_of_the_host_total_not_a_sum_of_gpu_peaks(tmp_path) -
     assert host[c.HOST_NAME] == "h" and host["gpus"] == 2
     assert host["peak_power_w"] == pytest.approx(400.0)
     assert host["mean_power_w"] == pytest.approx(400.0) and host["power_limit_w"] == 700.0
+
+
+def test_an_incidents_slowest_requests_are_by_its_own_metric(con) -> None:
+    inc = incident.incident(con, "5f3a9c0e1b2d4a67")  # the synthetic e2e_p99_s incident
+    by_e2e = incident.slowest_requests(con, inc, limit=50)
+    assert by_e2e[c.E2E_S].to_list() == sorted(by_e2e[c.E2E_S].to_list(), reverse=True)
+    as_ttft = incident.slowest_requests(con, {**inc, c.METRIC: "ttft_p50_s"}, limit=50)
+    ttft = as_ttft[c.TTFT_S].drop_nulls().to_list()
+    assert ttft and ttft == sorted(ttft, reverse=True)
+    assert as_ttft[c.REQUEST_ID].to_list() != by_e2e[c.REQUEST_ID].to_list()
+
+
+def test_request_latency_column_of_a_window_percentile() -> None:
+    assert [c.request_latency_column(x) for x in (
+        "ttft_p99_s", "e2e_p50_s", "queue_p90_s", "rps", "kv_cache_usage_max", "ttft_p42_s",
+        "ttft_s")] == ["ttft_s", "e2e_s", "queue_s", None, None, None, None]
