@@ -12,7 +12,7 @@ from typing import Any
 def run(data_dir: Any, config: Any = None, **kwargs: Any) -> Any:
     """Analyse ``data_dir`` and publish baselines, incidents and causes; see
     :func:`analytics.runner.run` (imported lazily so ``import analytics`` stays cheap)."""
-    from analytics.runner import run as _run
+    from fleetlens.analytics.runner import run as _run
 
     return _run(data_dir, config, **kwargs)
 

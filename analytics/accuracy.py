@@ -15,8 +15,8 @@ from typing import Any
 
 import polars as pl
 
-from pipeline.schema import FLEET_WIDE
-from pipeline.schema import columns as c
+from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
 

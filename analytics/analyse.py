@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analytics.attribution import Tables, attribute_all
-from analytics.baselines import rolling_baseline, to_baselines_table
-from analytics.config import AnalyticsConfig
-from analytics.detect import detect
-from analytics.merge import incidents_frame, merge_anomalies
-from analytics.series import LEVEL_HOST, pick_window_s, request_series, window_series
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.analytics.attribution import Tables, attribute_all
+from fleetlens.analytics.baselines import rolling_baseline, to_baselines_table
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.detect import detect
+from fleetlens.analytics.merge import incidents_frame, merge_anomalies
+from fleetlens.analytics.series import LEVEL_HOST, pick_window_s, request_series, window_series
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 #: Client-side network series built from `requests` when gateway spans give ``network_s``.
 NETWORK_METRICS = ("network_p50_s", "network_p99_s")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 METHOD_ROLLING = "rolling"
 METHOD_PROPHET = "prophet"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from analytics.config import AnalyticsConfig
-from pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
 
 NS = 1_000_000_000
 _DATA_DIR = click.option("--data-dir", "data_dir", type=click.Path(file_okay=False),
@@ -31,7 +31,7 @@ def load_analytics_config(path: str | None) -> AnalyticsConfig:
 
 def _root(data_dir: str | None, config_file: str | None = None, *,  # noqa: ANN202
           must_exist: bool = True):
-    from pipeline.cli import resolve_data_dir
+    from fleetlens.pipeline.cli import resolve_data_dir
 
     return resolve_data_dir(data_dir, config_file, must_exist=must_exist)
 
@@ -77,7 +77,7 @@ def analyze(data_dir: str | None, config_file: str | None, follow: bool, interva
 
     New incidents are printed as JSON lines and posted to [analytics] webhooks.
     """
-    from analytics.runner import run
+    from fleetlens.analytics.runner import run
 
     config = load_analytics_config(config_file)
     root = _root(data_dir, config_file, must_exist=not follow)
@@ -107,10 +107,10 @@ def incidents(data_dir: str | None, config_file: str | None, since: str | None, 
     """List incidents with severity, scope and top cause, newest first."""
     import polars as pl
 
-    from analytics.runner import read_table, run
-    from pipeline.schema import columns as c
-    from pipeline.schema import tables as t
-    from pipeline.storage import parquet_files
+    from fleetlens.analytics.runner import read_table, run
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import parquet_files
 
     root = _root(data_dir, config_file)
     never = next(parquet_files(root.table_dir(t.INCIDENTS)), None) is None
@@ -125,7 +125,7 @@ def incidents(data_dir: str | None, config_file: str | None, since: str | None, 
     if fmt == "json":
         click.echo(json.dumps(table.to_dicts(), indent=2))
         return
-    from analytics.cli_table import incidents_table
+    from fleetlens.analytics.cli_table import incidents_table
 
     click.echo(incidents_table(table), nl=False)
 
@@ -139,8 +139,8 @@ def incidents(data_dir: str | None, config_file: str | None, since: str | None, 
               help="Write the report to this file instead of stdout.")
 def explain(ident: str, data_dir: str | None, fmt: str, output: str | None) -> None:
     """Explain incident INCIDENT_ID (or a unique prefix): causes, evidence, provenance."""
-    from analytics.report import UnknownIncident, build_report
-    from analytics.report_render import RENDERERS
+    from fleetlens.analytics.report import UnknownIncident, build_report
+    from fleetlens.analytics.report_render import RENDERERS
 
     try:
         report = build_report(_root(data_dir), ident)
@@ -166,9 +166,9 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
     """Show each series' latest value against its baseline band (rolling and Prophet)."""
     import polars as pl
 
-    from analytics.runner import read_table, run
-    from pipeline.schema import columns as c
-    from pipeline.schema import tables as t
+    from fleetlens.analytics.runner import read_table, run
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.schema import tables as t
 
     root = _root(data_dir, config_file)
     if refit:
@@ -183,7 +183,7 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
     if fmt == "json":
         click.echo(json.dumps(latest.to_dicts(), indent=2))
         return
-    from analytics.cli_table import baselines_table
+    from fleetlens.analytics.cli_table import baselines_table
 
     click.echo(baselines_table(latest), nl=False)
 
@@ -202,10 +202,10 @@ def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
     """Rank (model, GPU model, config) by latency, throughput per GPU and J/token."""
     import dataclasses
 
-    from analytics.leaderboard import best_under_sla, prepare
-    from analytics.leaderboard import leaderboard as board_of
-    from pipeline.schema import tables as t
-    from pipeline.storage import scan
+    from fleetlens.analytics.leaderboard import best_under_sla, prepare
+    from fleetlens.analytics.leaderboard import leaderboard as board_of
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import scan
 
     config = load_analytics_config(config_file)
     if samples is not None:
@@ -230,6 +230,6 @@ def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
         click.echo(json.dumps({"leaderboard": board.to_dicts(), "sla": limits,
                                "best_under_sla": best}, indent=2, default=str))
         return
-    from analytics.cli_table import leaderboard_table
+    from fleetlens.analytics.cli_table import leaderboard_table
 
     click.echo(leaderboard_table(board, best, limits), nl=False)

@@ -8,8 +8,8 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from analytics.report import iso
-from pipeline.schema import columns as c
+from fleetlens.analytics.report import iso
+from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
 

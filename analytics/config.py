@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.schema.settings import ConfigError, require
+from fleetlens.pipeline.schema.settings import ConfigError, require
 
 _WINDOW_METRICS = (
     "ttft", "tpot", "e2e", "queue", "prefill", "decode", "network",
@@ -134,7 +134,7 @@ class AnalyticsConfig:
             base = name.split("_")[0]
             require(base in _WINDOW_METRICS and name.endswith("_s"), "detect_metrics",
                     f"{name!r} is not a latency percentile column such as e2e_p99_s")
-        from analytics.slo import parse_rule
+        from fleetlens.analytics.slo import parse_rule
 
         for rule in self.slo_rules:
             try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.slo import SloRule, parse_rule
-from pipeline.schema import columns as c
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.slo import SloRule, parse_rule
+from fleetlens.pipeline.schema import columns as c
 
 DETECTOR_BAND = "band"
 _RUN = "_run"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.schema import columns as c
+from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
 #: A group is an outlier when its J/token is this many robust deviations above its peers'.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analytics.config import AnalyticsConfig
+from fleetlens.analytics.config import AnalyticsConfig
 
 
 @dataclass(frozen=True)

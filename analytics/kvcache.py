@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.hardware import memory_gb, model_shape
-from pipeline.schema import columns as c
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.hardware import memory_gb, model_shape
+from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
 GPU_MEMORY_UTILIZATION = 0.9

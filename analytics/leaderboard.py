@@ -15,11 +15,11 @@ import math
 import numpy as np
 import polars as pl
 
-from analytics.attribution.dimensions import add_buckets
-from analytics.config import AnalyticsConfig
-from analytics.energy import energy_key
-from analytics.hardware import hbm_gbps, model_shape
-from pipeline.schema import columns as c
+from fleetlens.analytics.attribution.dimensions import add_buckets
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.energy import energy_key
+from fleetlens.analytics.hardware import hbm_gbps, model_shape
+from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
 KEY = [c.MODEL, c.GPU_MODEL, c.CONFIG]

@@ -21,11 +21,11 @@ from typing import Any
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.series import LEVEL_FLEET, LEVEL_HOST, LEVEL_SERVICE
-from pipeline.schema import FLEET_WIDE
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.series import LEVEL_FLEET, LEVEL_HOST, LEVEL_SERVICE
+from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 Row = dict[str, Any]
 

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analytics.baselines import METHOD_PROPHET
-from analytics.config import AnalyticsConfig
-from analytics.provenance import read_json, write_json_atomic
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir
+from fleetlens.analytics.baselines import METHOD_PROPHET
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.provenance import read_json, write_json_atomic
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir
 
 NS = 1_000_000_000
 STATE_FILE = "prophet.json"
@@ -140,7 +140,7 @@ def refresh_prophet(data_dir: DataDir, banded: pl.DataFrame, config: AnalyticsCo
     """Refit Prophet baselines when ``prophet_refit_s`` has passed (in data time) since the
     last fit, or when ``force``; publish them. Returns the number of series fitted (0 when
     not due)."""
-    from analytics.runner import publish, state_dir
+    from fleetlens.analytics.runner import publish, state_dir
 
     state_path = state_dir(data_dir) / STATE_FILE
     state = read_json(state_path, {})

@@ -13,10 +13,10 @@ from typing import Any
 
 import polars as pl
 
-from analytics.analyse import Analysis
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, parquet_files, scan
+from fleetlens.analytics.analyse import Analysis
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, parquet_files, scan
 
 INPUT_TABLES = (t.WINDOWS, t.REQUESTS, t.ENGINE_SAMPLES, t.GPU_SAMPLES, t.INSTANCE_GPUS)
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import polars as pl
 
-from analytics.provenance import read_json
-from analytics.runner import read_table, state_dir
-from analytics.series import series_name
-from pipeline.schema import FLEET_WIDE
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, parquet_files
+from fleetlens.analytics.provenance import read_json
+from fleetlens.analytics.runner import read_table, state_dir
+from fleetlens.analytics.series import series_name
+from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, parquet_files
 
 NS = 1_000_000_000
 #: Context shown around the incident in the plot.

@@ -12,11 +12,11 @@ from typing import Any
 
 import polars as pl
 
-from analytics.attribution.phases import PHASES
-from analytics.baselines import METHOD_ROLLING
-from analytics.report import Report, iso
-from analytics.units import duration, signed_duration, versus
-from pipeline.schema import columns as c
+from fleetlens.analytics.attribution.phases import PHASES
+from fleetlens.analytics.baselines import METHOD_ROLLING
+from fleetlens.analytics.report import Report, iso
+from fleetlens.analytics.units import duration, signed_duration, versus
+from fleetlens.pipeline.schema import columns as c
 
 _SPARK = "▁▂▃▄▅▆▇█"
 NS = 1_000_000_000

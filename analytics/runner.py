@@ -17,15 +17,15 @@ from pathlib import Path
 
 import polars as pl
 
-from analytics.analyse import Analysis, analyse
-from analytics.attribution import Tables
-from analytics.config import AnalyticsConfig
-from analytics.provenance import provenance, write_json_atomic
-from analytics.webhook import notify_new
-from pipeline.joblock import exclusive
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
+from fleetlens.analytics.analyse import Analysis, analyse
+from fleetlens.analytics.attribution import Tables
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.provenance import provenance, write_json_atomic
+from fleetlens.analytics.webhook import notify_new
+from fleetlens.pipeline.joblock import exclusive
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
 
 NS = 1_000_000_000
 FILE_NAME = "analytics.parquet"
@@ -122,7 +122,7 @@ def _run(root: DataDir, config: AnalyticsConfig, notify: bool,
     publish(root, t.CAUSES, causes, c.START_NS, since_ns=since)
     result = RunResult(analysis)
     if config.prophet and analysis.window_s:
-        from analytics.prophet_baselines import refresh_prophet
+        from fleetlens.analytics.prophet_baselines import refresh_prophet
 
         result.prophet_series = refresh_prophet(root, analysis.banded, config,
                                                 force=refit_prophet)

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from pipeline.schema import columns as c
+from fleetlens.pipeline.schema import columns as c
 
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
 _RULE = re.compile(

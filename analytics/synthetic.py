@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from analytics.synthetic_windows import windows_from
-from pipeline.schema import Cause, conform
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.schema.causes import parse_subject
+from fleetlens.analytics.synthetic_windows import windows_from
+from fleetlens.pipeline.schema import Cause, conform
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema.causes import parse_subject
 
 NS = 1_000_000_000
 THERMAL_BIT = 0x20

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.schema import FLEET_WIDE, conform, validate
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.pipeline.schema import FLEET_WIDE, conform, validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 NS = 1_000_000_000
 _LATENCY = {

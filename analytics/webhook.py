@@ -16,9 +16,9 @@ from typing import Any
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.provenance import read_json, write_json_atomic
-from pipeline.schema import columns as c
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.provenance import read_json, write_json_atomic
+from fleetlens.pipeline.schema import columns as c
 
 #: Causes included in a webhook payload.
 TOP_CAUSES = 3

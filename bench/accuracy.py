@@ -24,15 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from analytics.accuracy import Score, score_clean, score_run  # noqa: E402
-from analytics.config import AnalyticsConfig  # noqa: E402
-from analytics.runner import run as run_analytics  # noqa: E402
-from collector.testing import running_collector  # noqa: E402
-from pipeline.config import PipelineConfig  # noqa: E402
-from pipeline.runner import Pipeline  # noqa: E402
-from pipeline.storage import DataDir  # noqa: E402
-from simulator import parse_scenario  # noqa: E402
-from simulator import run as simulate  # noqa: E402
+from fleetlens.analytics.accuracy import Score, score_clean, score_run  # noqa: E402
+from fleetlens.analytics.config import AnalyticsConfig  # noqa: E402
+from fleetlens.analytics.runner import run as run_analytics  # noqa: E402
+from fleetlens.collector.testing import running_collector  # noqa: E402
+from fleetlens.pipeline.config import PipelineConfig  # noqa: E402
+from fleetlens.pipeline.runner import Pipeline  # noqa: E402
+from fleetlens.pipeline.storage import DataDir  # noqa: E402
+from fleetlens.simulator import parse_scenario  # noqa: E402
+from fleetlens.simulator import run as simulate  # noqa: E402
 
 WARMUP_S = 1800  # baselines judge a series after 20 windows; leave 30 minutes
 SPACING_S = 1500

@@ -23,11 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from collector.agent.config import AgentConfig  # noqa: E402
-from collector.agent.export import merge  # noqa: E402
-from collector.agent.fake_gpu import FakeGpuBackend  # noqa: E402
-from collector.agent.runner import Agent  # noqa: E402
-from collector.agent.scraper import engine_samples  # noqa: E402
+from fleetlens.collector.agent.config import AgentConfig  # noqa: E402
+from fleetlens.collector.agent.export import merge  # noqa: E402
+from fleetlens.collector.agent.fake_gpu import FakeGpuBackend  # noqa: E402
+from fleetlens.collector.agent.runner import Agent  # noqa: E402
+from fleetlens.collector.agent.scraper import engine_samples  # noqa: E402
 from tests.agent.otlp_sink import OtlpSink  # noqa: E402
 
 METRICS_TEXT = (REPO / "tests" / "agent" / "data" / "vllm-0.32.0-metrics.txt").read_text()

@@ -29,17 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from analytics.analyse import analyse  # noqa: E402
-from analytics.attribution import Tables  # noqa: E402
-from analytics.baselines import rolling_baseline  # noqa: E402
-from analytics.config import AnalyticsConfig  # noqa: E402
-from analytics.report import build_report  # noqa: E402
-from analytics.report_render import to_text  # noqa: E402
-from analytics.runner import run  # noqa: E402
-from analytics.synthetic import FleetSpec, Injected, generate  # noqa: E402
-from analytics.synthetic_io import write_tables  # noqa: E402
-from pipeline.schema import columns as c  # noqa: E402
-from pipeline.storage import DataDir  # noqa: E402
+from fleetlens.analytics.analyse import analyse  # noqa: E402
+from fleetlens.analytics.attribution import Tables  # noqa: E402
+from fleetlens.analytics.baselines import rolling_baseline  # noqa: E402
+from fleetlens.analytics.config import AnalyticsConfig  # noqa: E402
+from fleetlens.analytics.report import build_report  # noqa: E402
+from fleetlens.analytics.report_render import to_text  # noqa: E402
+from fleetlens.analytics.runner import run  # noqa: E402
+from fleetlens.analytics.synthetic import FleetSpec, Injected, generate  # noqa: E402
+from fleetlens.analytics.synthetic_io import write_tables  # noqa: E402
+from fleetlens.pipeline.schema import columns as c  # noqa: E402
+from fleetlens.pipeline.storage import DataDir  # noqa: E402
 
 NS = 1_000_000_000
 H = 3600
@@ -121,7 +121,7 @@ def rolling_1000(args: argparse.Namespace) -> None:
 
 
 def prophet_1000(args: argparse.Namespace) -> None:
-    from analytics.prophet_baselines import fit_prophet
+    from fleetlens.analytics.prophet_baselines import fit_prophet
 
     rng = np.random.default_rng(2)
     n, m = args.prophet_series, 576

@@ -34,10 +34,10 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from collector.signals import SPANS  # noqa: E402
-from collector.testing import free_port, running_collector, vllm_trace_request  # noqa: E402
-from pipeline.schema import columns as c  # noqa: E402
-from pipeline.storage import DataDir, parquet_files, scan  # noqa: E402
+from fleetlens.collector.signals import SPANS  # noqa: E402
+from fleetlens.collector.testing import free_port, running_collector, vllm_trace_request  # noqa: E402
+from fleetlens.pipeline.schema import columns as c  # noqa: E402
+from fleetlens.pipeline.storage import DataDir, parquet_files, scan  # noqa: E402
 
 CONFIG = {"flush_interval_s": 1.0}
 

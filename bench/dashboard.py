@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.storage import DataDir  # noqa: E402
+from fleetlens.pipeline.storage import DataDir  # noqa: E402
 from tests.dashboard.synth import Fleet, build_all  # noqa: E402
 
 APP = REPO / "dashboard" / "app.py"
@@ -93,7 +93,7 @@ def main() -> None:
               f" at {root.root}")
     else:
         print(f"reusing {root.root}")
-    from pipeline.storage import connect
+    from fleetlens.pipeline.storage import connect
 
     con = connect(root)
     for table in ("requests", "spans", "windows", "gpu_samples", "engine_samples", "baselines"):

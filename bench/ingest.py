@@ -83,8 +83,8 @@ def _client(address: str, seed: int, start_at: float, seconds: float, queue,
     """One client process: closed loop, or open loop at ``rate`` requests/s when given."""
     import grpc
 
-    from collector.signals import SPANS
-    from collector.testing import vllm_trace_request
+    from fleetlens.collector.signals import SPANS
+    from fleetlens.collector.testing import vllm_trace_request
 
     # Pre-serialize a few distinct requests so the client spends its CPU on sending.
     payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=seed * 100 + i).SerializeToString()
@@ -119,9 +119,9 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
 
     ``rate`` (spans/s offered, all clients together) switches the clients to open loop.
     """
-    from collector.testing import running_collector
-    from pipeline.schema import columns as c
-    from pipeline.storage import DataDir, parquet_files, scan
+    from fleetlens.collector.testing import running_collector
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.storage import DataDir, parquet_files, scan
 
     with tempfile.TemporaryDirectory(prefix="fleetlens-bench-") as tmp:
         data = Path(tmp) / "data"
@@ -193,7 +193,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
 
 def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] | None:
     """Same load against Arize Phoenix's OTLP gRPC receiver (run from its own venv)."""
-    from collector.testing import free_port, wait_for_port
+    from fleetlens.collector.testing import free_port, wait_for_port
 
     port, http_port = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="phoenix-bench-") as tmp:

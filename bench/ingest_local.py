@@ -24,14 +24,14 @@ def cpu_per_span(runs: int, requests: int = 40) -> dict[str, list[float]]:
     """
     import inspect
 
-    from collector.config import CollectorConfig
-    from collector.ingest import Ingest
-    from collector.signals import SPANS
-    from collector.sink import Segments, Sink
-    from collector.telemetry import Telemetry
-    from collector.testing import vllm_trace_request
-    from collector.wal import Wal
-    from pipeline.storage import DataDir
+    from fleetlens.collector.config import CollectorConfig
+    from fleetlens.collector.ingest import Ingest
+    from fleetlens.collector.signals import SPANS
+    from fleetlens.collector.sink import Segments, Sink
+    from fleetlens.collector.telemetry import Telemetry
+    from fleetlens.collector.testing import vllm_trace_request
+    from fleetlens.collector.wal import Wal
+    from fleetlens.pipeline.storage import DataDir
 
     payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=i).SerializeToString()
                 for i in range(DISTINCT_REQUESTS)]
@@ -75,15 +75,15 @@ def stage_times(rate: float, seconds: float) -> dict[str, list[float]]:
     """
     import gc
 
-    from collector.config import CollectorConfig
-    from collector.ingest import Ingest
-    from collector.signals import SPANS
-    from collector.sink import Segments, Sink
-    from collector.telemetry import Telemetry
-    from collector.testing import vllm_trace_request
-    from collector.wal import Wal
-    from collector.worker import keep_out_pandas
-    from pipeline.storage import DataDir
+    from fleetlens.collector.config import CollectorConfig
+    from fleetlens.collector.ingest import Ingest
+    from fleetlens.collector.signals import SPANS
+    from fleetlens.collector.sink import Segments, Sink
+    from fleetlens.collector.telemetry import Telemetry
+    from fleetlens.collector.testing import vllm_trace_request
+    from fleetlens.collector.wal import Wal
+    from fleetlens.collector.worker import keep_out_pandas
+    from fleetlens.pipeline.storage import DataDir
 
     keep_out_pandas()
     payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=i).SerializeToString()
@@ -146,12 +146,12 @@ def storage_per_span(runs: int, requests: int = 49) -> dict[str, list[float]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from collector.config import CollectorConfig
-    from collector.ingest import Ingest
-    from collector.signals import SPANS
-    from collector.sink import parquet_options
-    from collector.telemetry import Telemetry
-    from collector.testing import vllm_trace_request
+    from fleetlens.collector.config import CollectorConfig
+    from fleetlens.collector.ingest import Ingest
+    from fleetlens.collector.signals import SPANS
+    from fleetlens.collector.sink import parquet_options
+    from fleetlens.collector.telemetry import Telemetry
+    from fleetlens.collector.testing import vllm_trace_request
 
     ingest = Ingest(CollectorConfig(), None, Telemetry())
     tables = []

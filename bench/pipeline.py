@@ -39,11 +39,11 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.schema import attributes as a  # noqa: E402
-from pipeline.schema import columns as c  # noqa: E402
-from pipeline.schema import conform  # noqa: E402
-from pipeline.schema import tables as t  # noqa: E402
-from pipeline.storage import DataDir, write_parquet_atomic  # noqa: E402
+from fleetlens.pipeline.schema import attributes as a  # noqa: E402
+from fleetlens.pipeline.schema import columns as c  # noqa: E402
+from fleetlens.pipeline.schema import conform  # noqa: E402
+from fleetlens.pipeline.schema import tables as t  # noqa: E402
+from fleetlens.pipeline.storage import DataDir, write_parquet_atomic  # noqa: E402
 
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
@@ -186,10 +186,10 @@ def write_hours(dd: DataDir, first_hour: int, hours: float, seed: int, energy0: 
 _CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {repo!r})
-from pipeline.config import PipelineConfig
-from pipeline.runner import Pipeline
-from pipeline.stage import STATS
-from pipeline.storage import DataDir
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.runner import Pipeline
+from fleetlens.pipeline.stage import STATS
+from fleetlens.pipeline.storage import DataDir
 began = time.perf_counter()
 summary = Pipeline(DataDir({data!r}), PipelineConfig()).run_once(full={full!r})
 wall = time.perf_counter() - began

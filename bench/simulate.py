@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult  # noqa: E402
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
 
-from simulator import load_scenario, run  # noqa: E402
+from fleetlens.simulator import load_scenario, run  # noqa: E402
 
 SCENARIO = REPO / "simulator" / "scenarios" / "fleet64.toml"
 NULL_SINK = """
@@ -150,7 +150,7 @@ def main() -> None:
     report("OTLP/gRPC -> null sink", otlp, statistics.median(m["wall_s"] for m in model) and {
         "wall_s": statistics.median(m["wall_s"] for m in model)})
     if args.collector:
-        from collector.testing import running_collector
+        from fleetlens.collector.testing import running_collector
 
         with tempfile.TemporaryDirectory() as tmp, running_collector(Path(tmp) / "data") as col:
             start = (time.time_ns() // 10**9 - int(scenario.duration_s) - 600) * 10**9

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.storage import DataDir, connect, tables_named_in  # noqa: E402
+from fleetlens.pipeline.storage import DataDir, connect, tables_named_in  # noqa: E402
 
 QUERIES = (
     "select count(*) from requests",

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from collector.config import CollectorConfig
-from pipeline.schema.settings import (
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.pipeline.schema.settings import (
     DATA_DIR_HELP,
     DEFAULT_DATA_DIR,
     ENV_DATA_DIR,
@@ -48,7 +48,7 @@ def collector(data_dir: str | None, config_file: str | None, grpc_address: str |
     Every Export is written to a write-ahead log and fsynced before it is acknowledged;
     rows are published as Parquet segments under DATA_DIR/raw/. SIGTERM drains and flushes.
     """
-    from collector.supervisor import run
+    from fleetlens.collector.supervisor import run
 
     overrides = {"grpc_address": grpc_address, "http_address": http_address, "workers": workers}
     try:

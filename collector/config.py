@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.schema.settings import require
+from fleetlens.pipeline.schema.settings import require
 
 LOOPBACK = "127.0.0.1"
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import attributes as a
 
 #: Deepest array/kvlist nesting kept; deeper values reject their span or point.
 MAX_DEPTH = 16

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.decode_common import (
+from fleetlens.collector.decode_common import (
     Limits,
     NameLimiter,
     Outcome,
@@ -20,8 +20,8 @@ from collector.decode_common import (
     dumps,
     hex_id,
 )
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 LOG_COLUMNS: tuple[str, ...] = tuple(t.table(t.LOG_RECORDS).dtypes)
 

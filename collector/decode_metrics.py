@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.decode_common import (
+from fleetlens.collector.decode_common import (
     Limits,
     NameLimiter,
     Outcome,
@@ -19,8 +19,8 @@ from collector.decode_common import (
     decode_resource,
     dumps,
 )
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 POINT_COLUMNS: tuple[str, ...] = tuple(t.table(t.METRIC_POINTS).dtypes)
 KINDS = ("gauge", "sum", "histogram", "exponential_histogram", "summary")

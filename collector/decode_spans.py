@@ -12,7 +12,7 @@ import json
 import struct
 from typing import Any
 
-from collector.decode_common import (
+from fleetlens.collector.decode_common import (
     EMPTY_OBJECT,
     Limits,
     NameLimiter,
@@ -24,7 +24,7 @@ from collector.decode_common import (
     dumps,
     hex_id,
 )
-from collector.lite_spans import (
+from fleetlens.collector.lite_spans import (
     MAX_HEADERS,
     TAG_BOOL,
     TAG_DOUBLE,
@@ -35,9 +35,9 @@ from collector.lite_spans import (
     read_header,
     varint,
 )
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 SPAN_COLUMNS: tuple[str, ...] = tuple(t.table(t.SPANS).dtypes)
 _FLOAT_TYPES = (float, int)

@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from collector.config import CollectorConfig
-from collector.errors import ExportError, StorageFailure, abort_grpc
-from collector.ingest import Ingest
-from collector.signals import BY_METHOD, SIGNALS, Signal
-from collector.telemetry import log
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.errors import ExportError, StorageFailure, abort_grpc
+from fleetlens.collector.ingest import Ingest
+from fleetlens.collector.signals import BY_METHOD, SIGNALS, Signal
+from fleetlens.collector.telemetry import log
 
 _AUTHORIZATION = "authorization"
 

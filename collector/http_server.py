@@ -17,8 +17,8 @@ from typing import Any
 
 from google.rpc import status_pb2
 
-from collector.config import CollectorConfig
-from collector.errors import (
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.errors import (
     ExportError,
     InvalidRequest,
     LengthRequired,
@@ -26,10 +26,10 @@ from collector.errors import (
     UnsupportedMedia,
     http_headers,
 )
-from collector.ingest import Ingest
-from collector.otlp_json import parse_json, to_json
-from collector.signals import BY_PATH
-from collector.telemetry import log
+from fleetlens.collector.ingest import Ingest
+from fleetlens.collector.otlp_json import parse_json, to_json
+from fleetlens.collector.signals import BY_PATH
+from fleetlens.collector.telemetry import log
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

@@ -11,13 +11,13 @@ import threading
 import time
 from typing import Any
 
-from collector.config import CollectorConfig
-from collector.decode_common import Limits, NameLimiter, Outcome
-from collector.errors import InvalidRequest, Overloaded, TooLarge, Unauthenticated
-from collector.signals import BY_CODE, Signal
-from collector.sink import Sink
-from collector.telemetry import Telemetry
-from collector.wal import Record
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.decode_common import Limits, NameLimiter, Outcome
+from fleetlens.collector.errors import InvalidRequest, Overloaded, TooLarge, Unauthenticated
+from fleetlens.collector.signals import BY_CODE, Signal
+from fleetlens.collector.sink import Sink
+from fleetlens.collector.telemetry import Telemetry
+from fleetlens.collector.wal import Record
 
 BEARER = "bearer "
 

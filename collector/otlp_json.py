@@ -13,8 +13,8 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from collector.errors import InvalidRequest
-from collector.signals import Signal
+from fleetlens.collector.errors import InvalidRequest
+from fleetlens.collector.signals import Signal
 
 #: JSON keys of bytes fields that OTLP/JSON encodes as hex.
 ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})

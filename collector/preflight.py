@@ -10,8 +10,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from collector.config import CollectorConfig
-from collector.telemetry import log
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.telemetry import log
 
 
 class PortInUse(RuntimeError):

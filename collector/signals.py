@@ -11,12 +11,12 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
-from collector.decode_common import Outcome
-from collector.decode_logs import decode_logs
-from collector.decode_metrics import decode_metrics
-from collector.decode_spans import decode_spans
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.collector.decode_common import Outcome
+from fleetlens.collector.decode_logs import decode_logs
+from fleetlens.collector.decode_metrics import decode_metrics
+from fleetlens.collector.decode_spans import decode_spans
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 
 @dataclass(frozen=True)

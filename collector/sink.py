@@ -17,12 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from collector.errors import Overloaded, StorageFailure
-from collector.signals import BY_CODE, SIGNALS, Signal
-from collector.telemetry import Telemetry, log
-from collector.wal import Wal
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir, write_parquet_atomic
+from fleetlens.collector.errors import Overloaded, StorageFailure
+from fleetlens.collector.signals import BY_CODE, SIGNALS, Signal
+from fleetlens.collector.telemetry import Telemetry, log
+from fleetlens.collector.wal import Wal
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
 
 _HOUR_NS = 3600 * 10**9
 #: Columns whose values are (nearly) all distinct: a dictionary there only costs CPU and bytes.

@@ -18,9 +18,9 @@ import signal
 import threading
 import time
 
-from collector.config import CollectorConfig
-from collector.preflight import check_ports_free, warn_if_exposed
-from collector.telemetry import log, shared_array
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.preflight import check_ports_free, warn_if_exposed
+from fleetlens.collector.telemetry import log, shared_array
 
 RESTART_DELAY_S = 0.5
 #: A worker that dies this soon after starting, this many times in a row, stops the collector.
@@ -34,7 +34,7 @@ def _worker_main(*args: object) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     # Imported here so the supervisor itself stays small (no Arrow, DuckDB or gRPC).
-    from collector.worker import run_worker
+    from fleetlens.collector.worker import run_worker
 
     run_worker(*args)  # type: ignore[arg-type]
 

@@ -1,7 +1,7 @@
 """Test helpers for anyone who needs a collector: OTLP request builders and a real collector
 process on free loopback ports.
 
-    from collector.testing import running_collector, vllm_trace_request
+    from fleetlens.collector.testing import running_collector, vllm_trace_request
 
     with running_collector(tmp_path / "data") as col:
         col.export(vllm_trace_request(100))
@@ -35,8 +35,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from collector.signals import LOGS, METRICS, SPANS, Signal
-from pipeline.schema import attributes as a
+from fleetlens.collector.signals import LOGS, METRICS, SPANS, Signal
+from fleetlens.pipeline.schema import attributes as a
 
 SERVER = trace_pb2.Span.SPAN_KIND_SERVER
 

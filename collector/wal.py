@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.storage import fsync_dir
+from fleetlens.pipeline.storage import fsync_dir
 
 _HEADER = struct.Struct("<II")
 _BODY_HEAD = struct.Struct("<BQ")

@@ -21,15 +21,15 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from collector.config import CollectorConfig
-from collector.grpc_server import start_grpc
-from collector.http_server import start_http
-from collector.ingest import Ingest
-from collector.signals import BY_CODE
-from collector.sink import Segments, Sink
-from collector.telemetry import Telemetry, log
-from collector.wal import Wal, orphan_dirs, read_segment, remove_dir, segments
-from pipeline.storage import TMP_SUFFIX, DataDir, safe_component
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.grpc_server import start_grpc
+from fleetlens.collector.http_server import start_http
+from fleetlens.collector.ingest import Ingest
+from fleetlens.collector.signals import BY_CODE
+from fleetlens.collector.sink import Segments, Sink
+from fleetlens.collector.telemetry import Telemetry, log
+from fleetlens.collector.wal import Wal, orphan_dirs, read_segment, remove_dir, segments
+from fleetlens.pipeline.storage import TMP_SUFFIX, DataDir, safe_component
 
 #: Seconds gRPC waits for in-flight Exports at shutdown.
 DRAIN_GRACE_S = 10.0

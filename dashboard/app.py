@@ -13,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard import auth, data, ui
+from fleetlens.dashboard import auth, data, ui
 
 VIEWS = Path(__file__).parent / "views"
 

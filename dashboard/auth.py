@@ -16,7 +16,7 @@ import secrets
 
 import streamlit as st
 
-from dashboard.config import ENV_PASSWORD, DashboardConfig
+from fleetlens.dashboard.config import ENV_PASSWORD, DashboardConfig
 
 _N, _R, _P = 2**14, 8, 1
 

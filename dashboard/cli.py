@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.schema.settings import DATA_DIR_HELP
+from fleetlens.pipeline.schema.settings import DATA_DIR_HELP
 
 APP = Path(__file__).resolve().parent / "app.py"
 
@@ -40,10 +40,10 @@ def dashboard(data_dir: str | None, config_path: str | None, address: str | None
     Binds 127.0.0.1:8501 unless configured otherwise ([dashboard] address/port). Any other
     address needs auth = "password" or "oidc" in the [dashboard] section.
     """
-    from dashboard.auth import hash_password as make_hash
-    from dashboard.config import load_dashboard_config
-    from pipeline.schema.settings import ENV_CONFIG_FILE, ENV_DATA_DIR, ConfigError
-    from pipeline.storage import DataDir
+    from fleetlens.dashboard.auth import hash_password as make_hash
+    from fleetlens.dashboard.config import load_dashboard_config
+    from fleetlens.pipeline.schema.settings import ENV_CONFIG_FILE, ENV_DATA_DIR, ConfigError
+    from fleetlens.pipeline.storage import DataDir
 
     if hash_password:
         secret = click.prompt("Password", hide_input=True, confirmation_prompt=True)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.schema.settings import load_section, require
+from fleetlens.pipeline.schema.settings import load_section, require
 
 LOOPBACK = "127.0.0.1"
 AUTH_MODES = ("none", "password", "oidc")

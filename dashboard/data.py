@@ -15,9 +15,9 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from dashboard import explore, incident, queries
-from dashboard.config import DashboardConfig, load_dashboard_config
-from pipeline.storage import DataDir, connect, existing_tables, retry_vanished
+from fleetlens.dashboard import explore, incident, queries
+from fleetlens.dashboard.config import DashboardConfig, load_dashboard_config
+from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_vanished
 
 #: Every query a page may load, by name.
 QUERIES: dict[str, Callable[..., Any]] = {
@@ -129,8 +129,8 @@ def load(name: str, *args: Any) -> Any:
 def report_text(root: DataDir, incident_id: str, fmt: str) -> tuple[str | None, str]:
     """The analytics incident report (``markdown`` or ``html``) as ``fleetlens explain``
     renders it, or ``(None, why not)``. Built when a user asks for it (an export button)."""
-    from analytics.report import UnknownIncident, build_report
-    from analytics.report_render import to_html, to_markdown
+    from fleetlens.analytics.report import UnknownIncident, build_report
+    from fleetlens.analytics.report_render import to_html, to_markdown
 
     try:
         report = build_report(root, incident_id)

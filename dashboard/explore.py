@@ -6,10 +6,10 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from dashboard.filters import Filters, table_columns, where
-from dashboard.queries import run
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.dashboard.filters import Filters, table_columns, where
+from fleetlens.dashboard.queries import run
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 NS = 1_000_000_000
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import duckdb
 
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from dashboard.filters import table_columns
-from dashboard.queries import OVERVIEW_METHOD, baseline_rows, run
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.dashboard.filters import table_columns
+from fleetlens.dashboard.queries import OVERVIEW_METHOD, baseline_rows, run
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 NS = 1_000_000_000
 MIN_BASELINE_NS = 30 * 60 * NS

@@ -14,9 +14,9 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from dashboard.filters import Filters, table_columns, where
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.dashboard.filters import Filters, table_columns, where
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 #: The headline latency columns of the overview: (label, windows column).
 HEADLINE = tuple(

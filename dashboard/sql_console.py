@@ -24,8 +24,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from dashboard.filters import Filters
-from pipeline.storage import DataDir, connect, retry_vanished, tables_named_in
+from fleetlens.dashboard.filters import Filters
+from fleetlens.pipeline.storage import DataDir, connect, retry_vanished, tables_named_in
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 

@@ -10,10 +10,10 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from analytics.units import duration, versus  # noqa: F401 - the pages use them as ui.*
-from dashboard import data
-from dashboard.filters import Filters
-from pipeline.schema import columns as c
+from fleetlens.analytics.units import duration, versus  # noqa: F401 - the pages use them as ui.*
+from fleetlens.dashboard import data
+from fleetlens.dashboard.filters import Filters
+from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
 RANGES = {"Last 15 min": 900, "Last 1 h": 3600, "Last 6 h": 6 * 3600, "Last 24 h": 86400,

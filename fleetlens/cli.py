@@ -18,21 +18,30 @@ from fleetlens import __version__
 
 #: name -> ("module:attribute", one-line help shown by ``fleetlens --help``).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "agent": ("collector.agent.cli:agent", "Host agent: GPU (NVML) and vLLM metrics to OTLP."),
+    "agent": ("fleetlens.collector.agent.cli:agent",
+              "Host agent: GPU (NVML) and vLLM metrics to OTLP."),
     "config": ("fleetlens.config_cli:config", "Check and print the effective configuration."),
-    "sql": ("pipeline.sql_cli:sql", "Run a SQL query over the tables in a data directory."),
-    "dashboard": ("dashboard.cli:dashboard", "Serve the web dashboard (Streamlit, 127.0.0.1)."),
+    "sql": ("fleetlens.pipeline.sql_cli:sql",
+            "Run a SQL query over the tables in a data directory."),
+    "dashboard": ("fleetlens.dashboard.cli:dashboard",
+                  "Serve the web dashboard (Streamlit, 127.0.0.1)."),
     "demo": ("fleetlens.demo:demo", "Run everything on a simulated fleet; open the dashboard."),
-    "simulate": ("simulator.cli:simulate", "Simulate a vLLM fleet with incidents, send OTLP."),
+    "simulate": ("fleetlens.simulator.cli:simulate",
+                 "Simulate a vLLM fleet with incidents, send OTLP."),
     "pipeline": ("fleetlens.pipeline_cmd:pipeline",
                  "Raw telemetry to requests, windows and energy; --follow also detects."),
-    "compact": ("pipeline.cli:compact", "Merge small raw segments; apply retention."),
-    "collector": ("collector.cli:collector", "Receive OTLP (gRPC and HTTP) into raw Parquet."),
-    "analyze": ("analytics.cli:analyze", "Baselines, incidents and causes; post new incidents."),
-    "incidents": ("analytics.cli:incidents", "List incidents with severity and top cause."),
-    "explain": ("analytics.cli:explain", "Explain an incident: causes, evidence, provenance."),
-    "baselines": ("analytics.cli:baselines", "Show series against their baseline bands."),
-    "leaderboard": ("analytics.cli:leaderboard", "Rank model/GPU/config: latency, tok/s, J/token."),
+    "compact": ("fleetlens.pipeline.cli:compact", "Merge small raw segments; apply retention."),
+    "collector": ("fleetlens.collector.cli:collector",
+                  "Receive OTLP (gRPC and HTTP) into raw Parquet."),
+    "analyze": ("fleetlens.analytics.cli:analyze",
+                "Baselines, incidents and causes; post new incidents."),
+    "incidents": ("fleetlens.analytics.cli:incidents",
+                  "List incidents with severity and top cause."),
+    "explain": ("fleetlens.analytics.cli:explain",
+                "Explain an incident: causes, evidence, provenance."),
+    "baselines": ("fleetlens.analytics.cli:baselines", "Show series against their baseline bands."),
+    "leaderboard": ("fleetlens.analytics.cli:leaderboard",
+                    "Rank model/GPU/config: latency, tok/s, J/token."),
 }
 
 
@@ -58,8 +67,8 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except Exception as exc:
-            from pipeline.schema.settings import ConfigError
-            from pipeline.storage import StorageError
+            from fleetlens.pipeline.schema.settings import ConfigError
+            from fleetlens.pipeline.storage import StorageError
 
             if isinstance(exc, StorageError | ConfigError):
                 raise click.ClickException(str(exc)) from None

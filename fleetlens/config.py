@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analytics.config import AnalyticsConfig
-from collector.agent.config import AgentConfig
-from collector.config import CollectorConfig
-from dashboard.config import DashboardConfig
-from pipeline.config import PipelineConfig
-from pipeline.schema.settings import (
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.collector.agent.config import AgentConfig
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.dashboard.config import DashboardConfig
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.schema.settings import (
     DEFAULT_DATA_DIR,
     build,
     config_file,

@@ -7,7 +7,7 @@ import re
 
 import click
 
-from pipeline.schema.settings import ConfigError, to_dict
+from fleetlens.pipeline.schema.settings import ConfigError, to_dict
 
 
 @click.group()

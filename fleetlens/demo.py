@@ -27,8 +27,9 @@ DONE = "demo-complete.json"
 SCENARIO_TEMPLATE = Path(__file__).with_name("demo.toml")
 #: component -> module that must exist for its step to run.
 COMPONENTS = {
-    "collector": "collector.cli", "simulator": "simulator.cli", "pipeline": "pipeline.cli",
-    "analytics": "analytics.runner", "dashboard": "dashboard.cli",
+    "collector": "fleetlens.collector.cli", "simulator": "fleetlens.simulator.cli",
+    "pipeline": "fleetlens.pipeline.cli", "analytics": "fleetlens.analytics.runner",
+    "dashboard": "fleetlens.dashboard.cli",
 }
 
 
@@ -158,7 +159,7 @@ def build(root: Path, minutes: int, speed: float | None, missing: list[str],
         click.echo("skipping analytics: not available in this build")
     else:
         click.echo("[4/4] analytics: baselines, incidents and causes")
-        from analytics.runner import run
+        from fleetlens.analytics.runner import run
 
         result = run(str(root))
         summarize(root, result.analysis)
@@ -167,7 +168,7 @@ def build(root: Path, minutes: int, speed: float | None, missing: list[str],
 
 def summarize(root: Path, analysis) -> None:  # noqa: ANN001 - analytics.Analysis
     """Print what was injected next to what was found."""
-    from pipeline.schema import columns as c
+    from fleetlens.pipeline.schema import columns as c
 
     truth_path = root / "ground-truth.json"
     injected = []

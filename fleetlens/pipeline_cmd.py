@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli import make_pipeline_command
-from pipeline.runner import RunSummary
-from pipeline.storage import DataDir
+from fleetlens.pipeline.cli import make_pipeline_command
+from fleetlens.pipeline.runner import RunSummary
+from fleetlens.pipeline.storage import DataDir
 
 
 def analyze_after_run(root: DataDir, config_file: str | None, summary: RunSummary) -> None:
     """Run analytics over ``root`` and report new incidents (called after a pipeline run)."""
-    from analytics.cli import load_analytics_config
-    from analytics.runner import run
+    from fleetlens.analytics.cli import load_analytics_config
+    from fleetlens.analytics.runner import run
 
     result = run(root, load_analytics_config(config_file), echo=click.echo)
     for error in result.post_errors:

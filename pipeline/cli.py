@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pipeline.config import PipelineConfig
-from pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
-from pipeline.storage import DataDir, StorageError
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
+from fleetlens.pipeline.storage import DataDir, StorageError
 
 if TYPE_CHECKING:
-    from pipeline.runner import RunSummary
+    from fleetlens.pipeline.runner import RunSummary
 
 _DATA_DIR_HELP = DATA_DIR_HELP
 #: Median export delays (seconds) outside this range are reported host by host: exporters
@@ -105,7 +105,7 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
 def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
                   full: bool, follow: bool, interval: float | None, progress: bool | None,
                   as_json: bool, after_run: AfterRun | None) -> None:
-    from pipeline.runner import Pipeline
+    from fleetlens.pipeline.runner import Pipeline
 
     try:
         cfg = load_pipeline_config(config_file, window_s=window_s)
@@ -221,7 +221,7 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
     pipeline: only hours older than pipeline.compact_min_age_s are merged, and it waits
     for a running pipeline or analytics step (the data directory's job lock).
     """
-    from pipeline.compact import compact as run_compact
+    from fleetlens.pipeline.compact import compact as run_compact
 
     try:
         cfg = load_pipeline_config(config_file)

@@ -25,12 +25,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import PipelineConfig
-from pipeline.joblock import exclusive
-from pipeline.partitions import HOUR_NS, NS, existing_hours, partition_file
-from pipeline.schema import tables as t
-from pipeline.state import PipelineState, Segment
-from pipeline.storage import (
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.joblock import exclusive
+from fleetlens.pipeline.partitions import HOUR_NS, NS, existing_hours, partition_file
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.state import PipelineState, Segment
+from fleetlens.pipeline.storage import (
     PARQUET_SUFFIX,
     DataDir,
     damaged_error,

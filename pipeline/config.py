@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.schema.settings import require
+from fleetlens.pipeline.schema.settings import require
 
 
 @dataclass(frozen=True)

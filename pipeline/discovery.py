@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from pipeline.partitions import HOUR_NS, NS
-from pipeline.schema import columns as c
-from pipeline.state import PipelineState, Segment
-from pipeline.storage import DataDir, parquet_files
+from fleetlens.pipeline.partitions import HOUR_NS, NS
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.state import PipelineState, Segment
+from fleetlens.pipeline.storage import DataDir, parquet_files
 
 #: The raw signals (folders under raw/) the pipeline reads.
 SIGNALS = ("spans", "metrics")

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.attrs import code
-from pipeline.schema import FLEET_WIDE
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.stage import stage
+from fleetlens.pipeline.attrs import code
+from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.stage import stage
 
 NS = 1_000_000_000
 UJ = 1_000_000  # microjoules per joule

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pipeline.storage import DataDir, StorageError
+from fleetlens.pipeline.storage import DataDir, StorageError
 
 LOCK_NAME = "jobs.lock"
 

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.attrs import extract_keys, extract_keys_distinct, first_string_of_key, per_value
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.stage import stage
+from fleetlens.pipeline.attrs import (
+    extract_keys,
+    extract_keys_distinct,
+    first_string_of_key,
+    per_value,
+)
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.stage import stage
 
 SOURCE_VLLM = "vllm"
 SOURCE_GENAI = "genai"

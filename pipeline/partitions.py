@@ -12,8 +12,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
 
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS

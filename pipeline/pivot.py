@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import polars as pl
 
-from pipeline.attrs import code
-from pipeline.schema import columns as c
+from fleetlens.pipeline.attrs import code
+from fleetlens.pipeline.schema import columns as c
 
 #: The strings that make a point's source: where it comes from and what it measures.
 SOURCE = [c.HOST_NAME, c.SERVICE_NAME, c.ATTRIBUTES, c.METRIC_NAME, c.UNIT, c.TEMPORALITY]

@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 import pyarrow as pa
 
-from pipeline import energy as en
-from pipeline.config import PipelineConfig
-from pipeline.discovery import discover
-from pipeline.joblock import exclusive
-from pipeline.normalize import normalize
-from pipeline.partitions import (
+from fleetlens.pipeline import energy as en
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.discovery import discover
+from fleetlens.pipeline.joblock import exclusive
+from fleetlens.pipeline.normalize import normalize
+from fleetlens.pipeline.partitions import (
     HOUR_NS,
     NS,
     existing_hours,
@@ -47,13 +47,13 @@ from pipeline.partitions import (
     read_hours,
     read_raw,
 )
-from pipeline.pivot import as_split
-from pipeline.samples import engine_samples, gpu_samples, instance_gpus
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.state import PipelineState
-from pipeline.storage import DataDir, damaged_error, unreadable_files
-from pipeline.windows import windows
+from fleetlens.pipeline.pivot import as_split
+from fleetlens.pipeline.samples import engine_samples, gpu_samples, instance_gpus
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.state import PipelineState
+from fleetlens.pipeline.storage import DataDir, damaged_error, unreadable_files
+from fleetlens.pipeline.windows import windows
 
 #: Version of the derived files' layout or meaning: a change recomputes them all on the next
 #: run (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added; 3: negative

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import polars as pl
 
-from pipeline.attrs import extract_keys
-from pipeline.pivot import KEY, SLOT, SRC, Split, as_split, pivot_sorted
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.stage import stage
+from fleetlens.pipeline.attrs import extract_keys
+from fleetlens.pipeline.pivot import KEY, SLOT, SRC, Split, as_split, pivot_sorted
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.stage import stage
 
 _NS = 1_000_000_000
 

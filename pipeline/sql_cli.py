@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pipeline.schema import TABLES
-from pipeline.schema.settings import DATA_DIR_HELP
+from fleetlens.pipeline.schema import TABLES
+from fleetlens.pipeline.schema.settings import DATA_DIR_HELP
 
 if TYPE_CHECKING:
     import polars as pl
@@ -42,8 +42,8 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
     """
     import duckdb
 
-    from pipeline.cli import resolve_data_dir
-    from pipeline.storage import (
+    from fleetlens.pipeline.cli import resolve_data_dir
+    from fleetlens.pipeline.storage import (
         connect,
         existing_tables,
         retry_vanished,

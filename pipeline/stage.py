@@ -17,7 +17,7 @@ from typing import ParamSpec, TypeVar
 
 import polars as pl
 
-from pipeline.schema import validate
+from fleetlens.pipeline.schema import validate
 
 log = logging.getLogger("fleetlens.pipeline")
 

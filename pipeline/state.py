@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.storage import DataDir, StorageError, fsync_dir, tmp_path_for
+from fleetlens.pipeline.storage import DataDir, StorageError, fsync_dir, tmp_path_for
 
 STATE_FILE = "pipeline.json"
 STATE_VERSION = 1

@@ -30,8 +30,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.schema import tables as t
-from pipeline.schema.settings import DEFAULT_DATA_DIR, ENV_DATA_DIR, ConfigError, read_config
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema.settings import (
+    DEFAULT_DATA_DIR,
+    ENV_DATA_DIR,
+    ConfigError,
+    read_config,
+)
 
 if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
     import duckdb

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.samples import counter_increase
-from pipeline.schema import FLEET_WIDE
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.stage import stage
+from fleetlens.pipeline.samples import counter_increase
+from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.stage import stage
 
 _NS = 1_000_000_000
 _LATENCY_COLUMNS = {

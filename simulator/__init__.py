@@ -1,12 +1,12 @@
 """A virtual vLLM-like fleet that emits real OTLP telemetry with injected incidents.
 
-    from simulator import run
+    from fleetlens.simulator import run
     result = run("simulator/scenarios/quick.toml", "127.0.0.1:4317", seed=7)
     result.ground_truth["incidents"]
 """
 
-from simulator.run import Progress, RunResult, run
-from simulator.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from fleetlens.simulator.run import Progress, RunResult, run
+from fleetlens.simulator.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 
 __all__ = [
     "Progress",

@@ -6,9 +6,9 @@ import math
 import random
 from pathlib import Path
 
-from simulator.scenario import ScenarioError, Workload
-from simulator.specs import BLOCK_TOKENS
-from simulator.workload import Request, read_azure, read_mooncake, sample_length
+from fleetlens.simulator.scenario import ScenarioError, Workload
+from fleetlens.simulator.specs import BLOCK_TOKENS
+from fleetlens.simulator.workload import Request, read_azure, read_mooncake, sample_length
 
 DAY_S = 86_400.0
 

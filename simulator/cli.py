@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from simulator.scenario import ScenarioError, load_scenario
+from fleetlens.simulator.scenario import ScenarioError, load_scenario
 
 
 def _receiver_reachable(endpoint: str, timeout_s: float) -> bool:
@@ -49,8 +49,8 @@ def simulate(scenario_path: str, endpoint: str, speed: float | None, max_speed: 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from simulator.run import run
-    from simulator.scenario import parse_start
+    from fleetlens.simulator.run import run
+    from fleetlens.simulator.scenario import parse_start
 
     if speed is not None and max_speed:
         raise click.UsageError("--speed and --max-speed exclude each other")

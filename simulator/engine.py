@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from simulator.kvcache import BlockPool
-from simulator.power import GpuState, activity
-from simulator.roofline import StepModel
-from simulator.scenario import Deployment
-from simulator.specs import BLOCK_TOKENS
-from simulator.workload import Request
+from fleetlens.simulator.kvcache import BlockPool
+from fleetlens.simulator.power import GpuState, activity
+from fleetlens.simulator.roofline import StepModel
+from fleetlens.simulator.scenario import Deployment
+from fleetlens.simulator.specs import BLOCK_TOKENS
+from fleetlens.simulator.workload import Request
 
 #: API-server time before a request reaches the engine queue, and after its last token.
 TOKENIZE_S, TOKENIZE_PER_TOKEN_S, DETOKENIZE_S = 0.0005, 1e-6, 0.001

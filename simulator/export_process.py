@@ -10,7 +10,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from simulator.telemetry import serve
+from fleetlens.simulator.telemetry import serve
 
 
 def main(argv: list[str]) -> int:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 
-from pipeline.schema import attributes as a
-from simulator.arrivals import Stream
-from simulator.engine import Instance
-from simulator.incidents import Injector
-from simulator.metrics import agent_resource
-from simulator.power import GpuState
-from simulator.scenario import Deployment, Host, Scenario, ScenarioError
-from simulator.specs import BLOCK_TOKENS
-from simulator.workload import Request
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator.arrivals import Stream
+from fleetlens.simulator.engine import Instance
+from fleetlens.simulator.incidents import Injector
+from fleetlens.simulator.metrics import agent_resource
+from fleetlens.simulator.power import GpuState
+from fleetlens.simulator.scenario import Deployment, Host, Scenario, ScenarioError
+from fleetlens.simulator.specs import BLOCK_TOKENS
+from fleetlens.simulator.workload import Request
 
 #: memory vLLM keeps for activations and CUDA graphs per GPU, bytes
 ACTIVATION_RESERVE = 2.0e9

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.schema import columns as c
-from pipeline.schema.causes import Cause, subject
-from simulator.arrivals import Stream
-from simulator.engine import Instance
-from simulator.power import INLET_C, GpuState
-from simulator.scenario import Incident, Scenario, ScenarioError
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.causes import Cause, subject
+from fleetlens.simulator.arrivals import Stream
+from fleetlens.simulator.engine import Instance
+from fleetlens.simulator.power import INLET_C, GpuState
+from fleetlens.simulator.scenario import Incident, Scenario, ScenarioError
 
 
 @dataclass

@@ -25,9 +25,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from pipeline.schema import attributes as a
-from simulator.engine import Instance
-from simulator.power import GpuState
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator.engine import Instance
+from fleetlens.simulator.power import GpuState
 
 AGENT_SERVICE = "fleetlens-agent"
 GPU_SCOPE = "fleetlens.agent.gpu"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.specs import GpuSpec
+from fleetlens.simulator.specs import GpuSpec
 
 #: NVML clocks event reasons (nvmlClocksEventReason*).
 REASON_GPU_IDLE = 0x1

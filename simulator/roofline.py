@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.specs import GpuSpec, ModelSpec
+from fleetlens.simulator.specs import GpuSpec, ModelSpec
 
 
 @dataclass

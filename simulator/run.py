@@ -11,10 +11,10 @@ from pathlib import Path
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from simulator.fleet import Fleet
-from simulator.metrics import Sampler
-from simulator.scenario import Scenario, load_scenario
-from simulator.telemetry import (
+from fleetlens.simulator.fleet import Fleet
+from fleetlens.simulator.metrics import Sampler
+from fleetlens.simulator.scenario import Scenario, load_scenario
+from fleetlens.simulator.telemetry import (
     ExportCounts,
     ProcessExporter,
     ThreadExporter,

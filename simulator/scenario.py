@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.schema import CAUSES
-from pipeline.schema import columns as c
-from simulator.specs import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelSpec, from_preset
+from fleetlens.pipeline.schema import CAUSES
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.simulator.specs import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelSpec, from_preset
 
 
 class ScenarioError(ValueError):

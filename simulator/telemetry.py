@@ -31,9 +31,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from pipeline.schema import attributes as a
-from simulator.metrics import metrics_data
-from simulator.workload import Request
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator.metrics import metrics_data
+from fleetlens.simulator.workload import Request
 
 #: vLLM's tracer: ``init_tracer("vllm.llm_engine", ...)``.
 VLLM_SCOPE = InstrumentationScope("vllm.llm_engine")
@@ -257,7 +257,7 @@ class ProcessExporter(_Batcher):
                  insecure: bool = True, timeout_s: float = 30.0, batch: int = 1024,
                  token: str | None = None) -> None:
         super().__init__(batch, self._send)
-        args = [sys.executable, "-m", "simulator.export_process", endpoint,
+        args = [sys.executable, "-m", "fleetlens.simulator.export_process", endpoint,
                 "--insecure" if insecure else "--secure", str(timeout_s)]
         # the child must import this package wherever the parent found it
         root = str(Path(__file__).resolve().parents[1])

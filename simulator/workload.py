@@ -17,8 +17,8 @@ import random
 from datetime import UTC, datetime
 from pathlib import Path
 
-from simulator.scenario import LengthDist, ScenarioError
-from simulator.specs import BLOCK_TOKENS
+from fleetlens.simulator.scenario import LengthDist, ScenarioError
+from fleetlens.simulator.specs import BLOCK_TOKENS
 
 #: Mooncake traces hash prompts in blocks of this many tokens.
 MOONCAKE_BLOCK_TOKENS = 512

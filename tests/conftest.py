@@ -13,6 +13,6 @@ SHARED = REPO.parent / "shared"
 @pytest.fixture
 def data_dir(tmp_path: Path):
     """An empty fleetlens data directory."""
-    from pipeline.storage import DataDir
+    from fleetlens.pipeline.storage import DataDir
 
     return DataDir(tmp_path / "data")

@@ -8,32 +8,42 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.schema import TABLES, attributes
+from fleetlens.pipeline.schema import TABLES, attributes
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("fleetlens", "collector", "pipeline", "analytics", "dashboard", "simulator")
+NS = "fleetlens"
+#: repository folder -> installed package (pyproject's package-dir mapping)
+FOLDERS = {
+    "fleetlens": NS, "collector": f"{NS}.collector", "pipeline": f"{NS}.pipeline",
+    "analytics": f"{NS}.analytics", "dashboard": f"{NS}.dashboard",
+    "simulator": f"{NS}.simulator",
+}
+#: top-level names the folders had before they moved under the namespace: importing one
+#: would load a second copy of a module, so it is always a violation
+OLD_TOP_LEVEL = ("collector", "pipeline", "analytics", "dashboard", "simulator")
 
+_SCHEMA, _STORAGE = f"{NS}.pipeline.schema", f"{NS}.pipeline.storage"
 # module prefix -> prefixes of ours it may import (its own package always allowed)
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
-    ("pipeline.schema", ("pipeline.schema",)),
-    ("pipeline.storage", ("pipeline.schema", "pipeline.storage")),
-    ("collector", ("collector", "pipeline.schema", "pipeline.storage")),
-    ("simulator", ("simulator", "pipeline.schema", "pipeline.storage")),
-    ("pipeline", ("pipeline",)),
-    ("analytics", ("analytics", "pipeline")),
-    ("dashboard", ("dashboard", "analytics", "pipeline")),
-    ("fleetlens", OURS),
+    (_SCHEMA, (_SCHEMA,)),
+    (_STORAGE, (_SCHEMA, _STORAGE)),
+    (f"{NS}.collector", (f"{NS}.collector", _SCHEMA, _STORAGE)),
+    (f"{NS}.simulator", (f"{NS}.simulator", _SCHEMA, _STORAGE)),
+    (f"{NS}.pipeline", (f"{NS}.pipeline",)),
+    (f"{NS}.analytics", (f"{NS}.analytics", f"{NS}.pipeline")),
+    (f"{NS}.dashboard", (f"{NS}.dashboard", f"{NS}.analytics", f"{NS}.pipeline")),
+    (NS, (NS,)),  # the console script and its helpers may import every component
 ]
 
 
 def _modules(root: Path = REPO) -> list[tuple[str, Path]]:
     found = []
-    for package in OURS:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for folder, package in FOLDERS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = list(path.relative_to(root / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            found.append((".".join(parts), path))
+            found.append((".".join([package, *parts]), path))
     return found
 
 
@@ -50,7 +60,7 @@ def _imports(path: Path, module: str) -> list[str]:
                 names.append(".".join([*base, node.module] if node.module else base))
             elif node.module:
                 names += [f"{node.module}.{alias.name}" for alias in node.names]
-    return [n for n in names if n.split(".")[0] in OURS]
+    return [n for n in names if n.split(".")[0] in (NS, *OLD_TOP_LEVEL)]
 
 
 def _rule(module: str) -> tuple[str, ...]:
@@ -76,15 +86,18 @@ def test_imports_flow_one_way() -> None:
 
 def test_the_checker_catches_a_wrong_way_import(tmp_path: Path) -> None:
     # A tree of its own: a probe written into the checkout would race other test runs.
-    (tmp_path / "pipeline").mkdir()
-    (tmp_path / "pipeline" / "fine.py").write_text("from pipeline.schema import columns\n")
-    (tmp_path / "pipeline" / "wrong_way.py").write_text("from analytics import something\n")
-    (tmp_path / "collector").mkdir()
-    (tmp_path / "collector" / "wrong_too.py").write_text("import pipeline.runner\n")
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "pipeline" / "fine.py").write_text("from fleetlens.pipeline.schema import c\n")
+    (tmp_path / "pipeline" / "wrong_way.py").write_text("from fleetlens.analytics import x\n")
+    (tmp_path / "collector" / "wrong_too.py").write_text("import fleetlens.pipeline.runner\n")
+    (tmp_path / "collector" / "old_name.py").write_text("from pipeline.schema import c\n")
     found = _violations(tmp_path)
-    assert len(found) == 2
-    assert any(v.startswith("pipeline/wrong_way.py: imports analytics") for v in found)
-    assert any(v.startswith("collector/wrong_too.py: imports pipeline.runner") for v in found)
+    assert len(found) == 3, found
+    assert any(v.startswith("pipeline/wrong_way.py: imports fleetlens.analytics") for v in found)
+    assert any(v.startswith("collector/wrong_too.py: imports fleetlens.pipeline.runner")
+               for v in found)
+    assert any(v.startswith("collector/old_name.py: imports pipeline.schema") for v in found)
 
 
 def _names_owned_by_schema() -> set[str]:
@@ -108,7 +121,7 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
 
 @pytest.mark.parametrize("module,path", [
     (m, p) for m, p in _modules()
-    if not m.startswith("pipeline.schema") and p.name != "config.py"
+    if not m.startswith(_SCHEMA) and p.name != "config.py"
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_no_schema_names_spelled_outside_schema(module: str, path: Path) -> None:
     owned = _names_owned_by_schema()

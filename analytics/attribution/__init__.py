@@ -1,6 +1,6 @@
 """Root-cause attribution of an incident: phases, dimensions, signals, then ranked causes."""
 
-from analytics.attribution.context import IncidentContext, Tables, load_context
-from analytics.attribution.rank import attribute, attribute_all
+from fleetlens.analytics.attribution.context import IncidentContext, Tables, load_context
+from fleetlens.analytics.attribution.rank import attribute, attribute_all
 
 __all__ = ["IncidentContext", "Tables", "attribute", "attribute_all", "load_context"]

@@ -13,10 +13,10 @@ from typing import Any
 
 import polars as pl
 
-from pipeline.schema import FLEET_WIDE, attributes, validate
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, scan
+from fleetlens.pipeline.schema import FLEET_WIDE, attributes, validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, scan
 
 NS = 1_000_000_000
 

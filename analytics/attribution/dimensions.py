@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline.schema import columns as c
+from fleetlens.pipeline.schema import columns as c
 
 PROMPT_EDGES = (128, 512, 2048, 8192, 32768)
 OUTPUT_EDGES = (32, 128, 512, 2048)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline.schema import columns as c
+from fleetlens.pipeline.schema import columns as c
 
 PHASES = ("queue", "prefill", "decode", "overhead")
 

@@ -8,17 +8,17 @@ from typing import Any
 
 import polars as pl
 
-from analytics.attribution import rules, rules_hw
-from analytics.attribution.context import IncidentContext, Tables, load_context
-from analytics.attribution.dimensions import compare_dimensions
-from analytics.attribution.phases import PHASES, phase_split
-from analytics.attribution.rules import Candidate, Facts
-from analytics.attribution.signals import collect_signals
-from analytics.config import AnalyticsConfig
-from pipeline.schema import Cause, validate
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.schema.causes import subject as fmt_subject
+from fleetlens.analytics.attribution import rules, rules_hw
+from fleetlens.analytics.attribution.context import IncidentContext, Tables, load_context
+from fleetlens.analytics.attribution.dimensions import compare_dimensions
+from fleetlens.analytics.attribution.phases import PHASES, phase_split
+from fleetlens.analytics.attribution.rules import Candidate, Facts
+from fleetlens.analytics.attribution.signals import collect_signals
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.pipeline.schema import Cause, validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema.causes import subject as fmt_subject
 
 RULES = (
     rules.traffic_surge, rules.kv_pressure, rules.prefix_drop, rules.long_prompts,

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analytics.attribution.context import IncidentContext
-from analytics.attribution.dimensions import Finding
-from analytics.attribution.phases import PhaseSplit
-from analytics.attribution.signals import Signals, delta, ratio, value
-from pipeline.schema import Cause
-from pipeline.schema import columns as c
-from pipeline.schema.causes import subject as fmt_subject
+from fleetlens.analytics.attribution.context import IncidentContext
+from fleetlens.analytics.attribution.dimensions import Finding
+from fleetlens.analytics.attribution.phases import PhaseSplit
+from fleetlens.analytics.attribution.signals import Signals, delta, ratio, value
+from fleetlens.pipeline.schema import Cause
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.causes import subject as fmt_subject
 
 
 def clip01(x: float) -> float:

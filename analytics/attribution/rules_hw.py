@@ -3,11 +3,11 @@ collective (tensor-parallel) stall, network and engine overhead."""
 
 from __future__ import annotations
 
-from analytics.attribution.rules import Candidate, Facts, clip01, gpu_place, place
-from analytics.attribution.signals import delta, ratio, value
-from pipeline.schema import Cause
-from pipeline.schema import columns as c
-from pipeline.schema.causes import subject as fmt_subject
+from fleetlens.analytics.attribution.rules import Candidate, Facts, clip01, gpu_place, place
+from fleetlens.analytics.attribution.signals import delta, ratio, value
+from fleetlens.pipeline.schema import Cause
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.causes import subject as fmt_subject
 
 
 def _where(subject: str) -> str:

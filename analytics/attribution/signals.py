@@ -14,8 +14,8 @@ from typing import Any
 
 import polars as pl
 
-from analytics.attribution.context import IncidentContext
-from pipeline.schema import columns as c
+from fleetlens.analytics.attribution.context import IncidentContext
+from fleetlens.pipeline.schema import columns as c
 
 #: NVML clocks-event-reason bits (nvmlClocksEventReason*).
 THERMAL_BITS = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 
 import click
 
-from collector.agent.config import AgentConfig, VllmTarget
-from collector.agent.gpu import GpuBackend, NoGpu, open_nvml
-from collector.agent.runner import Agent
-from pipeline.schema.settings import ConfigError, load_section
+from fleetlens.collector.agent.config import AgentConfig, VllmTarget
+from fleetlens.collector.agent.gpu import GpuBackend, NoGpu, open_nvml
+from fleetlens.collector.agent.runner import Agent
+from fleetlens.pipeline.schema.settings import ConfigError, load_section
 
 SECTION = "agent"
 
@@ -29,7 +29,7 @@ def parse_vllm_option(value: str) -> VllmTarget:
 def open_backend(config: AgentConfig, echo=click.echo) -> GpuBackend | None:
     """Fake GPUs when asked, else NVML; without NVML say so in one line and return ``None``."""
     if config.fake_gpus:
-        from collector.agent.fake_gpu import FakeGpuBackend
+        from fleetlens.collector.agent.fake_gpu import FakeGpuBackend
 
         return FakeGpuBackend(config.fake_gpus, host_seed=config.resolved_host_name())
     try:

@@ -22,7 +22,7 @@ import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from pipeline.schema.settings import require
+from fleetlens.pipeline.schema.settings import require
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_VLLM_SERVICE = "vllm"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from collector.agent.gpu import GpuLost, NvmlReading
+from fleetlens.collector.agent.gpu import GpuLost, NvmlReading
 
 GIB = 1024**3
 #: NVML clocks event reason bits (nvml.h).

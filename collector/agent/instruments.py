@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from collector.agent.export import MetricGroup, Points
-from collector.agent.sampler import GpuSample
-from collector.agent.scraper import EngineSample
-from pipeline.schema import attributes as a
+from fleetlens.collector.agent.export import MetricGroup, Points
+from fleetlens.collector.agent.sampler import GpuSample
+from fleetlens.collector.agent.scraper import EngineSample
+from fleetlens.pipeline.schema import attributes as a
 
 Getter = Callable[[GpuSample], float | int | None]
 

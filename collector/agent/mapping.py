@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from collector.agent.sampler import GpuSample
+from fleetlens.collector.agent.sampler import GpuSample
 
 log = logging.getLogger(__name__)
 PROC = Path("/proc")

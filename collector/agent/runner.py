@@ -13,20 +13,25 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import Resource
 
-from collector.agent.config import AgentConfig, VllmTarget, is_loopback
-from collector.agent.export import MetricGroup, Outbox
-from collector.agent.gpu import GpuBackend, NoGpu
-from collector.agent.instruments import EngineState, GpuState, register_engine, register_gpu
-from collector.agent.mapping import (
+from fleetlens.collector.agent.config import AgentConfig, VllmTarget, is_loopback
+from fleetlens.collector.agent.export import MetricGroup, Outbox
+from fleetlens.collector.agent.gpu import GpuBackend, NoGpu
+from fleetlens.collector.agent.instruments import (
+    EngineState,
+    GpuState,
+    register_engine,
+    register_gpu,
+)
+from fleetlens.collector.agent.mapping import (
     gpus_from_config,
     gpus_from_pids,
     listening_pids,
     url_port,
     with_descendants,
 )
-from collector.agent.sampler import GpuSampler
-from collector.agent.scraper import VllmScraper
-from pipeline.schema import attributes as a
+from fleetlens.collector.agent.sampler import GpuSampler
+from fleetlens.collector.agent.scraper import VllmScraper
+from fleetlens.pipeline.schema import attributes as a
 
 log = logging.getLogger(__name__)
 #: Seconds between attempts to open NVML when it was not available at start.

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from collector.agent.gpu import GpuBackend, GpuLost, NvmlReading
+from fleetlens.collector.agent.gpu import GpuBackend, GpuLost, NvmlReading
 
 log = logging.getLogger(__name__)
 

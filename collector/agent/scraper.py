@@ -20,8 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from collector.agent.prometheus import ExpositionError, parse_samples
-from pipeline.schema import attributes as a
+from fleetlens.collector.agent.prometheus import ExpositionError, parse_samples
+from fleetlens.pipeline.schema import attributes as a
 
 log = logging.getLogger(__name__)
 #: Signals averaged (not summed) across engines of one model.

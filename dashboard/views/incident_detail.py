@@ -7,9 +7,9 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from dashboard import data, ui
-from dashboard.incident import periods, report_markdown
-from pipeline.schema import columns as c
+from fleetlens.dashboard import data, ui
+from fleetlens.dashboard.incident import periods, report_markdown
+from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
 st.title("Incident detail")

@@ -3,8 +3,8 @@
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import data, ui
-from pipeline.schema import columns as c
+from fleetlens.dashboard import data, ui
+from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
 st.title("Leaderboard")

@@ -3,9 +3,9 @@
 import polars as pl
 import streamlit as st
 
-from dashboard import data, ui
-from dashboard.queries import HEADLINE
-from pipeline.schema import columns as c
+from fleetlens.dashboard import data, ui
+from fleetlens.dashboard.queries import HEADLINE
+from fleetlens.pipeline.schema import columns as c
 
 RECENT_WINDOWS = 5
 

@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from dashboard import data
-from dashboard.sql_console import SqlRejected, filter_params, run_query
+from fleetlens.dashboard import data
+from fleetlens.dashboard.sql_console import SqlRejected, filter_params, run_query
 
 f = st.session_state["filters"]
 cap = data.config().sql_row_cap

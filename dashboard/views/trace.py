@@ -4,9 +4,9 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from dashboard import data, ui
-from dashboard.explore import waterfall
-from pipeline.schema import columns as c
+from fleetlens.dashboard import data, ui
+from fleetlens.dashboard.explore import waterfall
+from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
 st.title("Trace explorer")

@@ -3,14 +3,14 @@ metric names, the cause vocabulary and the config-loading machinery.
 
 It imports nothing of ours, so every other package may import it.
 
-    from pipeline.schema import columns as c, tables as t, attributes as a
+    from fleetlens.pipeline.schema import columns as c, tables as t, attributes as a
     validate(frame, t.REQUESTS)
 """
 
-from pipeline.schema import attributes, columns, tables
-from pipeline.schema.causes import CAUSES, Cause
-from pipeline.schema.tables import FLEET_WIDE, RAW_SIGNALS, TABLES, Table, table
-from pipeline.schema.validate import SchemaError, conform, validate
+from fleetlens.pipeline.schema import attributes, columns, tables
+from fleetlens.pipeline.schema.causes import CAUSES, Cause
+from fleetlens.pipeline.schema.tables import FLEET_WIDE, RAW_SIGNALS, TABLES, Table, table
+from fleetlens.pipeline.schema.validate import SchemaError, conform, validate
 
 __all__ = [
     "CAUSES",

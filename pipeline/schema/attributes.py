@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 # --- resource attributes ------------------------------------------------------------------
 SERVICE_NAME = "service.name"

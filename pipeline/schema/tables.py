@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from pipeline.schema import columns as c
+from fleetlens.pipeline.schema import columns as c
 
 if TYPE_CHECKING:
     import polars as pl

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from pipeline.schema.tables import table as lookup
+from fleetlens.pipeline.schema.tables import table as lookup
 
 if TYPE_CHECKING:  # imported in the functions: the collector imports this package, not Polars
     import polars as pl

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.agent.config import AgentConfig, VllmTarget
-from collector.agent.fake_gpu import FakeGpuBackend
-from collector.agent.instruments import ENGINE_METRICS, GPU_METRICS
-from collector.agent.mapping import listening_pids, with_descendants
-from collector.agent.runner import Agent
-from pipeline.schema import attributes as a
+from fleetlens.collector.agent.config import AgentConfig, VllmTarget
+from fleetlens.collector.agent.fake_gpu import FakeGpuBackend
+from fleetlens.collector.agent.instruments import ENGINE_METRICS, GPU_METRICS
+from fleetlens.collector.agent.mapping import listening_pids, with_descendants
+from fleetlens.collector.agent.runner import Agent
+from fleetlens.pipeline.schema import attributes as a
 from tests.agent.otlp_sink import OtlpSink
 from tests.agent.test_scraper import metrics_server  # noqa: F401  (fixture)
 
@@ -173,7 +173,7 @@ def test_a_backlog_goes_out_in_bounded_requests_and_drops_are_logged(
         sink: OtlpSink, caplog) -> None:
     import logging
 
-    from collector.agent.export import MAX_BATCH
+    from fleetlens.collector.agent.export import MAX_BATCH
 
     agent = make_agent(sink, FakeGpuBackend(1), max_pending_collections=2 * MAX_BATCH + 10)
     with caplog.at_level(logging.WARNING):
@@ -192,7 +192,7 @@ def test_shutdown_with_the_collector_down_says_what_was_lost_and_exits_1(tmp_pat
     import signal
     import time
 
-    from collector.testing import free_port
+    from fleetlens.collector.testing import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
     child = subprocess.Popen(
@@ -215,8 +215,8 @@ def test_gpus_that_appear_after_start_are_sampled(sink: OtlpSink, monkeypatch) -
     import threading
     import time
 
-    from collector.agent import runner
-    from collector.agent.gpu import NoGpu
+    from fleetlens.collector.agent import runner
+    from fleetlens.collector.agent.gpu import NoGpu
 
     monkeypatch.setattr(runner, "GPU_RETRY_S", 0.2)
     tries = []
@@ -269,7 +269,7 @@ def test_an_unreadable_vllm_process_is_said_once_not_silently_unmapped(
         tmp_path: Path, monkeypatch, caplog) -> None:
     import logging
 
-    from collector.agent import mapping
+    from fleetlens.collector.agent import mapping
 
     proc = tmp_path / "proc"
     (proc / "net").mkdir(parents=True)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.agent.cli import load_agent_config, parse_vllm_option
-from collector.agent.config import AgentConfig, VllmTarget
-from pipeline.schema.settings import ConfigError
+from fleetlens.collector.agent.cli import load_agent_config, parse_vllm_option
+from fleetlens.collector.agent.config import AgentConfig, VllmTarget
+from fleetlens.pipeline.schema.settings import ConfigError
 
 
 def test_defaults() -> None:

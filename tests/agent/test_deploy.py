@@ -10,10 +10,10 @@ import click
 import pytest
 import yaml
 
-from collector.agent.cli import load_agent_config, parse_vllm_option
 from fleetlens.cli import cli
+from fleetlens.collector.agent.cli import load_agent_config, parse_vllm_option
 from fleetlens.config import load_config
-from pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import attributes as a
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
@@ -141,7 +141,7 @@ def test_k8s_agent_has_nvml_access_and_matches_vllm(k8s: dict) -> None:
 
 
 def test_telemetry_doc_lists_every_emitted_and_scraped_name() -> None:
-    from collector.agent.instruments import ENGINE_METRICS, GPU_METRICS
+    from fleetlens.collector.agent.instruments import ENGINE_METRICS, GPU_METRICS
 
     doc = (REPO / "docs" / "telemetry.md").read_text()
     names = [*GPU_METRICS, *ENGINE_METRICS, a.ENGINE_INSTANCE_GPUS, a.HW_ID, a.HW_NAME,

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from collector.agent.gpu import NoGpu, open_nvml
-from pipeline.schema import attributes as a
+from fleetlens.collector.agent.gpu import NoGpu, open_nvml
+from fleetlens.pipeline.schema import attributes as a
 from tests.agent.otlp_sink import OtlpSink
 from tests.agent.test_scraper import metrics_server  # noqa: F401  (fixture)
 from tests.conftest import REPO

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from collector.agent.gpu import GpuLost, NoGpu, PynvmlBackend
-from collector.agent.sampler import GpuSampler
+from fleetlens.collector.agent.gpu import GpuLost, NoGpu, PynvmlBackend
+from fleetlens.collector.agent.sampler import GpuSampler
 
 
 class Driver:

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from collector.agent.fake_gpu import REASON_SW_POWER_CAP, FakeGpuBackend
-from collector.agent.gpu import NvmlReading
-from collector.agent.sampler import COUNTER_WRAP, EnergyTotal, GpuSampler
+from fleetlens.collector.agent.fake_gpu import REASON_SW_POWER_CAP, FakeGpuBackend
+from fleetlens.collector.agent.gpu import NvmlReading
+from fleetlens.collector.agent.sampler import COUNTER_WRAP, EnergyTotal, GpuSampler
 
 
 class Clock:

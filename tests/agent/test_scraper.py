@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.agent.prometheus import ExpositionError, parse_samples
-from collector.agent.scraper import VllmScraper, engine_samples
-from pipeline.schema import attributes as a
+from fleetlens.collector.agent.prometheus import ExpositionError, parse_samples
+from fleetlens.collector.agent.scraper import VllmScraper, engine_samples
+from fleetlens.pipeline.schema import attributes as a
 
 DATA = Path(__file__).parent / "data"
 NEW = (DATA / "vllm-0.32.0-metrics.txt").read_text()

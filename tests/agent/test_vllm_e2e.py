@@ -22,11 +22,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from collector.agent.prometheus import parse_samples
-from collector.testing import running_collector
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir, scan
+from fleetlens.collector.agent.prometheus import parse_samples
+from fleetlens.collector.testing import running_collector
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, scan
 from tests.agent import loadgen
 from tests.agent.loadgen import Request, new_traceparent, prompt_of
 from tests.agent.vllm_env import build_tiny_model, ensure_vllm_venv, running_vllm, stop_tree

@@ -86,7 +86,7 @@ def build_tiny_model(python: Path, out: Path) -> Path:
 
 def descendants(pid: int) -> set[int]:
     """PIDs below ``pid`` (read from /proc)."""
-    from collector.agent.mapping import with_descendants
+    from fleetlens.collector.agent.mapping import with_descendants
 
     return with_descendants({pid}) - {pid}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analytics.config import AnalyticsConfig
+from fleetlens.analytics.config import AnalyticsConfig
 
 NS = 1_000_000_000
 T0 = 1_767_225_600 * NS

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from analytics.accuracy import Score
+from fleetlens.analytics.accuracy import Score
 
 
 @pytest.mark.slow

@@ -6,9 +6,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analytics.attribution.dimensions import add_buckets, compare_dimensions
-from analytics.attribution.phases import phase_split
-from pipeline.schema import columns as c
+from fleetlens.analytics.attribution.dimensions import add_buckets, compare_dimensions
+from fleetlens.analytics.attribution.phases import phase_split
+from fleetlens.pipeline.schema import columns as c
 
 from .conftest import NS, T0
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from analytics.analyse import analyse
-from analytics.attribution import Tables
-from analytics.config import AnalyticsConfig
-from analytics.synthetic import FleetSpec, Injected, generate
-from pipeline.schema import CAUSES, validate
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.analytics.analyse import analyse
+from fleetlens.analytics.attribution import Tables
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
+from fleetlens.pipeline.schema import CAUSES, validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 H = 3600
 

@@ -6,12 +6,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analytics.baselines import rolling_baseline, to_baselines_table
-from analytics.series import request_series, window_series
-from analytics.synthetic import FleetSpec, generate
-from pipeline.schema import FLEET_WIDE, validate
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.analytics.baselines import rolling_baseline, to_baselines_table
+from fleetlens.analytics.series import request_series, window_series
+from fleetlens.analytics.synthetic import FleetSpec, generate
+from fleetlens.pipeline.schema import FLEET_WIDE, validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 from .conftest import NS, T0
 

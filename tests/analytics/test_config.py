@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from analytics.config import AnalyticsConfig
+from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.config import load_config
-from pipeline.schema.settings import ConfigError
+from fleetlens.pipeline.schema.settings import ConfigError
 
 
 def test_analytics_section_is_wired(tmp_path: Path) -> None:

@@ -4,12 +4,12 @@ import dataclasses
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.detect import band_breaches, detect
-from analytics.merge import incident_id, merge_anomalies, severity
-from pipeline.schema import FLEET_WIDE, validate
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.detect import band_breaches, detect
+from fleetlens.analytics.merge import incident_id, merge_anomalies, severity
+from fleetlens.pipeline.schema import FLEET_WIDE, validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 
 from .conftest import NS, T0
 

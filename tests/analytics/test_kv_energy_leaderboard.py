@@ -8,19 +8,24 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analytics.config import AnalyticsConfig
-from analytics.energy import idle_share, j_per_token, outliers
-from analytics.hardware import ModelShape, model_shape
-from analytics.kvcache import kv_summary, preemption_episodes, prefix_hit_drops, usage_vs_latency
-from analytics.leaderboard import (
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.energy import idle_share, j_per_token, outliers
+from fleetlens.analytics.hardware import ModelShape, model_shape
+from fleetlens.analytics.kvcache import (
+    kv_summary,
+    preemption_episodes,
+    prefix_hit_drops,
+    usage_vs_latency,
+)
+from fleetlens.analytics.leaderboard import (
     best_under_sla,
     entropy_weights,
     leaderboard,
     pareto,
     prepare,
 )
-from analytics.synthetic import FleetSpec, Injected, generate
-from pipeline.schema import columns as c
+from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
+from fleetlens.pipeline.schema import columns as c
 
 from .conftest import NS, T0
 

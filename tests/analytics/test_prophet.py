@@ -10,11 +10,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analytics.config import AnalyticsConfig
-from analytics.prophet_baselines import ProphetUnavailable, fit_prophet, require_prophet
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.schema import validate
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.prophet_baselines import ProphetUnavailable, fit_prophet, require_prophet
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema import validate
 
 from .conftest import NS, T0
 
@@ -58,9 +58,9 @@ def test_missing_prophet_gives_a_precise_error(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_refresh_prophet_publishes_on_schedule(tmp_path) -> None:
-    from analytics.prophet_baselines import refresh_prophet
-    from analytics.runner import read_table
-    from pipeline.storage import DataDir
+    from fleetlens.analytics.prophet_baselines import refresh_prophet
+    from fleetlens.analytics.runner import read_table
+    from fleetlens.pipeline.storage import DataDir
 
     root = DataDir(tmp_path / "data")
     series = _daily("e2e_p99_s{service_name=chat,model=m,host_name=*}", days=2.2)

@@ -11,21 +11,21 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from analytics.config import AnalyticsConfig
-from analytics.runner import read_table, run, state_dir
-from analytics.synthetic import FleetSpec, Injected, generate
-from analytics.synthetic_io import write_tables
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.runner import read_table, run, state_dir
+from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
+from fleetlens.analytics.synthetic_io import write_tables
 from fleetlens.cli import cli
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.schema import validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema import validate
 
 H = 3600
 
 
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
-    from pipeline.storage import DataDir
+    from fleetlens.pipeline.storage import DataDir
 
     root = DataDir(tmp_path_factory.mktemp("analytics") / "data")
     data = generate(FleetSpec(hosts=3, gpus_per_host=2, duration_s=3 * H, seed=5), [
@@ -122,7 +122,7 @@ def test_cli_incidents_explain_baselines(filled) -> None:
 
 
 def test_empty_data_dir_is_quiet(tmp_path) -> None:
-    from pipeline.storage import DataDir
+    from fleetlens.pipeline.storage import DataDir
 
     result = run(DataDir(tmp_path / "empty"), AnalyticsConfig())
     assert result.analysis.incidents.height == 0
@@ -149,7 +149,7 @@ def test_cli_leaderboard(filled) -> None:
 
 
 def test_cli_analyze_prints_new_incidents_once(tmp_path) -> None:
-    from pipeline.storage import DataDir
+    from fleetlens.pipeline.storage import DataDir
 
     root = DataDir(tmp_path / "data")
     data = generate(FleetSpec(hosts=2, gpus_per_host=1, duration_s=2 * H, seed=9), [
@@ -166,7 +166,7 @@ def test_cli_analyze_prints_new_incidents_once(tmp_path) -> None:
 
 
 def test_package_entry_point_and_grouped_baselines(filled) -> None:
-    import analytics
+    from fleetlens import analytics
 
     root, _ = filled
     cfg = dataclasses.replace(AnalyticsConfig(), group_by=(c.REGION,))
@@ -182,7 +182,7 @@ def test_package_entry_point_and_grouped_baselines(filled) -> None:
 
 
 def test_since_reads_relative_iso_and_unix_times_in_any_unit() -> None:
-    from analytics.cli import parse_since
+    from fleetlens.analytics.cli import parse_since
 
     now = 1_795_995_000 * 10**9
     ns = 1_795_995_000 * 10**9

@@ -3,9 +3,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from analytics.detect import slo_breaches
-from analytics.slo import parse_rule
-from pipeline.schema import columns as c
+from fleetlens.analytics.detect import slo_breaches
+from fleetlens.analytics.slo import parse_rule
+from fleetlens.pipeline.schema import columns as c
 
 from .conftest import NS, T0
 

@@ -12,10 +12,10 @@ import grpc
 import pyarrow.parquet as pq
 import pytest
 
-from collector.signals import SPANS
-from collector.testing import free_port, running_collector, vllm_trace_request
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir, parquet_files, scan
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.testing import free_port, running_collector, vllm_trace_request
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, parquet_files, scan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CLIENTS = 3

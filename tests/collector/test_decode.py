@@ -11,13 +11,13 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.decode_common import OVERFLOW_NAME, Limits, NameLimiter
-from collector.signals import LOGS, METRICS, SPANS
-from collector.testing import gauge_request, kvs, log_request, trace_request, vllm_span
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.schema import validate
+from fleetlens.collector.decode_common import OVERFLOW_NAME, Limits, NameLimiter
+from fleetlens.collector.signals import LOGS, METRICS, SPANS
+from fleetlens.collector.testing import gauge_request, kvs, log_request, trace_request, vllm_span
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema import validate
 
 
 def _limits(now: int | None = None, **kw) -> Limits:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from collector.signals import SIGNALS, arrow_schema
-from collector.testing import running_collector, vllm_trace_request
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, scan
+from fleetlens.collector.signals import SIGNALS, arrow_schema
+from fleetlens.collector.testing import running_collector, vllm_trace_request
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, scan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,16 +40,16 @@ def test_supervisor_entry_imports_neither_polars_nor_arrow() -> None:
 def test_worker_decodes_and_writes_parquet_without_polars(tmp_path) -> None:
     code = f"""
 import time
-from collector.config import CollectorConfig
-from collector.ingest import Ingest
-from collector.signals import SPANS
-from collector.sink import Segments, Sink
-from collector.telemetry import Telemetry
-from collector.testing import vllm_trace_request
-from collector.wal import Wal
-import collector.worker
-from pipeline.storage import DataDir
-collector.worker.keep_out_pandas()  # what run_worker does first
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.ingest import Ingest
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.sink import Segments, Sink
+from fleetlens.collector.telemetry import Telemetry
+from fleetlens.collector.testing import vllm_trace_request
+from fleetlens.collector.wal import Wal
+from fleetlens.collector import worker
+from fleetlens.pipeline.storage import DataDir
+worker.keep_out_pandas()  # what run_worker does first
 data, telemetry = DataDir({str(tmp_path)!r}), Telemetry()
 sink = Sink(Segments(data, 'w'), Wal(data.wal, 'w'), telemetry, flush_rows=10,
             flush_interval_s=60.0, max_buffered_bytes=1 << 26)

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from collector.signals import SPANS
-from collector.testing import any_value, kvs, running_collector, trace_request
-from pipeline.storage import DataDir, scan
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.testing import any_value, kvs, running_collector, trace_request
+from fleetlens.pipeline.storage import DataDir, scan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = int(os.environ.get("FLEETLENS_HOSTILE_EXAMPLES", "250"))

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from collector.decode_common import Limits, NameLimiter, any_value
-from collector.decode_spans import decode_spans
-from collector.lite_spans import LiteRequest, read_header, varint
-from collector.signals import SPANS
-from collector.testing import kvs, trace_request, vllm_span
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
+from fleetlens.collector.decode_common import Limits, NameLimiter, any_value
+from fleetlens.collector.decode_spans import decode_spans
+from fleetlens.collector.lite_spans import LiteRequest, read_header, varint
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.testing import kvs, trace_request, vllm_span
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
 
 
 def _limits() -> Limits:
@@ -133,7 +133,7 @@ def test_repeated_attributes_reuse_their_json_with_exact_counts() -> None:
 
 
 def test_json_cache_skips_large_attribute_sets() -> None:
-    from collector import decode_spans as module
+    from fleetlens.collector import decode_spans as module
 
     span = vllm_span()
     span.attributes.extend(kvs({f"extra.{i}": "v" * 100 for i in range(20)}))  # > 1 KiB

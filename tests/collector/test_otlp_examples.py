@@ -13,11 +13,11 @@ import urllib.request
 import pytest
 from google.protobuf import json_format
 
-from collector.otlp_json import ID_KEYS
-from collector.signals import LOGS, METRICS, SPANS
-from collector.testing import running_collector
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir, scan
+from fleetlens.collector.otlp_json import ID_KEYS
+from fleetlens.collector.signals import LOGS, METRICS, SPANS
+from fleetlens.collector.testing import running_collector
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, scan
 from tests.conftest import SHARED
 
 pytestmark = pytest.mark.e2e

@@ -7,9 +7,9 @@ import socket
 import subprocess
 import sys
 
-from collector.config import CollectorConfig, TlsConfig
-from collector.preflight import warn_if_exposed
-from collector.testing import free_port
+from fleetlens.collector.config import CollectorConfig, TlsConfig
+from fleetlens.collector.preflight import warn_if_exposed
+from fleetlens.collector.testing import free_port
 
 
 def test_a_port_held_by_another_program_stops_the_collector_in_one_line(tmp_path) -> None:

@@ -15,11 +15,16 @@ import grpc
 import pytest
 from google.rpc.error_details_pb2 import RetryInfo
 
-from collector.errors import RETRY_INFO_KEY
-from collector.signals import SPANS
-from collector.testing import running_collector, trace_request, vllm_span, vllm_trace_request
-from collector.wal import FAULT_DISK_FULL_ENV
-from pipeline.storage import DataDir, scan
+from fleetlens.collector.errors import RETRY_INFO_KEY
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.testing import (
+    running_collector,
+    trace_request,
+    vllm_span,
+    vllm_trace_request,
+)
+from fleetlens.collector.wal import FAULT_DISK_FULL_ENV
+from fleetlens.pipeline.storage import DataDir, scan
 
 pytestmark = pytest.mark.e2e
 PROTOBUF = {"Content-Type": "application/x-protobuf"}

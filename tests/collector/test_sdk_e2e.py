@@ -25,8 +25,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from collector.testing import running_collector
-from pipeline.schema import attributes as a
+from fleetlens.collector.testing import running_collector
+from fleetlens.pipeline.schema import attributes as a
 
 pytestmark = pytest.mark.e2e
 

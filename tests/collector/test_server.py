@@ -12,18 +12,18 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from collector.cli import load
-from collector.config import LOOPBACK, CollectorConfig
-from collector.decode_common import OVERFLOW_NAME
-from collector.signals import SPANS
-from collector.testing import (
+from fleetlens.collector.cli import load
+from fleetlens.collector.config import LOOPBACK, CollectorConfig
+from fleetlens.collector.decode_common import OVERFLOW_NAME
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.testing import (
     LOOPBACK_HEX,
     listening_addresses,
     running_collector,
     vllm_trace_request,
 )
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir, parquet_files, scan
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, parquet_files, scan
 
 pytestmark = pytest.mark.e2e
 

@@ -11,17 +11,17 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from collector.config import CollectorConfig
-from collector.errors import Overloaded, StorageFailure
-from collector.ingest import Ingest
-from collector.signals import SPANS
-from collector.sink import Segments, Sink
-from collector.telemetry import Telemetry
-from collector.testing import vllm_trace_request
-from collector.wal import FAULT_DISK_FULL_ENV, Wal
-from collector.worker import replay_orphans
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir, scan
+from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.errors import Overloaded, StorageFailure
+from fleetlens.collector.ingest import Ingest
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.sink import Segments, Sink
+from fleetlens.collector.telemetry import Telemetry
+from fleetlens.collector.testing import vllm_trace_request
+from fleetlens.collector.wal import FAULT_DISK_FULL_ENV, Wal
+from fleetlens.collector.worker import replay_orphans
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, scan
 
 
 def _make(data_dir: DataDir, writer: str = "w1", **kw) -> tuple[Ingest, Sink]:

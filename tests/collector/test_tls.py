@@ -10,9 +10,9 @@ import urllib.request
 import grpc
 import pytest
 
-from collector.signals import SPANS
-from collector.testing import running_collector, vllm_trace_request
-from pipeline.storage import DataDir, scan
+from fleetlens.collector.signals import SPANS
+from fleetlens.collector.testing import running_collector, vllm_trace_request
+from fleetlens.pipeline.storage import DataDir, scan
 from tests.collector.certs import make_pki
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,14 @@ import threading
 
 import pytest
 
-from collector.wal import FAULT_DISK_FULL_ENV, Wal, orphan_dirs, read_segment, remove_dir, segments
+from fleetlens.collector.wal import (
+    FAULT_DISK_FULL_ENV,
+    Wal,
+    orphan_dirs,
+    read_segment,
+    remove_dir,
+    segments,
+)
 
 
 def _fill(wal: Wal, count: int, rng: random.Random) -> list[bytes]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.storage import DataDir
+from fleetlens.pipeline.storage import DataDir
 from tests.dashboard.synth import Fleet, build_all
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"

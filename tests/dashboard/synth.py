@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import conform
-from pipeline.schema import tables as t
-from pipeline.schema.causes import Cause, subject
-from pipeline.storage import DataDir, hour_partition, write_parquet_atomic
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import conform
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema.causes import Cause, subject
+from fleetlens.pipeline.storage import DataDir, hour_partition, write_parquet_atomic
 
 NS = 1_000_000_000
 #: Service names with characters a careless SQL builder would choke on.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.testing import LOOPBACK_HEX, listening_addresses
+from fleetlens.collector.testing import LOOPBACK_HEX, listening_addresses
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -64,9 +64,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> Non
 @pytest.fixture(scope="module")
 def incident(real_demo) -> str:
     """The first incident analytics found in the demo data."""
-    from pipeline.schema import columns as c
-    from pipeline.schema import tables as t
-    from pipeline.storage import scan
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import scan
 
     frame = scan(real_demo, t.INCIDENTS).sort(c.START_NS).collect()
     assert frame.height, "the demo found no incident"

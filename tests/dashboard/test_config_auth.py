@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard.auth import hash_password, verify_password
-from dashboard.config import DashboardConfig, is_loopback, load_dashboard_config
-from pipeline.schema.settings import ConfigError
+from fleetlens.dashboard.auth import hash_password, verify_password
+from fleetlens.dashboard.config import DashboardConfig, is_loopback, load_dashboard_config
+from fleetlens.pipeline.schema.settings import ConfigError
 
 
 def test_defaults_bind_loopback_without_auth() -> None:
@@ -91,7 +91,7 @@ def test_password_login_gates_every_page(demo_data, monkeypatch) -> None:
     monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
     monkeypatch.setenv("FLEETLENS_DASHBOARD__AUTH", "password")
     monkeypatch.setenv("FLEETLENS_DASHBOARD_PASSWORD", "hunter2")
-    from dashboard import data
+    from fleetlens.dashboard import data
 
     data.config.clear()
     try:
@@ -139,7 +139,7 @@ def test_hash_password_command(tmp_path) -> None:
 def test_oidc_login_gates_every_page(demo_data, monkeypatch) -> None:
     from streamlit.testing.v1 import AppTest
 
-    from dashboard import data
+    from fleetlens.dashboard import data
     from tests.dashboard.conftest import APP
 
     monkeypatch.setenv("FLEETLENS_DATA", str(demo_data[0].root))

@@ -15,9 +15,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import connect, scan
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import connect, scan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

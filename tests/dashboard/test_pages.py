@@ -7,8 +7,8 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from pipeline.schema import columns as c
-from pipeline.schema.causes import Cause
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.causes import Cause
 from tests.dashboard.synth import SERVICES
 
 INCIDENT = "5f3a9c0e1b2d4a67"
@@ -187,7 +187,7 @@ def test_sql_console_on_an_empty_data_dir_answers_with_no_rows(tmp_path, monkeyp
 def test_data_arriving_while_the_dashboard_runs_is_picked_up(tmp_path, monkeypatch) -> None:
     from streamlit.testing.v1 import AppTest
 
-    from pipeline.storage import DataDir
+    from fleetlens.pipeline.storage import DataDir
     from tests.dashboard.conftest import APP
     from tests.dashboard.synth import Fleet, build_all
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import scan
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import scan
 from tests.dashboard.conftest import APP
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -70,7 +70,7 @@ def test_incident_detail_exports_the_analytics_report(app_real, real_demo) -> No
     buttons = app_real.get("download_button")
     assert len(buttons) == 2  # Markdown and HTML, built on click
     assert app_real.dataframe[0].value[c.CAUSE].notna().all()
-    from dashboard.data import report_text
+    from fleetlens.dashboard.data import report_text
 
     text, why = report_text(real_demo, first[c.INCIDENT_ID][0], "markdown")
     assert text is not None, why

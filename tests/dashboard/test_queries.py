@@ -6,11 +6,11 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from dashboard import explore, incident, queries
-from dashboard.filters import Filters, where
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, connect, scan, write_parquet_atomic
+from fleetlens.dashboard import explore, incident, queries
+from fleetlens.dashboard.filters import Filters, where
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, connect, scan, write_parquet_atomic
 from tests.dashboard.synth import SERVICES
 
 HOSTILE = [
@@ -149,7 +149,7 @@ def test_find_trace_by_trace_or_request_id_with_and_without_time_hint(con, demo_
 def test_cache_epoch_moves_only_when_data_changed_and_ttl_passed(tmp_path) -> None:
     import os
 
-    from dashboard.data import cache_epoch
+    from fleetlens.dashboard.data import cache_epoch
 
     root = DataDir(tmp_path / "d")
     state = root.state / "pipeline.json"
@@ -165,7 +165,7 @@ def test_cache_epoch_moves_only_when_data_changed_and_ttl_passed(tmp_path) -> No
 
 
 def test_host_peak_power_is_of_the_host_total_not_a_sum_of_gpu_peaks(tmp_path) -> None:
-    from pipeline.schema import conform
+    from fleetlens.pipeline.schema import conform
 
     root = DataDir(tmp_path / "d")
     ns = 10**9

@@ -5,11 +5,11 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from dashboard.filters import Filters
-from dashboard.sql_console import SqlRejected, filter_params, run_query
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import scan
+from fleetlens.dashboard.filters import Filters
+from fleetlens.dashboard.sql_console import SqlRejected, filter_params, run_query
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import scan
 from tests.dashboard.synth import SERVICES
 
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 import polars as pl
 
-from dashboard.ui import duration, readable, versus
+from fleetlens.dashboard.ui import duration, readable, versus
 
 
 def test_durations_read_in_ms_below_a_second_and_in_s_above() -> None:

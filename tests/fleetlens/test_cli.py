@@ -9,8 +9,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir, write_parquet_atomic
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
 
 
 def fleetlens(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

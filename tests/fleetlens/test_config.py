@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from fleetlens.config import FleetlensConfig, load_config
-from pipeline.schema.settings import ConfigError, env_overrides
+from fleetlens.pipeline.schema.settings import ConfigError, env_overrides
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -98,7 +98,7 @@ def test_every_command_finds_the_data_dir_the_config_file_names(tmp_path: Path,
     from click.testing import CliRunner
 
     from fleetlens.cli import cli
-    from pipeline.storage import DataDir
+    from fleetlens.pipeline.storage import DataDir
     from tests.pipeline.fleet import make_fleet, write_batches
 
     monkeypatch.delenv("FLEETLENS_DATA", raising=False)

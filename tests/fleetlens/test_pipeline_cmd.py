@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.cli import make_pipeline_command
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, existing_tables
+from fleetlens.pipeline.cli import make_pipeline_command
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, existing_tables
 from tests.pipeline.fleet import make_fleet, write_batches
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from pipeline.schema import attributes as a
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir
 from tests.pipeline.rawdata import (
     NS,
     T0,

@@ -8,11 +8,11 @@ from typing import Any
 
 import polars as pl
 
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import conform
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, write_parquet_atomic
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import conform
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
 
 NS = 1_000_000_000
 T0 = 1_790_000_000 * NS  # 2026-09-21T... an hour boundary is added by tests where needed

@@ -30,7 +30,7 @@ def _run(first: str, **env: str) -> tuple[int, str]:
 
 
 def test_importing_pipeline_sets_the_polars_allocator_before_polars_loads():
-    from pipeline import POLARS_MALLOC_CONF
+    from fleetlens.pipeline import POLARS_MALLOC_CONF
 
     faults, conf = _run("import pipeline")
     # Polars prepends its own default; jemalloc takes the last value of each option.
@@ -47,7 +47,7 @@ def test_an_operators_own_setting_wins():
 
 
 def test_processes_started_after_polars_was_imported_first_get_the_setting():
-    from pipeline import POLARS_MALLOC_CONF
+    from fleetlens.pipeline import POLARS_MALLOC_CONF
 
     # e.g. bench/pipeline.py imports polars, then pipeline, then runs each pipeline in a child
     _, conf = _run("import polars, pipeline, subprocess, sys\n"

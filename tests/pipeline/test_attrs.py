@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from pipeline.attrs import extract_keys, first_string_of_key, per_value
-from pipeline.schema import attributes as a
+from fleetlens.pipeline.attrs import extract_keys, first_string_of_key, per_value
+from fleetlens.pipeline.schema import attributes as a
 
 _KEYS = {a.GEN_AI_INPUT_TOKENS: ("inp", pl.Int64()), a.ERROR_TYPE: ("err", pl.String())}
 _MAPS = [

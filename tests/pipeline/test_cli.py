@@ -11,12 +11,12 @@ import time
 import polars as pl
 import pytest
 
-from pipeline.cli import load_pipeline_config
-from pipeline.schema import SchemaError
-from pipeline.schema import tables as t
-from pipeline.schema.settings import ConfigError
-from pipeline.stage import STATS, stage
-from pipeline.storage import DataDir, connect
+from fleetlens.pipeline.cli import load_pipeline_config
+from fleetlens.pipeline.schema import SchemaError
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema.settings import ConfigError
+from fleetlens.pipeline.stage import STATS, stage
+from fleetlens.pipeline.storage import DataDir, connect
 from tests.pipeline.fleet import make_fleet, write_batches
 
 
@@ -91,8 +91,8 @@ def test_config_file_env_and_overrides(tmp_path, monkeypatch) -> None:
 
 
 def test_summary_names_only_hosts_whose_export_delay_looks_wrong(capsys) -> None:
-    from pipeline.cli import _print_summary
-    from pipeline.runner import RunSummary
+    from fleetlens.pipeline.cli import _print_summary
+    from fleetlens.pipeline.runner import RunSummary
 
     delays = {"fine-1": 0.4, "fine-2": 3.2, "ahead": -612.0, "behind": 900.0}
     _print_summary(RunSummary(new_segments=1, export_delay_s=delays), as_json=False)

@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from fleetlens.cli import cli
-from pipeline.compact import compact
-from pipeline.config import PipelineConfig
-from pipeline.runner import OUTPUTS, Pipeline
-from pipeline.storage import DataDir, connect, parquet_files
+from fleetlens.pipeline.compact import compact
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+from fleetlens.pipeline.storage import DataDir, connect, parquet_files
 from tests.pipeline.fleet import make_fleet, write_batches
 from tests.pipeline.rawdata import HOUR_NS, T0
 

@@ -25,13 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from collector.testing import running_collector, vllm_trace_request
-from dashboard import data
 from fleetlens.cli import cli
-from pipeline.compact import compact
-from pipeline.config import PipelineConfig
-from pipeline.runner import Pipeline
-from pipeline.storage import DataDir, connect, parquet_files
+from fleetlens.collector.testing import running_collector, vllm_trace_request
+from fleetlens.dashboard import data
+from fleetlens.pipeline.compact import compact
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.runner import Pipeline
+from fleetlens.pipeline.storage import DataDir, connect, parquet_files
 
 pytestmark = pytest.mark.e2e
 

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from pipeline.discovery import add_hours, event_rows, metric_facts, segment_facts
-from pipeline.partitions import HOUR_NS
-from pipeline.schema import columns as c
-from pipeline.storage import DataDir
+from fleetlens.pipeline.discovery import add_hours, event_rows, metric_facts, segment_facts
+from fleetlens.pipeline.partitions import HOUR_NS
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir
 from tests.pipeline.rawdata import T0
 
 MIN = 60 * 10**9

@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
-from collector.testing import gauge_request, running_collector
-from pipeline.schema import FLEET_WIDE
-from pipeline.schema import attributes as a
-from pipeline.storage import DataDir, connect
+from fleetlens.collector.testing import gauge_request, running_collector
+from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.storage import DataDir, connect
 
 pytestmark = pytest.mark.e2e
 

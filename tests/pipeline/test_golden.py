@@ -7,13 +7,13 @@ import json
 import polars as pl
 import pytest
 
-from pipeline.config import PipelineConfig
-from pipeline.normalize import normalize
-from pipeline.runner import Pipeline
-from pipeline.samples import gpu_samples
-from pipeline.schema import attributes as a
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, connect
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.normalize import normalize
+from fleetlens.pipeline.runner import Pipeline
+from fleetlens.pipeline.samples import gpu_samples
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, connect
 from tests.pipeline.rawdata import (
     NS,
     T0,
@@ -264,7 +264,7 @@ def test_clock_skew_between_host_and_collector(tmp_path) -> None:
 
 
 def test_counter_increase_spans_a_sample_without_the_counter_and_restarts() -> None:
-    from pipeline.samples import counter_increase
+    from fleetlens.pipeline.samples import counter_increase
 
     frame = pl.DataFrame({"series": ["a"] * 6 + ["b"] * 2,
                           "total": [100, None, 160, 10, None, 30, 5, 7]})

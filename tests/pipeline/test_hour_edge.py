@@ -7,10 +7,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pipeline.config import PipelineConfig
-from pipeline.runner import OUTPUTS, Pipeline
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, parquet_files
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, parquet_files
 from tests.pipeline.rawdata import (
     HOUR_NS,
     NS,

@@ -13,8 +13,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipeline.joblock import exclusive, holder
-from pipeline.storage import READ_ATTEMPTS, DataDir, retry_vanished
+from fleetlens.pipeline.joblock import exclusive, holder
+from fleetlens.pipeline.storage import READ_ATTEMPTS, DataDir, retry_vanished
 
 REPO = Path(__file__).resolve().parents[2]
 

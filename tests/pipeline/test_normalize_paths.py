@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from pipeline.normalize import dedup_spans, normalize
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
+from fleetlens.pipeline.normalize import dedup_spans, normalize
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
 from tests.pipeline.rawdata import NS, T0, span, spans_frame, vllm_span
 
 NO_MODELS = pl.DataFrame(schema={c.INSTANCE_ID: pl.String, c.MODEL: pl.String})

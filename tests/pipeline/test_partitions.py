@@ -5,10 +5,10 @@ from __future__ import annotations
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from pipeline.partitions import HOUR_NS, partition_file, publish, read_hours
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir
+from fleetlens.pipeline.partitions import HOUR_NS, partition_file, publish, read_hours
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir
 from tests.pipeline.rawdata import T0
 
 

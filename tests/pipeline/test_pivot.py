@@ -9,15 +9,15 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from pipeline import partitions, pivot
-from pipeline.partitions import read_raw
-from pipeline.pivot import KEY, SLOT, SRC, pivot_sorted, split_sources
-from pipeline.runner import _CATEGORICAL, _COLUMNS
-from pipeline.samples import engine_samples, gpu_samples, instance_gpus
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir
+from fleetlens.pipeline import partitions, pivot
+from fleetlens.pipeline.partitions import read_raw
+from fleetlens.pipeline.pivot import KEY, SLOT, SRC, pivot_sorted, split_sources
+from fleetlens.pipeline.runner import _CATEGORICAL, _COLUMNS
+from fleetlens.pipeline.samples import engine_samples, gpu_samples, instance_gpus
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir
 from tests.pipeline.rawdata import (
     NS,
     T0,

@@ -7,11 +7,11 @@ import polars as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import energy as en
-from pipeline.normalize import normalize
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
+from fleetlens.pipeline import energy as en
+from fleetlens.pipeline.normalize import normalize
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 from tests.pipeline.rawdata import NS, T0, span, spans_frame, vllm_span
 
 NO_MODELS = pl.DataFrame(schema={"instance_id": pl.String, "model": pl.String})

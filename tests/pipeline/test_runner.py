@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import runner
-from pipeline.config import PipelineConfig
-from pipeline.runner import OUTPUTS, Pipeline
-from pipeline.schema import FLEET_WIDE
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, connect, parquet_files
+from fleetlens.pipeline import runner
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, connect, parquet_files
 from tests.pipeline.fleet import make_fleet, write_batches
 
 
@@ -130,7 +130,7 @@ def test_dimensions_become_request_columns(full_run, fleet) -> None:
 
 
 def test_late_data_within_lateness_updates_its_window(tmp_path: Path) -> None:
-    from pipeline.schema import tables as tt
+    from fleetlens.pipeline.schema import tables as tt
     from tests.pipeline.rawdata import NS, T0, spans_frame, vllm_span, write_raw
 
     dd = DataDir(tmp_path / "data")

@@ -3,10 +3,10 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from pipeline.schema import CAUSES, TABLES, SchemaError, conform, validate
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.schema.causes import parse_subject, subject
+from fleetlens.pipeline.schema import CAUSES, TABLES, SchemaError, conform, validate
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.schema.causes import parse_subject, subject
 
 
 def test_contract_names_are_exact() -> None:

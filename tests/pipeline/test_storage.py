@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import (
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import (
     MAX_COMPONENT,
     DataDir,
     StorageError,
@@ -132,7 +132,7 @@ def test_sandboxed_connection_refuses_file_access(data_dir: DataDir, tmp_path: P
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np, polars as pl
-    from pipeline.storage import write_parquet_atomic
+    from fleetlens.pipeline.storage import write_parquet_atomic
     out = sys.argv[1]
     rng = np.random.default_rng(0)
     i = 0

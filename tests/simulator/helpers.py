@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline.schema import attributes as a
-from simulator import parse_scenario, run
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator import parse_scenario, run
 from tests.simulator.conftest import MemoryMetricExporter
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from collector.testing import running_collector
-from pipeline.schema import attributes as a
-from pipeline.schema import columns as c
-from pipeline.schema import tables as t
-from pipeline.storage import DataDir, scan
-from simulator import parse_scenario, run
+from fleetlens.collector.testing import running_collector
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, scan
+from fleetlens.simulator import parse_scenario, run
 from tests.simulator.test_simulate import small
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import attributes as a
 from tests.simulator.helpers import simulate, tpot
 
 

@@ -10,9 +10,9 @@ import statistics
 
 import pytest
 
-from pipeline.schema import CAUSES
-from pipeline.schema import attributes as a
-from simulator.power import REASON_SW_POWER_CAP, REASON_SW_THERMAL
+from fleetlens.pipeline.schema import CAUSES
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator.power import REASON_SW_POWER_CAP, REASON_SW_THERMAL
 from tests.simulator.helpers import Outcome, host_of, simulate, tpot
 
 START, END = 60.0, 180.0

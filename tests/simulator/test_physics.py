@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import attributes as a
 from tests.simulator.helpers import simulate, tpot
 
 

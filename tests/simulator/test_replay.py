@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.schema import attributes as a
-from simulator import ScenarioError, parse_scenario
-from simulator.arrivals import Stream
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator import ScenarioError, parse_scenario
+from fleetlens.simulator.arrivals import Stream
 from tests.conftest import SHARED
 from tests.simulator.helpers import simulate
 

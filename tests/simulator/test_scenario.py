@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pipeline.schema import columns as c
-from simulator import ScenarioError, load_scenario, parse_scenario
-from simulator.scenario import parse_start
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.simulator import ScenarioError, load_scenario, parse_scenario
+from fleetlens.simulator.scenario import parse_start
 from tests.simulator.test_simulate import QUICK, small
 
 
@@ -72,7 +72,7 @@ def test_errors_name_the_place(mutate, message: str) -> None:
     doc = small()
     mutate(doc)
     with pytest.raises(ScenarioError, match=message):
-        from simulator.fleet import Fleet
+        from fleetlens.simulator.fleet import Fleet
 
         Fleet(parse_scenario(doc), 1)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from fleetlens.cli import cli
-from pipeline.schema import CAUSES
-from pipeline.schema import attributes as a
-from simulator import parse_scenario, run
+from fleetlens.pipeline.schema import CAUSES
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator import parse_scenario, run
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = REPO / "simulator" / "scenarios" / "quick.toml"

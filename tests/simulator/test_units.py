@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.schema import attributes as a
-from simulator.kvcache import BlockPool
-from simulator.power import REASON_SW_POWER_CAP, GpuState
-from simulator.roofline import StepModel, _sum_max
-from simulator.specs import GPU_PRESETS, MODEL_PRESETS
-from simulator.telemetry import ProcessExporter, llm_request_record
-from simulator.workload import Request
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator.kvcache import BlockPool
+from fleetlens.simulator.power import REASON_SW_POWER_CAP, GpuState
+from fleetlens.simulator.roofline import StepModel, _sum_max
+from fleetlens.simulator.specs import GPU_PRESETS, MODEL_PRESETS
+from fleetlens.simulator.telemetry import ProcessExporter, llm_request_record
+from fleetlens.simulator.workload import Request
 
 
 def test_prefix_blocks_are_shared_and_evicted_least_recent_first() -> None:
