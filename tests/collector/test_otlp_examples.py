@@ -18,10 +18,10 @@ from fleetlens.collector.signals import LOGS, METRICS, SPANS
 from fleetlens.collector.testing import running_collector
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.storage import DataDir, scan
-from tests.conftest import SHARED
+from tests.conftest import shared_file
 
 pytestmark = pytest.mark.e2e
-EXAMPLES = SHARED / "data" / "otlp_examples"
+EXAMPLES = ("data", "otlp_examples")
 #: The examples are from 2018: accept timestamps up to 20 years from now.
 CONFIG = {"max_clock_skew_s": 20 * 365 * 86400.0, "flush_interval_s": 0.2}
 
@@ -156,7 +156,7 @@ def _proto_from_json(sig, text: str):
 @pytest.mark.parametrize("name,sig,expect", CASES, ids=[case[0] for case in CASES])
 def test_spec_example_round_trips_over_http_json_and_grpc_protobuf(
         tmp_path, name, sig, expect) -> None:
-    text = (EXAMPLES / name).read_text()
+    text = shared_file(*EXAMPLES, name).read_text()
     expected = expect(json.loads(text))
     assert expected
     http_dir, grpc_dir = tmp_path / "http", tmp_path / "grpc"

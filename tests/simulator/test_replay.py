@@ -13,10 +13,10 @@ import pytest
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.simulator import ScenarioError, parse_scenario
 from fleetlens.simulator.arrivals import Stream
-from tests.conftest import SHARED
+from tests.conftest import shared_file
 from tests.simulator.helpers import simulate
 
-AZURE = SHARED / "data" / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
+AZURE = ("data", "azure_llm_2023", "AzureLLMInferenceTrace_code.csv")
 START = "2026-01-05T14:00:00Z"
 START_NS = int(datetime(2026, 1, 5, 14, tzinfo=UTC).timestamp()) * 1_000_000_000
 
@@ -33,7 +33,7 @@ def replay_doc(path: Path, fmt: str, duration: float, **fleet) -> dict:
 def azure_rows() -> list[tuple[int, int, int]]:
     """(offset ns from the first row, context tokens, generated tokens), parsed by hand."""
     rows = []
-    with open(AZURE, newline="") as handle:
+    with open(shared_file(*AZURE), newline="") as handle:
         for row in csv.DictReader(handle):
             day, clock = row["TIMESTAMP"].split(" ")
             hms, frac = clock.split(".")
@@ -48,7 +48,7 @@ def azure_rows() -> list[tuple[int, int, int]]:
 def test_azure_replay_keeps_tokens_and_arrival_offsets() -> None:
     expected = azure_rows()
     assert len(expected) == 8819
-    out = simulate(replay_doc(AZURE, "azure", duration=3500))
+    out = simulate(replay_doc(shared_file(*AZURE), "azure", duration=3500))
     got = sorted((s.start_time - START_NS, s.attributes[a.GEN_AI_PROMPT_TOKENS],
                   s.attributes[a.GEN_AI_COMPLETION_TOKENS]) for s in out.requests())
     assert got == expected
@@ -56,7 +56,7 @@ def test_azure_replay_keeps_tokens_and_arrival_offsets() -> None:
 
 
 def test_azure_replay_stops_at_the_duration() -> None:
-    stream = Stream(parse_scenario(replay_doc(AZURE, "azure", 60)).workloads[0], 0, 1,
+    stream = Stream(parse_scenario(replay_doc(shared_file(*AZURE), "azure", 60)).workloads[0], 0, 1,
                     START_NS, 60.0, Path("."))
     requests = stream.until(0, 1000)
     assert requests and all(r.client_ns - START_NS < 60 * 10**9 for r in requests)
