@@ -5,14 +5,15 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test
+.PHONY: demo test constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# pyproject.toml says which ranges fleetlens works with; constraints.txt pins the set tested.
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 ## demo: install, run the whole pipeline on a simulated fleet, open the dashboard
@@ -23,3 +24,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+## constraints: pin the installed, tested set again (after changing pyproject's ranges)
+constraints: $(STAMP)
+	{ echo '# The exact set the tests ran on (make installs with -c constraints.txt). Regenerate with'; \
+	  echo '# `make constraints` after changing the ranges in pyproject.toml.'; \
+	  $(BIN)/python -m pip freeze --exclude-editable | grep -vi '^fleetlens'; } > constraints.txt

@@ -11,6 +11,7 @@ To add a subcommand, write it as a click command in its component and add one li
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -44,6 +45,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "Rank model/GPU/config: latency, tok/s, J/token."),
 }
 
+#: third-party import name -> the extra of pyproject.toml that installs it
+EXTRA_OF_MODULE: dict[str, str] = {
+    "pynvml": "agent",
+    "duckdb": "server", "polars": "server", "pyarrow": "server", "numpy": "server",
+    "rich": "server", "grpc_health": "server",
+    "prophet": "prophet",
+    "streamlit": "dashboard", "plotly": "dashboard",
+}
+
+
+def missing_extra(command: str, exc: ModuleNotFoundError) -> click.ClickException | None:
+    """A one-line "install this extra" error when ``exc`` is a dependency of an extra."""
+    top = (exc.name or "").partition(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    return click.ClickException(
+        f"`fleetlens {command}` needs {top}, which this installation lacks: it comes with "
+        f"the '{extra}' extra (pip install 'fleetlens[{extra}]', or 'fleetlens[all]')")
+
 
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
@@ -56,7 +77,13 @@ class LazyGroup(click.Group):
             return None
         target, _ = COMMANDS[cmd_name]
         module_name, _, attribute = target.partition(":")
-        command = getattr(importlib.import_module(module_name), attribute)
+        try:
+            command = getattr(importlib.import_module(module_name), attribute)
+        except ModuleNotFoundError as exc:
+            hint = missing_extra(cmd_name, exc)
+            if hint is None:
+                raise
+            raise hint from None
         if not isinstance(command, click.Command):
             raise TypeError(f"{target} is not a click command")
         return command
@@ -66,11 +93,19 @@ class LazyGroup(click.Group):
         traceback (each command handles its usual ones, this catches the rest)."""
         try:
             return super().invoke(ctx)
+        except ModuleNotFoundError as exc:  # a lazy import inside the command
+            hint = missing_extra(ctx.invoked_subcommand or "", exc)
+            if hint is None:
+                raise
+            raise hint from None
         except Exception as exc:
             from fleetlens.pipeline.schema.settings import ConfigError
-            from fleetlens.pipeline.storage import StorageError
 
-            if isinstance(exc, StorageError | ConfigError):
+            # Only a command that loaded the storage layer can raise its error; importing it
+            # here would pull PyArrow into the agent, which does not install it.
+            storage = sys.modules.get("fleetlens.pipeline.storage")
+            if isinstance(exc, ConfigError) or (
+                    storage is not None and isinstance(exc, storage.StorageError)):
                 raise click.ClickException(str(exc)) from None
             raise
 

@@ -33,7 +33,7 @@ def test_sql_does_not_import_heavy_components(tmp_path: Path) -> None:
             "sys.argv=['fleetlens','sql','--data-dir',sys.argv[1],'--format','json',"
             "'select 41 + 1 as answer'];\n"
             "try: cli()\nexcept SystemExit as exit: status = exit.code\n"
-            "heavy = ('streamlit', 'prophet', 'analytics', 'dashboard')\n"
+            "heavy = ('streamlit', 'prophet', 'fleetlens.analytics', 'fleetlens.dashboard')\n"
             "print(status, [m for m in heavy if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                          text=True, timeout=120)
