@@ -10,6 +10,8 @@ credited to at most one ground-truth incident; the rest are false incidents.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,8 @@ class Score:
     clean_days: float = 0.0
     delays_s: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
+    #: (injected cause, top-1 cause or "missed") -> count, for a confusion matrix
+    confusion: Counter = field(default_factory=Counter)
 
     def add(self, other: Score) -> None:
         for name in ("injected", "detected", "top1", "top3", "subject", "false_incidents",
@@ -42,6 +46,7 @@ class Score:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.delays_s += other.delays_s
         self.misses += other.misses
+        self.confusion.update(other.confusion)
 
     def summary(self) -> dict[str, Any]:
         """The figures the acceptance criteria name."""
@@ -74,8 +79,12 @@ def _scope_matches(truth: dict[str, Any], incident: dict[str, Any]) -> bool:
 
 
 def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.DataFrame,
-              grace_s: float = 180.0) -> Score:
-    """Score one run's incidents and causes against its ground-truth incidents."""
+              grace_s: float = 180.0, excused: Sequence[dict[str, Any]] = ()) -> Score:
+    """Score one run's incidents and causes against its ground-truth incidents.
+
+    ``excused``: injected incidents left out of the score (their effect was too small to
+    count, see bench/accuracy_random.py); an incident near one is not a false incident.
+    """
     score = Score(injected=len(truth))
     ranked: dict[str, list[tuple[str, str]]] = {}
     for row in causes.sort(c.RANK).iter_rows(named=True):
@@ -88,6 +97,7 @@ def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.D
                       and r[c.START_NS] < hi and r[c.END_NS] > lo and _scope_matches(gt, r)]
         if not candidates:
             score.misses.append(f"missed {gt['cause']} {gt['subject']}")
+            score.confusion[(gt["cause"], "missed")] += 1
             continue
         # Prefer the incident that names this cause, then the earliest.
         best = min(candidates, key=lambda r: (
@@ -96,6 +106,7 @@ def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.D
         score.detected += 1
         score.delays_s.append(max(0.0, (best[c.DETECTED_NS] - gt[c.START_NS]) / NS))
         top = ranked.get(best[c.INCIDENT_ID], [])
+        score.confusion[(gt["cause"], top[0][0] if top else "none")] += 1
         if top and top[0][0] == gt["cause"]:
             score.top1 += 1
         else:
@@ -112,7 +123,7 @@ def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.D
         if r[c.INCIDENT_ID] in used:
             continue
         near = any(r[c.START_NS] < g[c.END_NS] + int(grace_s * NS) and r[c.END_NS] > g[c.START_NS]
-                   for g in truth)
+                   for g in [*truth, *excused])
         if not near:
             score.false_incidents += 1
             score.misses.append(f"false incident {r[c.METRIC]} {r[c.SERVICE_NAME]}/"

@@ -1,7 +1,9 @@
 """Detection and attribution accuracy, end to end: simulator -> collector -> pipeline ->
 analytics, scored against the simulator's ground truth.
 
-Usage: ``.venv/bin/python bench/accuracy.py [--suite full|quick] [--keep DIR]``
+Usage: ``.venv/bin/python bench/accuracy.py [--suite full|quick] [--keep DIR]``, or
+``bench/accuracy.py --suite random --fleets N --seed S [--size small|full] [--clean-control]``
+for random fleets and incidents validated against paired control runs (bench/accuracy_random.py).
 
 The full suite has 20 injected incidents (every cause twice, some at the same time on
 different hosts or services) in four 2h40m runs, plus two 6-hour incident-free runs with a
@@ -17,6 +19,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,9 +136,10 @@ SUITES = {
 }
 
 
-def run_end_to_end(doc: dict, workdir: Path, config: AnalyticsConfig | None = None
-                   ) -> tuple[dict, object, dict]:
-    """Simulate ``doc`` into a real collector, run the pipeline and analytics.
+def run_end_to_end(doc: dict, workdir: Path, config: AnalyticsConfig | None = None,
+                   probe: Callable | None = None) -> tuple[dict, object, dict]:
+    """Simulate ``doc`` into a real collector, run the pipeline and analytics (``probe``:
+    passed to the simulator, see :mod:`simulator.control`).
 
     Returns (ground truth, analytics RunResult, timings in seconds).
     """
@@ -144,7 +148,7 @@ def run_end_to_end(doc: dict, workdir: Path, config: AnalyticsConfig | None = No
     started = time.perf_counter()
     # Simulated time starts in January; accept timestamps that far from now.
     with running_collector(data.root, config={"max_clock_skew_s": 400 * 86400.0}) as collector:
-        result = simulate(parse_scenario(doc), endpoint=collector.grpc_address)
+        result = simulate(parse_scenario(doc), endpoint=collector.grpc_address, probe=probe)
     timings["simulate+collect"] = time.perf_counter() - started
     if result.exported.spans_failed or result.exported.points_failed:
         raise RuntimeError(f"the collector refused telemetry: {result.exported}")
@@ -185,9 +189,18 @@ def run_suite(suite: Suite, workdir: Path, log=print) -> tuple[Score, list[dict]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=sorted(SUITES), default="full")
+    parser.add_argument("--suite", choices=[*sorted(SUITES), "random"], default="full")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the data dirs here.")
+    parser.add_argument("--fleets", type=int, default=10, help="random suite: fleets to draw")
+    parser.add_argument("--seed", type=int, default=1, help="random suite: the draw's seed")
+    parser.add_argument("--size", choices=("small", "full"), default="full",
+                        help="random suite: fleet size (small: 2-3 hosts, 3-4 incidents)")
+    parser.add_argument("--clean-control", action="store_true",
+                        help="random suite: run each paired control end to end as a clean run")
     args = parser.parse_args()
+    if args.suite == "random":
+        main_random(args)
+        return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fleetlens-accuracy-") as tmp:
         workdir = args.keep or Path(tmp)
@@ -200,6 +213,23 @@ def main() -> None:
     print("targets: recall >= 0.95, top-1 >= 0.90, false incidents <= 1 per simulated day")
     if total.misses:
         print("notes:\n  " + "\n  ".join(total.misses))
+
+
+def main_random(args: argparse.Namespace) -> None:
+    """``--suite random``: print the figures of bench/accuracy_random.py."""
+    from bench.accuracy_random import report, run_random
+    from fleetlens.simulator.randomfleet import FULL, SMALL
+
+    if args.fleets < 1:
+        raise SystemExit("--fleets must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="fleetlens-accuracy-") as tmp:
+        result = run_random(args.fleets, args.seed, SMALL if args.size == "small" else FULL,
+                            args.keep or Path(tmp), args.clean_control)
+    print(f"\n== accuracy (random suite, --fleets {args.fleets} --seed {args.seed} "
+          f"--size {args.size}) ==")
+    print(report(result))
+    print("targets: recall >= 0.95, top-1 >= 0.90, subject >= 0.85, "
+          "false incidents <= 1 per clean simulated day")
 
 
 if __name__ == "__main__":

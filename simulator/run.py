@@ -11,6 +11,7 @@ from pathlib import Path
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from fleetlens.simulator.engine import Instance
 from fleetlens.simulator.fleet import Fleet
 from fleetlens.simulator.metrics import Sampler
 from fleetlens.simulator.scenario import Scenario, load_scenario
@@ -21,8 +22,29 @@ from fleetlens.simulator.telemetry import (
     gateway_record,
     llm_request_record,
 )
+from fleetlens.simulator.workload import Request
 
-Exporter = ThreadExporter | ProcessExporter
+
+class NullExporter:
+    """Sends nothing: a control run only needs the simulation itself."""
+
+    def spans(self, records: list) -> None:
+        pass
+
+    def metrics(self, collections: list, points: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> ExportCounts:
+        return ExportCounts()
+
+
+Exporter = ThreadExporter | ProcessExporter | NullExporter
 
 
 @dataclass
@@ -58,7 +80,9 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
         seed: int | None = None, speed: float | None = None, start_ns: int | None = None,
         exporters: tuple[SpanExporter, MetricExporter] | None = None,
         ground_truth_path: str | Path | None = None, token: str | None = None,
-        on_progress: Callable[[Progress], None] | None = None) -> RunResult:
+        on_progress: Callable[[Progress], None] | None = None,
+        probe: Callable[[Instance, list[Request]], None] | None = None,
+        export: bool = True) -> RunResult:
     """Simulate a scenario and send its telemetry.
 
     Args:
@@ -72,6 +96,9 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
         ground_truth_path: where to write the ground-truth JSON.
         token: bearer token for a collector with ``auth_tokens`` (OTLP/gRPC only).
         on_progress: called after every tick with a :class:`Progress`.
+        probe: called with each instance and its newly finished requests (paired-control
+            validation reads the latencies the simulation produced, before any export).
+        export: False simulates without sending or building any telemetry (a control run).
 
     Returns:
         counts of requests, spans and points, and the ground truth.
@@ -86,15 +113,17 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
     if ground_truth_path is not None:
         Path(ground_truth_path).write_text(json.dumps(truth, indent=2) + "\n")
     resources = {**fleet.resources, **fleet.gateways, **fleet.agents}
-    if exporters is not None:
+    if not export:
+        exporter = NullExporter()
+    elif exporters is not None:
         exporter = ThreadExporter(*exporters, resources, scenario.start_ns)
     else:
         exporter = ProcessExporter(endpoint or "127.0.0.1:4317", resources, scenario.start_ns,
                                    token=token)
     try:
-        progress = _loop(scenario, fleet, exporter, speed, on_progress)
+        progress = _loop(scenario, fleet, exporter, speed, on_progress, probe)
     except BaseException:  # interrupted or failed: stop the exporter, drop what is queued
-        if isinstance(exporter, ProcessExporter):
+        if isinstance(exporter, ProcessExporter | NullExporter):
             exporter.abort()
         else:
             exporter.close()
@@ -114,7 +143,8 @@ class _Outcome:
 
 
 def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
-          on_progress: Callable[[Progress], None] | None) -> _Outcome:
+          on_progress: Callable[[Progress], None] | None,
+          probe: Callable[[Instance, list[Request]], None] | None = None) -> _Outcome:
     tick = sc.tick_s
     end = sc.duration_s + sc.drain_s
     ticks_per_sample = max(1, round(sc.sample_interval_s / tick))
@@ -137,11 +167,13 @@ def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
             if any(id(g) in retune for g in inst.gpus):
                 inst.retune()
             if inst.finished:
+                if probe is not None:
+                    probe(inst, inst.finished)
                 p.spans += _emit(fleet, inst, exporter)
                 p.finished += len(inst.finished)
                 inst.finished = []
         i += 1
-        if i % ticks_per_sample == 0:
+        if i % ticks_per_sample == 0 and not isinstance(exporter, NullExporter):
             p.points += _sample(fleet, sampler, exporter, sc.start_ns, t1, tick * ticks_per_sample)
         p.sim_s = t1
         if speed:
