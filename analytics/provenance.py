@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +15,12 @@ import polars as pl
 from fleetlens.analytics.analyse import Analysis
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.storage import DataDir, parquet_files, scan
+from fleetlens.pipeline.storage import (  # noqa: F401 - write_json_atomic re-exported
+    DataDir,
+    parquet_files,
+    scan,
+    write_json_atomic,
+)
 
 INPUT_TABLES = (t.WINDOWS, t.REQUESTS, t.ENGINE_SAMPLES, t.GPU_SAMPLES, t.INSTANCE_GPUS)
 
@@ -67,15 +71,6 @@ def provenance(data_dir: DataDir, analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so readers see the old or the new file, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def read_json(path: Path, default: Any) -> Any:

@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "Run a SQL query over the tables in a data directory."),
     "dashboard": ("fleetlens.dashboard.cli:dashboard",
                   "Serve the web dashboard (Streamlit, 127.0.0.1)."),
+    "health": ("fleetlens.health:health",
+               "Exit 0 when the collector, dashboard or pipeline is healthy (probes)."),
     "demo": ("fleetlens.demo:demo", "Run everything on a simulated fleet; open the dashboard."),
     "simulate": ("fleetlens.simulator.cli:simulate",
                  "Simulate a vLLM fleet with incidents, send OTLP."),

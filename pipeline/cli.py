@@ -13,7 +13,7 @@ import click
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
-from fleetlens.pipeline.storage import DataDir, StorageError
+from fleetlens.pipeline.storage import DataDir, StorageError, write_json_atomic
 
 if TYPE_CHECKING:
     from fleetlens.pipeline.runner import RunSummary
@@ -22,6 +22,8 @@ _DATA_DIR_HELP = DATA_DIR_HELP
 #: Median export delays (seconds) outside this range are reported host by host: exporters
 #: batch for a few seconds, so more than a minute, or a span received before it ended, is
 #: clock skew, a stalled exporter or a replay of old data.
+#: DATA_DIR/state/<this>: when the last pipeline run finished (see write_heartbeat)
+HEARTBEAT_FILE = "pipeline-heartbeat.json"
 EXPORT_DELAY_OK_S = (-1.0, 60.0)
 
 
@@ -133,6 +135,7 @@ def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int |
                 raise
             click.echo(f"pipeline run failed, retrying in {pause:g} s: {exc!r}", err=True)
         else:
+            write_heartbeat(root)
             _print_summary(summary, as_json)
             if after_run is not None and (first or summary.new_rows):
                 _after(after_run, root, config_file, summary, follow)
@@ -144,6 +147,12 @@ def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int |
             if follow:
                 click.echo("stopped", err=True)
             return
+
+
+def write_heartbeat(root: DataDir) -> None:
+    """Say that a run finished, for `fleetlens health pipeline` (a container probe): a
+    follow loop that is alive but wedged stops beating and fails its probe."""
+    write_json_atomic(root.state / HEARTBEAT_FILE, {"unix_s": time.time()})
 
 
 def _after(after_run: AfterRun, root: DataDir, config_file: str | None, summary: RunSummary,

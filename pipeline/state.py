@@ -9,11 +9,10 @@ published, so a crash mid-run leaves the old state and the next run redoes the s
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetlens.pipeline.storage import DataDir, StorageError, fsync_dir, tmp_path_for
+from fleetlens.pipeline.storage import DataDir, StorageError, write_json_atomic
 
 STATE_FILE = "pipeline.json"
 STATE_VERSION = 1
@@ -73,26 +72,13 @@ class PipelineState:
 
     def save(self, data_dir: DataDir) -> Path:
         """Replace the state file atomically; keys are sorted so equal states are equal bytes."""
-        path = data_dir.state / STATE_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
         body = {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint,
             "watermarks": dict(sorted(self.watermarks.items())),
             "segments": {k: vars(v) for k, v in sorted(self.segments.items())},
         }
-        tmp = tmp_path_for(path)
-        try:
-            with open(tmp, "w") as handle:
-                json.dump(body, handle, indent=1, sort_keys=True)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(path.parent)
-        return path
+        return write_json_atomic(data_dir.state / STATE_FILE, body)
 
     def files(self, signal: str, lo: int, hi: int, root: Path) -> list[str]:
         """Absolute paths of the known segments of ``signal`` overlapping ``[lo, hi)``."""

@@ -1,0 +1,135 @@
+"""``fleetlens health``: exit 0 when a component is alive and doing its work, 1 when not.
+
+For container HEALTHCHECKs and Kubernetes exec probes. Each check is one short request (or one
+file read) with a deadline, and prints one line saying what it saw:
+
+- ``collector``: the gRPC health service (not behind the ingest token) answers SERVING;
+- ``dashboard``: Streamlit's ``/_stcore/health`` answers ``ok``;
+- ``pipeline``: the ``pipeline --follow`` loop finished a run recently (its heartbeat file
+  in ``state/`` is younger than ``--max-age``), so a wedged loop fails the probe, not only a
+  dead process.
+
+With no subcommand it checks the components named in ``$FLEETLENS_HEALTH`` (comma separated),
+so one image can carry one HEALTHCHECK and each service says what it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+
+import click
+
+
+def check_collector(address: str, timeout_s: float) -> str:
+    """'SERVING' or raise: the collector's gRPC health service, plaintext."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            answer = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise click.ClickException(f"collector at {address}: {exc.code().name}") from None
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    if status != "SERVING":
+        raise click.ClickException(f"collector at {address}: {status}")
+    return status
+
+
+def check_dashboard(url: str, timeout_s: float) -> str:
+    """'ok' or raise: Streamlit's own health endpoint."""
+    target = url.rstrip("/") + "/_stcore/health"
+    try:
+        with urllib.request.urlopen(target, timeout=timeout_s) as resp:  # noqa: S310 - probe
+            body = resp.read(64).decode(errors="replace").strip()
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(f"dashboard at {target}: {exc}") from None
+    if body != "ok":
+        raise click.ClickException(f"dashboard at {target}: answered {body!r}")
+    return body
+
+
+def check_pipeline(state_dir: str, max_age_s: float, now: float | None = None) -> float:
+    """The heartbeat's age in seconds, or raise when it is missing, unreadable or too old."""
+    from fleetlens.pipeline.cli import HEARTBEAT_FILE
+
+    path = os.path.join(state_dir, HEARTBEAT_FILE)
+    try:
+        with open(path) as handle:
+            beat = json.load(handle)
+        at = float(beat["unix_s"])
+    except FileNotFoundError:
+        raise click.ClickException(f"pipeline: no heartbeat at {path} yet") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"pipeline: unreadable heartbeat {path}: {exc}") from None
+    age = (time.time() if now is None else now) - at
+    if age > max_age_s:
+        raise click.ClickException(
+            f"pipeline: last run finished {age:.0f} s ago (more than {max_age_s:g} s)")
+    return age
+
+
+def _data_state_dir(data_dir: str | None) -> str:
+    """DATA_DIR/state, with the data directory found as every command finds it."""
+    from fleetlens.pipeline.cli import resolve_data_dir
+
+    return str(resolve_data_dir(data_dir, None, must_exist=False).state)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True,
+              help="Seconds each check may take.")
+@click.pass_context
+def health(ctx: click.Context, timeout_s: float) -> None:
+    """Exit 0 when a component is healthy, 1 with one line saying why not.
+
+    Without a subcommand: check each component named in $FLEETLENS_HEALTH (e.g.
+    "collector" or "dashboard,pipeline"), with their default addresses.
+    """
+    ctx.obj = timeout_s
+    if ctx.invoked_subcommand is not None:
+        return
+    names = [n.strip() for n in os.environ.get("FLEETLENS_HEALTH", "").split(",") if n.strip()]
+    if not names:
+        raise click.UsageError("name a component, or set FLEETLENS_HEALTH")
+    for name in names:
+        command = health.get_command(ctx, name)
+        if command is None:
+            raise click.UsageError(f"FLEETLENS_HEALTH names unknown component {name!r}")
+        ctx.invoke(command)
+
+
+@health.command("collector")
+@click.option("--address", default="127.0.0.1:4317", show_default=True,
+              help="The collector's OTLP/gRPC HOST:PORT.")
+@click.pass_obj
+def collector(timeout_s: float, address: str) -> None:
+    """The collector's gRPC health service answers SERVING."""
+    click.echo(f"collector {address}: {check_collector(address, timeout_s)}")
+
+
+@health.command("dashboard")
+@click.option("--url", default="http://127.0.0.1:8501", show_default=True,
+              help="The dashboard's base URL.")
+@click.pass_obj
+def dashboard(timeout_s: float, url: str) -> None:
+    """Streamlit's /_stcore/health answers ok."""
+    click.echo(f"dashboard {url}: {check_dashboard(url, timeout_s)}")
+
+
+@health.command("pipeline")
+@click.option("--data-dir", default=None,
+              help="Data directory [env FLEETLENS_DATA, else data_dir of the configuration].")
+@click.option("--max-age", "max_age_s", type=float, default=300.0, show_default=True,
+              help="Seconds since the last finished run before the pipeline counts as stuck.")
+@click.pass_obj
+def pipeline(timeout_s: float, data_dir: str | None, max_age_s: float) -> None:
+    """A `pipeline --follow` run finished less than --max-age seconds ago."""
+    del timeout_s  # a file read needs no deadline
+    age = check_pipeline(_data_state_dir(data_dir), max_age_s)
+    click.echo(f"pipeline: last run finished {age:.0f} s ago")
