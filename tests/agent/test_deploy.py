@@ -4,6 +4,7 @@ on the instance identity and the collector address."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import click
@@ -17,7 +18,9 @@ from fleetlens.pipeline.schema import attributes as a
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
-IMAGE = "fleetlens:0.1.0"
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+IMAGE, AGENT_IMAGE = f"fleetlens:{VERSION}", f"fleetlens-agent:{VERSION}"
+OURS = (IMAGE, AGENT_IMAGE)
 
 
 def parse_command(args: list[str]) -> click.Context:
@@ -53,7 +56,7 @@ def k8s() -> dict[tuple[str, str], dict]:
 def test_compose_commands_parse_and_config_loads(compose: dict) -> None:
     services = compose["services"]
     assert {"collector", "pipeline", "dashboard", "agent", "vllm"} <= set(services)
-    ours = {n: s for n, s in services.items() if s.get("image") == IMAGE}
+    ours = {n: s for n, s in services.items() if s.get("image") in OURS}
     assert set(ours) == {"collector", "pipeline", "compact", "dashboard", "agent"}
     for name, service in ours.items():
         ctx = parse_command(service["command"])
@@ -99,7 +102,7 @@ def test_k8s_manifests(k8s: dict, tmp_path: Path) -> None:
             continue
         spec = doc["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else doc["spec"]
         for container in spec["template"]["spec"]["containers"]:
-            if container["image"] == IMAGE:
+            if container["image"] in OURS:
                 parse_command(container["args"])
                 ours.append(container["args"][0])
     # An image tag out of step would parse nothing; compact is the retention CronJob.
@@ -150,3 +153,41 @@ def test_telemetry_doc_lists_every_emitted_and_scraped_name() -> None:
              *a.PROMOTED_SPAN_ATTRIBUTES, a.GEN_AI_N, a.GEN_AI_TEMPERATURE, a.GEN_AI_TOP_P]
     missing = [n for n in names if f"`{n}`" not in doc]
     assert missing == []
+
+
+def test_images_are_multi_stage_with_a_slim_agent_and_a_healthcheck(compose: dict,
+                                                                    k8s: dict) -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    stages = {line.split()[-1] for line in dockerfile.splitlines() if line.startswith("FROM ")}
+    assert {"build", "agent", "full"} <= stages
+    agent_stage = dockerfile.split("AS agent")[1].split("FROM ")[0]
+    assert "[agent]" in agent_stage and "[all]" not in agent_stage
+    assert 'HEALTHCHECK' in dockerfile.split("AS full")[1]
+    services = compose["services"]
+    assert services["agent"]["image"] == AGENT_IMAGE
+    assert services["agent"]["build"]["target"] == "agent"
+    ds = k8s[("DaemonSet", "fleetlens-agent")]["spec"]["template"]["spec"]["containers"][0]
+    assert ds["image"] == AGENT_IMAGE
+    # every long-running service of the full image says what its HEALTHCHECK checks
+    health = parse_command(["health"]).command
+    for name, service in services.items():
+        if service.get("image") != IMAGE:
+            continue
+        if service.get("healthcheck", {}).get("disable"):
+            continue
+        named = service["environment"]["FLEETLENS_HEALTH"]
+        assert named == name and health.get_command(click.Context(health), named), name
+
+
+def test_k8s_probes_for_the_dashboard_and_the_pipeline(k8s: dict) -> None:
+    def container(name: str) -> dict:
+        return k8s[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+
+    dash = container("fleetlens-dashboard")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert dash[probe]["httpGet"]["path"] == "/_stcore/health"
+    command = container("fleetlens-pipeline")["livenessProbe"]["exec"]["command"]
+    assert command[0] == "fleetlens"
+    ctx = parse_command(command[1:])
+    sub = ctx.command.get_command(ctx, command[2])
+    sub.make_context(command[2], command[3:])  # the probe's arguments parse
