@@ -49,14 +49,38 @@ class CollectorConfig:
     #: Memory bound (per worker) for buffered, not yet published rows; above it Exports are
     #: refused with UNAVAILABLE + RetryInfo.
     max_buffered_bytes: int = 96 * 1024 * 1024
-    #: Accepted distance of timestamps from now.
+    #: Accepted age of timestamps (how far before the receive time).
     max_clock_skew_s: float = 7 * 24 * 3600.0
+    #: Accepted distance of timestamps ahead of the receive time: small, because the
+    #: pipeline's per-host watermark follows the newest event time, and one row dated days
+    #: ahead would make every genuine row of that host "too late".
+    max_future_skew_s: float = 300.0
     max_attributes: int = 128
     max_attribute_value_bytes: int = 8192
+    #: Longest attribute key kept (longer keys are cut); at least 128, the longest key the
+    #: span decoder's byte-level fast path reads.
+    max_attribute_key_bytes: int = 256
+    #: Elements kept per array attribute value.
+    max_attribute_list_items: int = 1024
+    #: Longest trace_state, scope name/version, schema URL, unit or severity text kept.
+    max_name_bytes: int = 1024
+    #: Largest resource (or scope) attribute JSON kept per resource: it is repeated on every
+    #: row, so attributes past it are dropped (and counted as truncated values).
+    max_resource_bytes: int = 16 * 1024
     #: Distinct service/host names per window before new ones go to an overflow bucket.
     max_names_per_window: int = 10_000
+    #: New names one request, and one gRPC connection per window, may add to that budget.
+    max_new_names_per_request: int = 100
+    max_new_names_per_connection: int = 1000
     #: Worker processes sharing the gRPC port (SO_REUSEPORT); 0 means one per core.
     workers: int = 0
+    #: OTLP/HTTP: seconds from a request's first byte to its last (a trickling client is
+    #: dropped), seconds a kept-alive connection may sit idle, open connections per worker
+    #: (more are answered 503), and threads running Exports per worker.
+    http_request_timeout_s: float = 30.0
+    http_idle_timeout_s: float = 60.0
+    http_max_connections: int = 256
+    http_threads: int = 8
 
     def validate(self) -> None:
         for name in ("grpc_address", "http_address"):
@@ -68,7 +92,17 @@ class CollectorConfig:
         require(self.flush_interval_s > 0, "flush_interval_s", "must be positive")
         require(self.max_buffered_bytes > 0, "max_buffered_bytes", "must be positive")
         require(self.max_clock_skew_s > 0, "max_clock_skew_s", "must be positive")
+        require(self.max_future_skew_s > 0, "max_future_skew_s", "must be positive")
+        require(self.max_attribute_key_bytes >= 128, "max_attribute_key_bytes",
+                "must be at least 128")
+        for name in ("max_attribute_list_items", "max_name_bytes", "max_resource_bytes",
+                     "max_names_per_window", "max_new_names_per_request",
+                     "max_new_names_per_connection"):
+            require(getattr(self, name) > 0, name, "must be positive")
         require(self.max_attributes > 0, "max_attributes", "must be positive")
         require(self.max_attribute_value_bytes > 0, "max_attribute_value_bytes", "must be positive")
         require(self.workers >= 0, "workers", "must be 0 (one per core) or more")
+        for name in ("http_request_timeout_s", "http_idle_timeout_s", "http_max_connections",
+                     "http_threads"):
+            require(getattr(self, name) > 0, name, "must be positive")
         require(all(self.auth_tokens), "auth_tokens", "tokens must not be empty strings")

@@ -47,46 +47,99 @@ def dumps(value: Any) -> str:
     return "".join(_c_encode(value, 0))
 
 
+#: Largest value a signed 64-bit Arrow column holds (OTLP counts are uint64).
+INT64_MAX = (1 << 63) - 1
+
+
 @dataclass
 class Limits:
     """The validation limits of one decode call.
 
     Attributes:
-        now_ns: the receive time; timestamps must lie within ``skew_ns`` of it.
-        skew_ns: accepted distance of timestamps from ``now_ns``.
+        now_ns: the receive time; timestamps must lie within ``skew_ns`` before it and
+            ``future_ns`` after it.
+        skew_ns: accepted age of timestamps.
         max_attributes: attributes kept per map; the rest are dropped and counted.
         max_value_bytes: longest string value kept (UTF-8 bytes); longer ones are cut.
+        future_ns: accepted distance of timestamps ahead of ``now_ns`` (``skew_ns`` if None).
+        max_key_bytes: longest attribute key kept; longer keys are cut.
+        max_list_items: array elements kept per array value; the rest are dropped.
+        max_name_bytes: longest name-like field kept (trace_state, scope name and version,
+            schema URLs, units, severity text); longer ones are cut.
+        max_resource_bytes: largest resource or scope attribute JSON; attributes past it are
+            dropped, because that text is repeated on every row of the resource.
     """
 
     now_ns: int
     skew_ns: int
     max_attributes: int
     max_value_bytes: int
+    future_ns: int | None = None
+    max_key_bytes: int = 256
+    max_list_items: int = 1024
+    max_name_bytes: int = 1024
+    max_resource_bytes: int = 16 * 1024
     truncated: int = 0
 
     def __post_init__(self) -> None:
+        if self.future_ns is None:
+            self.future_ns = self.skew_ns
         # Precomputed bounds for the decoders' fast paths.
         self.earliest_ns = self.now_ns - self.skew_ns
-        self.latest_ns = self.now_ns + self.skew_ns
+        self.latest_ns = self.now_ns + self.future_ns
         #: Strings up to this many characters can never exceed ``max_value_bytes``.
         self.short_text = self.max_value_bytes // 4
+        self.short_key = self.max_key_bytes // 4
+        self.short_name = self.max_name_bytes // 4
 
     def check_time(self, ts_ns: int, what: str) -> None:
-        """Reject a zero timestamp or one further than the skew from now."""
+        """Reject a zero timestamp, one older than the skew or further ahead than the
+        future bound (a clock running ahead must not move the pipeline's watermarks)."""
         if ts_ns <= 0:
             raise Reject(f"{what} is zero")
-        if abs(ts_ns - self.now_ns) > self.skew_ns:
-            raise Reject(f"{what} {ts_ns} is more than {self.skew_ns // 10**9} s from now")
+        if ts_ns < self.earliest_ns:
+            raise Reject(f"{what} {ts_ns} is more than {self.skew_ns // 10**9} s from now "
+                         "(in the past)")
+        if ts_ns > self.latest_ns:
+            raise Reject(f"{what} {ts_ns} is more than {self.future_ns // 10**9} s from now "
+                         "(in the future)")
 
     def text(self, value: str) -> str:
         """``value`` cut to ``max_value_bytes`` UTF-8 bytes (counted in ``truncated``)."""
         if len(value) <= self.short_text:
             return value
+        return self._cut(value, self.max_value_bytes)
+
+    def key(self, value: str) -> str:
+        """An attribute key cut to ``max_key_bytes`` UTF-8 bytes."""
+        if len(value) <= self.short_key:
+            return value
+        return self._cut(value, self.max_key_bytes)
+
+    def name(self, value: str) -> str:
+        """A name-like field (trace_state, scope name, schema URL) cut to ``max_name_bytes``."""
+        if len(value) <= self.short_name:
+            return value
+        return self._cut(value, self.max_name_bytes)
+
+    def _cut(self, value: str, limit: int) -> str:
         raw = value.encode("utf-8")
-        if len(raw) <= self.max_value_bytes:
+        if len(raw) <= limit:
             return value
         self.truncated += 1
-        return raw[: self.max_value_bytes].decode("utf-8", "ignore")
+        return raw[:limit].decode("utf-8", "ignore")
+
+
+def check_count(value: int, what: str) -> int:
+    """``value`` when it fits an int64 column; a larger uint64 count rejects its item."""
+    if value > INT64_MAX:
+        raise Reject(f"{what} {value} does not fit a signed 64-bit integer")
+    return value
+
+
+def finite(value: float) -> float | str:
+    """A double for JSON: non-finite ones as the strings ``"NaN"``, ``"Infinity"``..."""
+    return value if math.isfinite(value) else json.dumps(value)
 
 
 def any_value(value: Any, limits: Limits, depth: int = 0) -> Any:
@@ -106,9 +159,17 @@ def any_value(value: Any, limits: Limits, depth: int = 0) -> Any:
     if depth >= MAX_DEPTH:
         raise Reject(f"attribute value nested deeper than {MAX_DEPTH}")
     if kind == "array_value":
-        return [any_value(v, limits, depth + 1) for v in value.array_value.values]
+        values = value.array_value.values
+        if len(values) > limits.max_list_items:
+            limits.truncated += 1
+            values = values[:limits.max_list_items]
+        return [any_value(v, limits, depth + 1) for v in values]
     if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value, limits, depth + 1) for kv in value.kvlist_value.values}
+        entries = value.kvlist_value.values
+        if len(entries) > limits.max_attributes:
+            limits.truncated += 1
+            entries = entries[:limits.max_attributes]
+        return {limits.key(kv.key): any_value(kv.value, limits, depth + 1) for kv in entries}
     # bytes_value
     raw = value.bytes_value[: limits.max_value_bytes]
     return {BYTES_KEY: base64.b64encode(raw).decode("ascii")}
@@ -121,8 +182,32 @@ def attribute_map(kvs: Any, limits: Limits) -> tuple[dict[str, Any], int]:
         if len(out) >= limits.max_attributes:
             limits.truncated += 1
             return out, len(kvs) - limits.max_attributes
-        out[kv.key] = any_value(kv.value, limits)
+        out[limits.key(kv.key)] = any_value(kv.value, limits)
     return out, 0
+
+
+def bounded_json(attrs: dict[str, Any], limits: Limits, keep: tuple[str, ...] = ()) -> str:
+    """A resource or scope attribute map as JSON of at most ``max_resource_bytes`` bytes.
+
+    That text is repeated on every row of its resource, so a few large attributes on a
+    request of many spans would cost rows x size of memory: attributes that do not fit are
+    dropped (counted in ``truncated``), the ``keep`` keys (service and host name) first kept.
+    """
+    text = dumps(attrs)
+    if len(text) <= limits.max_resource_bytes // 4 or \
+            len(text.encode("utf-8")) <= limits.max_resource_bytes:
+        return text
+    budget = limits.max_resource_bytes - 2  # the braces
+    kept: dict[str, Any] = {}
+    order = [k for k in keep if k in attrs] + [k for k in attrs if k not in keep]
+    for key in order:
+        size = len(dumps({key: attrs[key]}).encode("utf-8")) - 1  # the pair and a comma
+        if size <= budget:
+            kept[key] = attrs[key]
+            budget -= size
+        else:
+            limits.truncated += 1
+    return dumps(kept)
 
 
 def hex_id(raw: bytes, size: int, what: str, *, optional: bool = False) -> str:
@@ -137,29 +222,81 @@ def hex_id(raw: bytes, size: int, what: str, *, optional: bool = False) -> str:
 
 
 class NameLimiter:
-    """Caps distinct service/host names per time window; later new names share one bucket."""
+    """Caps distinct service/host names per time window; later new names share one bucket.
 
-    def __init__(self, max_names: int, window_s: float = 3600.0) -> None:
+    Besides the window's total, each request and each connection (gRPC peer) may add only
+    so many new names per window, so one client sending thousands of names cannot fill the
+    window and push the names of other clients into :data:`OVERFLOW_NAME`.
+    """
+
+    def __init__(self, max_names: int, window_s: float = 3600.0, *,
+                 per_request: int | None = None, per_connection: int | None = None,
+                 max_connections: int = 4096) -> None:
         self.max_names = max_names
         self.window_s = window_s
+        self.per_request = per_request
+        self.per_connection = per_connection
+        #: Connections whose new-name counts are kept; past it the counts start over (the
+        #: table stays bounded; a client opening thousands of connections still meets the
+        #: per-request and window caps).
+        self.max_connections = max_connections
         self._seen: set[str] = set()
+        self._by_peer: dict[str, int] = {}
         self._window_start = time.monotonic()
         self._lock = threading.Lock()
         self.overflowed = 0
 
-    def admit(self, name: str) -> str:
-        """``name`` itself, or :data:`OVERFLOW_NAME` when the window is full."""
+    def for_request(self, peer: str | None = None) -> RequestNames:
+        """The names view of one request (from connection ``peer`` when known)."""
+        return RequestNames(self, peer)
+
+    def admit(self, name: str, request: RequestNames | None = None) -> str:
+        """``name`` itself, or :data:`OVERFLOW_NAME` when the window, the request's or the
+        connection's budget of new names is spent."""
         if name in self._seen:
             return name
         with self._lock:
             if time.monotonic() - self._window_start > self.window_s:
                 self._seen.clear()
+                self._by_peer.clear()
                 self._window_start = time.monotonic()
-            if len(self._seen) < self.max_names:
+            if name in self._seen:
+                return name
+            if len(self._seen) < self.max_names and self._spend(request):
                 self._seen.add(name)
                 return name
             self.overflowed += 1
             return OVERFLOW_NAME
+
+    def _spend(self, request: RequestNames | None) -> bool:
+        """Take one new name from the request's and its connection's budgets (under lock)."""
+        if request is None:
+            return True
+        if self.per_request is not None and request.added >= self.per_request:
+            return False
+        peer = request.peer
+        if peer is not None and self.per_connection is not None:
+            used = self._by_peer.get(peer, 0)
+            if used >= self.per_connection:
+                return False
+            if peer not in self._by_peer and len(self._by_peer) >= self.max_connections:
+                self._by_peer.clear()
+            self._by_peer[peer] = used + 1
+        request.added += 1
+        return True
+
+
+class RequestNames:
+    """What decoders call ``names``: :meth:`NameLimiter.admit` with one request's budget."""
+
+    def __init__(self, limiter: NameLimiter, peer: str | None) -> None:
+        self.limiter = limiter
+        self.peer = peer
+        self.added = 0
+
+    def admit(self, name: str) -> str:
+        """``name`` or :data:`OVERFLOW_NAME` (see :meth:`NameLimiter.admit`)."""
+        return self.limiter.admit(name, self)
 
 
 @dataclass
@@ -171,16 +308,22 @@ class Resource:
     host_name: str
 
 
-def decode_resource(resource: Any, limits: Limits, names: NameLimiter) -> Resource:
+def decode_resource(resource: Any, limits: Limits,
+                    names: NameLimiter | RequestNames) -> Resource:
     """Resource attributes as JSON plus the capped ``service.name`` and ``host.name``."""
     attrs, _ = attribute_map(resource.attributes, limits)
     service = attrs.get(a.SERVICE_NAME)
     host = attrs.get(a.HOST_NAME)
     return Resource(
-        json=dumps(attrs),
+        json=bounded_json(attrs, limits, (a.SERVICE_NAME, a.HOST_NAME)),
         service_name=names.admit(service) if isinstance(service, str) else "",
         host_name=names.admit(host) if isinstance(host, str) else "",
     )
+
+
+def shared_chars(shared: dict[str, Any]) -> int:
+    """Characters of the text values in ``shared`` (the per-resource columns of a row)."""
+    return sum(len(v) for v in shared.values() if isinstance(v, str))
 
 
 @dataclass
@@ -192,6 +335,8 @@ class Outcome:
     rejected: int = 0
     messages: list[str] = field(default_factory=list)
     truncated: int = 0
+    #: Characters of resource and scope text over all rows (each row carries a copy).
+    shared_chars: int = 0
 
     def reject(self, where: str, error: Reject) -> None:
         """Count one rejected item, keeping the first few reasons for the response."""

@@ -14,11 +14,13 @@ from fleetlens.collector.decode_common import (
     NameLimiter,
     Outcome,
     Reject,
+    RequestNames,
     any_value,
     attribute_map,
     decode_resource,
     dumps,
     hex_id,
+    shared_chars,
 )
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -30,13 +32,15 @@ def _log_row(record: Any, limits: Limits, received_ns: int) -> dict[str, Any]:
     observed = record.observed_time_unix_nano or received_ns
     ts = record.time_unix_nano or observed
     limits.check_time(ts, "time_unix_nano")
+    if observed != ts:  # both are stored: both must be real times (2^64-1 is not)
+        limits.check_time(observed, "observed_time_unix_nano")
     body = any_value(record.body, limits) if record.HasField("body") else None
     attrs, dropped = attribute_map(record.attributes, limits)
     return {
         c.TS_NS: ts, c.OBSERVED_NS: observed, c.SEVERITY_NUMBER: record.severity_number,
-        c.SEVERITY_TEXT: record.severity_text,
+        c.SEVERITY_TEXT: limits.name(record.severity_text),
         c.BODY: body if isinstance(body, str) or body is None else dumps(body),
-        c.EVENT_NAME: record.event_name,
+        c.EVENT_NAME: limits.name(record.event_name),
         c.TRACE_ID: hex_id(record.trace_id, 16, c.TRACE_ID, optional=True),
         c.SPAN_ID: hex_id(record.span_id, 8, c.SPAN_ID, optional=True),
         c.FLAGS: record.flags, c.ATTRIBUTES: dumps(attrs),
@@ -44,7 +48,8 @@ def _log_row(record: Any, limits: Limits, received_ns: int) -> dict[str, Any]:
     }
 
 
-def decode_logs(request: Any, limits: Limits, names: NameLimiter, received_ns: int) -> Outcome:
+def decode_logs(request: Any, limits: Limits, names: NameLimiter | RequestNames,
+                received_ns: int) -> Outcome:
     """Decode an ``ExportLogsServiceRequest`` into ``log_records`` columns, record by record."""
     out = Outcome(columns={name: [] for name in LOG_COLUMNS})
     cols = out.columns
@@ -61,9 +66,10 @@ def decode_logs(request: Any, limits: Limits, names: NameLimiter, received_ns: i
                 continue
             shared = {
                 c.SERVICE_NAME: resource.service_name, c.HOST_NAME: resource.host_name,
-                c.RESOURCE_ATTRIBUTES: resource.json, c.SCOPE_NAME: scope.name,
-                c.SCOPE_VERSION: scope.version, c.RECEIVED_NS: received_ns,
+                c.RESOURCE_ATTRIBUTES: resource.json, c.SCOPE_NAME: limits.name(scope.name),
+                c.SCOPE_VERSION: limits.name(scope.version), c.RECEIVED_NS: received_ns,
             }
+            per_row = shared_chars(shared)
             for record in scope_logs.log_records:
                 try:
                     row = _log_row(record, limits, received_ns)
@@ -76,5 +82,6 @@ def decode_logs(request: Any, limits: Limits, names: NameLimiter, received_ns: i
                 for name, column in cols.items():
                     column.append(row.get(name))
                 out.rows += 1
+                out.shared_chars += per_row
     out.truncated = limits.truncated
     return out

@@ -15,9 +15,13 @@ from fleetlens.collector.decode_common import (
     NameLimiter,
     Outcome,
     Reject,
+    RequestNames,
     attribute_map,
+    check_count,
     decode_resource,
     dumps,
+    finite,
+    shared_chars,
 )
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -51,11 +55,13 @@ def _point_row(kind: str, data: Any, point: Any, limits: Limits) -> dict[str, An
         which = point.WhichOneof("value")
         row[c.VALUE] = float(getattr(point, which)) if which else None
         return row
-    row[c.COUNT] = point.count
+    row[c.COUNT] = check_count(point.count, "count")
     if kind == "summary":
         row[c.SUM] = point.sum
-        row[c.QUANTILES] = dumps(
-            [{"quantile": q.quantile, "value": q.value} for q in point.quantile_values])
+        # Prometheus exposes NaN quantiles for an empty summary: kept, in the JSON
+        # convention for non-finite doubles (JSON itself has no NaN).
+        row[c.QUANTILES] = dumps([{"quantile": finite(q.quantile), "value": finite(q.value)}
+                                  for q in point.quantile_values])
         return row
     row.update({c.SUM: _optional(point, "sum"), c.MIN: _optional(point, "min"),
                 c.MAX: _optional(point, "max")})
@@ -63,19 +69,25 @@ def _point_row(kind: str, data: Any, point: Any, limits: Limits) -> dict[str, An
         counts, bounds = list(point.bucket_counts), list(point.explicit_bounds)
         if counts and len(counts) != len(bounds) + 1:
             raise Reject(f"{len(counts)} bucket_counts for {len(bounds)} explicit_bounds")
+        if counts:
+            check_count(max(counts), "bucket count")
         row[c.BUCKET_COUNTS], row[c.EXPLICIT_BOUNDS] = counts, bounds
         return row
+    positive, negative = list(point.positive.bucket_counts), list(point.negative.bucket_counts)
+    check_count(max(positive, default=0), "positive bucket count")
+    check_count(max(negative, default=0), "negative bucket count")
     row.update({
-        c.EXP_SCALE: point.scale, c.EXP_ZERO_COUNT: point.zero_count,
+        c.EXP_SCALE: point.scale, c.EXP_ZERO_COUNT: check_count(point.zero_count, "zero_count"),
         c.EXP_POSITIVE_OFFSET: point.positive.offset,
-        c.EXP_POSITIVE_BUCKET_COUNTS: list(point.positive.bucket_counts),
+        c.EXP_POSITIVE_BUCKET_COUNTS: positive,
         c.EXP_NEGATIVE_OFFSET: point.negative.offset,
-        c.EXP_NEGATIVE_BUCKET_COUNTS: list(point.negative.bucket_counts),
+        c.EXP_NEGATIVE_BUCKET_COUNTS: negative,
     })
     return row
 
 
-def decode_metrics(request: Any, limits: Limits, names: NameLimiter, received_ns: int) -> Outcome:
+def decode_metrics(request: Any, limits: Limits, names: NameLimiter | RequestNames,
+                   received_ns: int) -> Outcome:
     """Decode an ``ExportMetricsServiceRequest`` into ``metric_points`` columns.
 
     Each data point is validated on its own (timestamps within the skew, start <= time,
@@ -97,11 +109,13 @@ def decode_metrics(request: Any, limits: Limits, names: NameLimiter, received_ns
                     resource = decode_resource(resource_metrics.resource, limits, names)
                     shared = {
                         c.METRIC_NAME: limits.text(metric.name), c.METRIC_KIND: kind,
-                        c.UNIT: metric.unit, c.DESCRIPTION: limits.text(metric.description),
+                        c.UNIT: limits.name(metric.unit),
+                        c.DESCRIPTION: limits.text(metric.description),
                         c.SERVICE_NAME: resource.service_name, c.HOST_NAME: resource.host_name,
-                        c.RESOURCE_ATTRIBUTES: resource.json, c.SCOPE_NAME: scope.name,
-                        c.SCOPE_VERSION: scope.version, c.RECEIVED_NS: received_ns,
+                        c.RESOURCE_ATTRIBUTES: resource.json, c.SCOPE_NAME: limits.name(scope.name),
+                        c.SCOPE_VERSION: limits.name(scope.version), c.RECEIVED_NS: received_ns,
                     }
+                    per_row = shared_chars(shared)
                 except Reject as error:
                     for _ in points:
                         out.reject(f"data point {index}", error)
@@ -119,5 +133,6 @@ def decode_metrics(request: Any, limits: Limits, names: NameLimiter, received_ns
                     for name, column in cols.items():
                         column.append(row.get(name))
                     out.rows += 1
+                    out.shared_chars += per_row
     out.truncated = limits.truncated
     return out

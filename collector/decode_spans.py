@@ -18,11 +18,15 @@ from fleetlens.collector.decode_common import (
     NameLimiter,
     Outcome,
     Reject,
+    RequestNames,
     any_value,
     attribute_map,
+    bounded_json,
+    check_count,
     decode_resource,
     dumps,
     hex_id,
+    shared_chars,
 )
 from fleetlens.collector.lite_spans import (
     MAX_HEADERS,
@@ -53,7 +57,8 @@ def _events(span: Any, limits: Limits) -> str:
     for event in span.events:
         attrs, dropped = attribute_map(event.attributes, limits)
         out.append({
-            c.TS_NS: event.time_unix_nano, c.NAME: limits.text(event.name),
+            c.TS_NS: check_count(event.time_unix_nano, "event time_unix_nano"),
+            c.NAME: limits.text(event.name),
             c.ATTRIBUTES: attrs,
             c.DROPPED_ATTRIBUTES_COUNT: event.dropped_attributes_count + dropped,
         })
@@ -67,7 +72,7 @@ def _links(span: Any, limits: Limits) -> str:
         out.append({
             c.TRACE_ID: hex_id(link.trace_id, 16, "link trace_id"),
             c.SPAN_ID: hex_id(link.span_id, 8, "link span_id"),
-            c.TRACE_STATE: link.trace_state, c.ATTRIBUTES: attrs,
+            c.TRACE_STATE: limits.name(link.trace_state), c.ATTRIBUTES: attrs,
             c.DROPPED_ATTRIBUTES_COUNT: link.dropped_attributes_count + dropped,
             c.FLAGS: link.flags,
         })
@@ -252,7 +257,8 @@ def _span_row(span: Any, limits: Limits) -> tuple:
                 continue
         # Any other encoding: exactly what the real schema reads, with the general rule.
         kv = KeyValue.FromString(kvb)
-        key, value, slot = kv.key, any_value(kv.value, limits), _PROMOTED_SLOT.get(kv.key)
+        key, value, slot = limits.key(kv.key), any_value(kv.value, limits), \
+            _PROMOTED_SLOT.get(kv.key)
         if slot and isinstance(value, slot[1]) and value is not True and value is not False:
             promoted[slot[0]] = float(value) if slot[2] else value
         else:
@@ -268,8 +274,11 @@ def _span_row(span: Any, limits: Limits) -> tuple:
         name = limits.text(name)
     if len(message) > limits.short_text:
         message = limits.text(message)
+    trace_state = span.trace_state
+    if len(trace_state) > limits.short_name:
+        trace_state = limits.name(trace_state)
     return (
-        trace_id, span_id, parent, span.trace_state, span.flags, name,
+        trace_id, span_id, parent, trace_state, span.flags, name,
         span.kind, start, end, status.code, message, attributes_json,
         _events(span, limits) if span.events else _EMPTY_LIST,
         _links(span, limits) if span.links else _EMPTY_LIST,
@@ -277,7 +286,8 @@ def _span_row(span: Any, limits: Limits) -> tuple:
     )
 
 
-def decode_spans(request: Any, limits: Limits, names: NameLimiter, received_ns: int,
+def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames,
+                 received_ns: int,
                  payload: bytes | None = None) -> Outcome:
     """Decode an ``ExportTraceServiceRequest`` into ``spans`` columns.
 
@@ -306,6 +316,7 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter, received_ns: 
             try:
                 resource = decode_resource(resource_spans.resource, limits, names)
                 scope_attrs, _ = attribute_map(scope.attributes, limits)
+                scope_json = bounded_json(scope_attrs, limits) if scope_attrs else EMPTY_OBJECT
             except Reject as error:  # a bad resource or scope rejects all of its spans
                 for _ in scope_spans.spans:
                     out.reject(f"span {index}", error)
@@ -325,13 +336,15 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter, received_ns: 
             shared = {
                 c.SERVICE_NAME: resource.service_name, c.HOST_NAME: resource.host_name,
                 c.RESOURCE_ATTRIBUTES: resource.json,
-                c.RESOURCE_SCHEMA_URL: resource_spans.schema_url,
-                c.SCOPE_NAME: scope.name, c.SCOPE_VERSION: scope.version,
-                c.SCOPE_ATTRIBUTES: dumps(scope_attrs), c.SCOPE_SCHEMA_URL: scope_spans.schema_url,
+                c.RESOURCE_SCHEMA_URL: limits.name(resource_spans.schema_url),
+                c.SCOPE_NAME: limits.name(scope.name), c.SCOPE_VERSION: limits.name(scope.version),
+                c.SCOPE_ATTRIBUTES: scope_json,
+                c.SCOPE_SCHEMA_URL: limits.name(scope_spans.schema_url),
                 c.RECEIVED_NS: received_ns,
             }
             for name, value in shared.items():
                 cols[name].extend([value] * len(rows))
             out.rows += len(rows)
+            out.shared_chars += len(rows) * shared_chars(shared)
     out.truncated = limits.truncated
     return out

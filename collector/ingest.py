@@ -14,6 +14,7 @@ from typing import Any
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.decode_common import Limits, NameLimiter, Outcome
 from fleetlens.collector.errors import InvalidRequest, Overloaded, TooLarge, Unauthenticated
+from fleetlens.collector.rows import to_table
 from fleetlens.collector.signals import BY_CODE, Signal
 from fleetlens.collector.sink import Sink
 from fleetlens.collector.telemetry import Telemetry
@@ -29,7 +30,9 @@ class Ingest:
         self.config = config
         self.sink = sink
         self.telemetry = telemetry
-        self.names = NameLimiter(config.max_names_per_window)
+        self.names = NameLimiter(config.max_names_per_window,
+                                 per_request=config.max_new_names_per_request,
+                                 per_connection=config.max_new_names_per_connection)
         self._tokens = [token.encode() for token in config.auth_tokens]
         self._inflight = 0
         self._idle = threading.Condition()
@@ -73,35 +76,58 @@ class Ingest:
             self.telemetry.add("invalid_requests")
             raise InvalidRequest(f"undecodable {signal.folder} request: {exc}") from None
 
+    def known_fields(self, request: Any, payload: bytes) -> bytes:
+        """``payload`` without fields the OTLP schema does not know (what the WAL stores).
+
+        Unknown fields are never decoded, so storing them would only spend WAL and replay
+        work on bytes a client chose freely. When the size is unchanged after dropping them
+        there were none (the common case: no re-encoding).
+        """
+        request.DiscardUnknownFields()
+        if request.ByteSize() == len(payload):
+            return payload
+        self.telemetry.add("unknown_field_requests")
+        return request.SerializeToString()
+
     def decode(self, signal: Signal, request: Any, received_ns: int,
-               payload: bytes | None = None) -> Outcome:
+               payload: bytes | None = None, peer: str | None = None) -> Outcome:
         """Validate and convert a parsed request; timestamps are judged against receipt.
 
         ``payload``, the bytes ``request`` was parsed from, lets a decoder that reads the
-        bytes too (spans) skip re-encoding the request.
+        bytes too (spans) skip re-encoding the request. ``peer`` names the connection for
+        its budget of new service/host names.
         """
         cfg = self.config
         limits = Limits(now_ns=received_ns, skew_ns=int(cfg.max_clock_skew_s * 1e9),
+                        future_ns=int(cfg.max_future_skew_s * 1e9),
                         max_attributes=cfg.max_attributes,
-                        max_value_bytes=cfg.max_attribute_value_bytes)
+                        max_value_bytes=cfg.max_attribute_value_bytes,
+                        max_key_bytes=cfg.max_attribute_key_bytes,
+                        max_list_items=cfg.max_attribute_list_items,
+                        max_name_bytes=cfg.max_name_bytes,
+                        max_resource_bytes=cfg.max_resource_bytes)
         before = self.names.overflowed
+        names = self.names.for_request(peer)
         if payload is not None and signal.reads_payload:
-            outcome = signal.decode(request, limits, self.names, received_ns, payload)
+            outcome = signal.decode(request, limits, names, received_ns, payload)
         else:
-            outcome = signal.decode(request, limits, self.names, received_ns)
+            outcome = signal.decode(request, limits, names, received_ns)
         if outcome.truncated:
             self.telemetry.add("truncated_values", outcome.truncated)
         if self.names.overflowed != before:
             self.telemetry.add("overflow_names", self.names.overflowed - before)
         return outcome
 
-    def export(self, signal: Signal, payload: bytes, request: Any = None) -> Any:
+    def export(self, signal: Signal, payload: bytes, request: Any = None,
+               peer: str | None = None) -> Any:
         """Handle one Export: returns the response message once the rows are durable.
 
         Args:
             signal: which service was called.
             payload: the request as protobuf bytes (what the WAL stores).
             request: the parsed request when the receiver already has it (OTLP/JSON).
+            peer: the client connection (gRPC ``context.peer()``), for per-connection
+                budgets; None when unknown.
 
         Raises:
             ExportError: the request is refused as a whole.
@@ -111,19 +137,22 @@ class Ingest:
                 raise Overloaded("collector is shutting down; retry")
             self._inflight += 1
         try:
-            return self._export(signal, payload, request)
+            return self._export(signal, payload, request, peer)
         finally:
             with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
 
-    def _export(self, signal: Signal, payload: bytes, request: Any) -> Any:
+    def _export(self, signal: Signal, payload: bytes, request: Any, peer: str | None) -> Any:
         started = time.perf_counter()
         if request is None:
             request = self.parse(signal, payload)
+            payload = self.known_fields(request, payload)
         received_ns = time.time_ns()
-        outcome = self.decode(signal, request, received_ns, payload)
-        table = signal.to_arrow(outcome)
+        outcome = self.decode(signal, request, received_ns, payload, peer)
+        self._check_fits(outcome.shared_chars, "resource and scope text")
+        table = to_table(signal, outcome)
+        self._check_fits(table.nbytes, "rows")
         if self.sink is None:
             raise Overloaded("collector is starting; retry")
         self.sink.accept(signal, received_ns, payload, table)
@@ -133,9 +162,17 @@ class Ingest:
         self.telemetry.observe_export(time.perf_counter() - started)
         return signal.response_for(outcome)
 
+    def _check_fits(self, size: int, what: str) -> None:
+        """Refuse, permanently, a request whose rows could never fit the buffer: answering
+        "buffer full, retry" would make its client retry the same bytes forever."""
+        if size > self.config.max_buffered_bytes:
+            self.telemetry.add("oversize_requests")
+            raise TooLarge(f"request expands to {size} bytes of {what}, more than the "
+                           f"buffer of {self.config.max_buffered_bytes} bytes can ever hold")
+
     def replay_table(self, record: Record) -> tuple[Signal, Any]:
         """Rows of a WAL record, decoded exactly as when it was first received."""
         signal = BY_CODE[record.signal]
         request = signal.request.FromString(record.payload)
         outcome = self.decode(signal, request, record.received_ns, record.payload)
-        return signal, signal.to_arrow(outcome)
+        return signal, to_table(signal, outcome)

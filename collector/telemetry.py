@@ -28,6 +28,8 @@ SERIES: dict[str, tuple[str, str]] = {
     "storage_failures": ("counter", "Requests refused because the WAL failed (UNAVAILABLE)."),
     "truncated_values": ("counter", "Attribute values cut or maps shortened by the limits."),
     "overflow_names": ("counter", "Service/host names sent to the overflow bucket."),
+    "unknown_field_requests": ("counter", "Requests whose unknown protobuf fields were "
+                               "dropped before the WAL."),
     "flushed_rows": ("counter", "Rows published in Parquet segments."),
     "flushed_segments": ("counter", "Parquet segments published."),
     "flush_failures": ("counter", "Parquet publish attempts that failed (retried)."),

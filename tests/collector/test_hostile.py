@@ -26,8 +26,8 @@ from fleetlens.pipeline.storage import DataDir, scan
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = int(os.environ.get("FLEETLENS_HOSTILE_EXAMPLES", "250"))
 SKEW_S = 3600
-CONFIG = {"max_clock_skew_s": float(SKEW_S), "max_attribute_value_bytes": 4096,
-          "max_attributes": 32}
+CONFIG = {"max_clock_skew_s": float(SKEW_S), "max_future_skew_s": float(SKEW_S),
+          "max_attribute_value_bytes": 4096, "max_attributes": 32}
 NS = 10**9
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
