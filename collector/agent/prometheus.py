@@ -1,21 +1,17 @@
-"""A small parser for the Prometheus text exposition format (what vLLM's ``/metrics`` serves).
+"""Prometheus text exposition (what vLLM's and dcgm-exporter's ``/metrics`` serve), read with
+``prometheus_client``'s own parser.
 
-Only samples are needed: ``name{label="value",...} value [timestamp]``. ``# HELP`` and
-``# TYPE`` lines are skipped. Label values may contain escaped quotes, backslashes and
-newlines. A malformed line raises :class:`ExpositionError` naming the line number.
+Only samples are needed: ``name{label="value",...} value [timestamp]``, with the escapes,
+``+Inf``/``NaN`` and the Prometheus 3 quoted names (``{"name.with.dots", label="v"}``) the
+reference parser knows. A malformed text raises :class:`ExpositionError` naming the first
+bad line.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
-_CLOSE = re.compile(r"\s*\}")
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-_SPECIAL = {"+Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class ExpositionError(ValueError):
@@ -31,44 +27,32 @@ class Sample:
     value: float
 
 
-def _unescape(value: str) -> str:
-    return re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], value)
+def _families(text: str) -> list[Sample]:
+    return [Sample(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def _parse_value(text: str, lineno: int) -> float:
-    token = text.split()[0] if text.split() else ""
-    if token in _SPECIAL:
-        return _SPECIAL[token]
-    try:
-        return float(token)
-    except ValueError:
-        raise ExpositionError(f"line {lineno}: bad sample value {token!r}") from None
+def _first_bad_line(text: str) -> tuple[int, str]:
+    """The first line the parser refuses on its own (1-based), for the error message."""
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            _families(line + "\n")
+        except ValueError:
+            return lineno, line
+    return 0, ""
 
 
 def parse_samples(text: str) -> list[Sample]:
-    """Every sample in ``text``, in order."""
-    samples = []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _NAME.match(line)
-        if not match:
-            raise ExpositionError(f"line {lineno}: no metric name in {raw[:80]!r}")
-        name, pos, labels = match.group(0), match.end(), {}
-        if pos < len(line) and line[pos] == "{":
-            pos += 1
-            while True:
-                closing = _CLOSE.match(line, pos)  # "}" (also after a trailing comma)
-                if closing:
-                    pos = closing.end()
-                    break
-                label = _LABEL.match(line, pos)
-                if not label:
-                    raise ExpositionError(f"line {lineno}: bad labels in {raw[:80]!r}")
-                labels[label.group(1)] = _unescape(label.group(2))
-                pos = label.end()
-                if label.group(3) == "}":
-                    break
-        samples.append(Sample(name, labels, _parse_value(line[pos:], lineno)))
-    return samples
+    """Every sample in ``text``, in order.
+
+    Raises:
+        ExpositionError: the text is not valid exposition format (the message names the line).
+    """
+    try:
+        return _families(text)
+    except ValueError as exc:  # the parser says what, not where: find the line only now
+        lineno, line = _first_bad_line(text)
+        where = f"line {lineno}: {line[:80]!r}: " if lineno else ""
+        raise ExpositionError(f"{where}{exc or 'malformed exposition text'}") from None
