@@ -1,9 +1,11 @@
 """KV-cache analysis: usage and headroom, preemption episodes, prefix hit rate and its drops,
-usage versus queue time and TTFT, and capacity from the model shape.
+usage versus queue time and TTFT, and capacity.
 
-Capacity: KV bytes per token = 2 x layers x kv_heads x head_dim x bytes per value; the
-cache gets ``gpu_memory_utilization`` (vLLM's default 0.9) of the GPUs' memory minus the
-weights, split over the tensor-parallel GPUs.
+Capacity: what vLLM reports (``vllm:cache_config_info``: num_gpu_blocks x block_size, the
+engine_samples column ``kv_capacity_tokens``) wherever it does; else estimated from the model
+shape: KV bytes per token = 2 x layers x kv_heads x head_dim x bytes per value; the cache gets
+``gpu_memory_utilization`` (vLLM's default 0.9) of the GPUs' memory minus the weights, split
+over the tensor-parallel GPUs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ NS = 1_000_000_000
 GPU_MEMORY_UTILIZATION = 0.9
 _QUEUE_P90 = c.percentile_column("queue", "p90")
 _TTFT_P90 = c.percentile_column("ttft", "p90")
+_REPORTED = "_reported_capacity"
+#: ``kv_capacity_source``: where ``kv_capacity_tokens`` comes from.
+SOURCE_VLLM, SOURCE_ESTIMATE = "vllm", "model_shape"
+KV_CAPACITY_SOURCE = "kv_capacity_source"
 
 
 def _counter_delta(column: str) -> pl.Expr:
@@ -32,9 +38,13 @@ def kv_summary(engine: pl.DataFrame, instance_gpus: pl.DataFrame | None = None,
 
     Columns: host, instance, model, KV usage mean/p95/max, ``kv_headroom`` (1 - p95),
     preemptions and preemptions per minute, token-level prefix hit rate, and when the model
-    shape and GPU are known, the estimated KV capacity in tokens.
+    shape and GPU are known, the KV capacity in tokens (``kv_capacity_tokens``): vLLM's own
+    figure where the engine reports it, else the estimate (``kv_capacity_source`` says which).
     """
     config = config or AnalyticsConfig()
+    # Engine samples written before the agent forwarded vllm:cache_config_info lack the column.
+    reported = (pl.col(c.KV_CAPACITY_TOKENS).max() if c.KV_CAPACITY_TOKENS in engine.columns
+                else pl.lit(None, pl.Float64)).alias(_REPORTED)
     frame = engine.sort(c.INSTANCE_ID, c.TS_NS).with_columns(
         _counter_delta(c.PREEMPTIONS_TOTAL).alias("_pre"),
         _counter_delta(c.PREFIX_CACHE_HITS_TOTAL).alias("_hits"),
@@ -49,6 +59,7 @@ def kv_summary(engine: pl.DataFrame, instance_gpus: pl.DataFrame | None = None,
          .clip(lower_bound=1e-9)).alias("preemptions_per_min"),
         (pl.col("_hits").sum() / pl.col("_queries").sum().clip(lower_bound=1))
         .alias(c.PREFIX_HIT_RATE),
+        reported,
     ).with_columns((1 - pl.col("kv_usage_p95")).alias(c.KV_HEADROOM))
     tp = (instance_gpus.filter(pl.col(c.GPU_UUID) != "").group_by(c.INSTANCE_ID)
           .agg(pl.col(c.GPU_UUID).n_unique().alias("tp"))
@@ -57,18 +68,25 @@ def kv_summary(engine: pl.DataFrame, instance_gpus: pl.DataFrame | None = None,
         out = out.join(tp, on=c.INSTANCE_ID, how="left")
     else:
         out = out.with_columns(pl.lit(None, pl.UInt32).alias("tp"))
-    capacity = []
+    capacity, source = [], []
     for row in out.iter_rows(named=True):
+        tokens = row[_REPORTED]
+        if tokens is not None:  # measured by vLLM: no model table or GPU guess needed
+            capacity.append(float(tokens))
+            source.append(SOURCE_VLLM)
+            continue
         shape = model_shape(row[c.MODEL] or "", config)
         mem = memory_gb((gpu_model or {}).get(row[c.HOST_NAME], ""))
-        tokens = None
         if shape and mem:
             gpus = row["tp"] or 1
             free = gpus * mem * 1e9 * GPU_MEMORY_UTILIZATION - shape.weight_bytes
             tokens = max(free, 0) / shape.kv_bytes_per_token
         capacity.append(tokens)
-    return out.with_columns(pl.Series("kv_capacity_tokens", capacity, dtype=pl.Float64)).sort(
-        c.HOST_NAME, c.INSTANCE_ID)
+        source.append(SOURCE_ESTIMATE if tokens is not None else None)
+    return out.drop(_REPORTED).with_columns(
+        pl.Series(c.KV_CAPACITY_TOKENS, capacity, dtype=pl.Float64),
+        pl.Series(KV_CAPACITY_SOURCE, source, dtype=pl.String),
+    ).sort(c.HOST_NAME, c.INSTANCE_ID)
 
 
 def preemption_episodes(engine: pl.DataFrame, gap_s: float = 60.0) -> pl.DataFrame:

@@ -38,6 +38,7 @@ _NS = 1_000_000_000
 # Internal column names (never written).
 _RES_INSTANCE, _RES_MODEL = "__res_instance", "__res_model"
 _ATTR_IN, _ATTR_OUT, _ATTR_CACHED = "__attr_in", "__attr_out", "__attr_cached"
+_ATTR_CACHED_OLD = "__attr_cached_old"
 _ATTR_OP, _ATTR_ERR, _ATTR_RESP_ID = "__attr_op", "__attr_err", "__attr_resp_id"
 _ATTR_RESP_MODEL, _IS_VLLM, _MAP_MODEL = "__attr_resp_model", "__is_vllm", "__map_model"
 _GW_ID, _GW_DUR = "__gw_span_id", "__gw_dur_ns"
@@ -63,6 +64,7 @@ def _span_keys() -> dict[str, tuple[str, pl.DataType]]:
         a.GEN_AI_INPUT_TOKENS: (_ATTR_IN, pl.Int64()),
         a.GEN_AI_OUTPUT_TOKENS: (_ATTR_OUT, pl.Int64()),
         a.GEN_AI_CACHED_INPUT_TOKENS: (_ATTR_CACHED, pl.Int64()),
+        a.GEN_AI_CACHED_INPUT_TOKENS_OLD: (_ATTR_CACHED_OLD, pl.Int64()),
         a.GEN_AI_OPERATION_NAME: (_ATTR_OP, pl.String()),
         a.ERROR_TYPE: (_ATTR_ERR, pl.String()),
         a.GEN_AI_RESPONSE_ID: (_ATTR_RESP_ID, pl.String()),
@@ -182,7 +184,8 @@ def normalize(
         _seconds_or(c.GEN_AI_E2E_S, duration_s).alias(c.E2E_S),
         pl.coalesce(c.GEN_AI_PROMPT_TOKENS, _ATTR_IN).alias(c.INPUT_TOKENS),
         pl.coalesce(c.GEN_AI_COMPLETION_TOKENS, _ATTR_OUT).alias(c.OUTPUT_TOKENS),
-        pl.col(_ATTR_CACHED).alias(c.CACHED_TOKENS),
+        # The current semconv key first, then the spelling older instrumentations use.
+        pl.coalesce(_ATTR_CACHED, _ATTR_CACHED_OLD).alias(c.CACHED_TOKENS),
         pl.col(_FINISH).alias(c.FINISH_REASON),
         pl.when(pl.col(_IS_VLLM)).then(pl.lit(SOURCE_VLLM)).otherwise(pl.lit(SOURCE_GENAI))
         .alias(c.SOURCE),

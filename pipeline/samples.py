@@ -22,10 +22,10 @@ from fleetlens.pipeline.stage import stage
 
 _NS = 1_000_000_000
 
-#: GPU metric -> gpu_samples column.
+#: GPU metric -> gpu_samples column. ``util_mem`` is the memory controller's busy share.
 GPU_METRICS: dict[str, str] = {
     a.HW_POWER: c.POWER_W, a.HW_ENERGY: c.ENERGY_J, a.HW_GPU_UTILIZATION: c.UTIL_GPU,
-    a.HW_GPU_MEMORY_UTILIZATION: c.UTIL_MEM, a.HW_GPU_MEMORY_USAGE: c.MEM_USED_BYTES,
+    a.GPU_MEMORY_CONTROLLER_UTILIZATION: c.UTIL_MEM, a.HW_GPU_MEMORY_USAGE: c.MEM_USED_BYTES,
     a.HW_GPU_MEMORY_LIMIT: c.MEM_TOTAL_BYTES, a.GPU_CLOCK_SM: c.SM_CLOCK_MHZ,
     a.HW_TEMPERATURE: c.TEMP_C, a.GPU_POWER_LIMIT: c.POWER_LIMIT_W,
     a.GPU_CLOCKS_EVENT_REASONS: c.CLOCKS_EVENT_REASONS,
@@ -39,11 +39,24 @@ ENGINE_METRICS: dict[str, str] = {
     a.ENGINE_PROMPT_TOKENS: c.PROMPT_TOKENS_TOTAL,
     a.ENGINE_GENERATION_TOKENS: c.GENERATION_TOKENS_TOTAL,
 }
+#: Engine metric -> column written beside the table's (null where the engine lacks it).
+ENGINE_EXTRA_METRICS: dict[str, str] = {a.ENGINE_KV_CACHE_CAPACITY: c.KV_CAPACITY_TOKENS}
 #: Every accepted engine metric name (ours and vLLM's, old and new) -> our name.
 ENGINE_ALIASES: dict[str, str] = {
-    **{name: name for name in ENGINE_METRICS},
+    **{name: name for name in [*ENGINE_METRICS, *ENGINE_EXTRA_METRICS]},
     **{alias: ours for ours, aliases in a.VLLM_PROMETHEUS_NAMES.items() for alias in aliases},
+    a.ENGINE_REQUESTS_FINISHED: a.ENGINE_REQUESTS_FINISHED,
+    a.VLLM_REQUEST_SUCCESS: a.ENGINE_REQUESTS_FINISHED,  # same finished_reason label
 }
+#: vLLM's finished reasons (FinishReason): one hidden column each, summed into
+#: ``requests_finished_total``; a reason vLLM adds later lands in the "other" column.
+FINISHED_REASONS = ("stop", "length", a.FINISHED_ABORT, a.FINISHED_ERROR, "repetition")
+_FINISHED = {reason: f"__finished_{reason}" for reason in FINISHED_REASONS}
+_FINISHED_OTHER = "__finished_other"
+#: The legacy reading of hw.gpu.memory.utilization as the controller's busy share (what the
+#: fleetlens agent sent before it followed the conventions, and the simulator still sends):
+#: used only for a sample that has no gpu.memory_controller.utilization.
+_UTIL_MEM_LEGACY = "__util_mem_legacy"
 
 #: Unit (UCUM, as OTLP sends it) -> factor to the column's unit. Unknown units count as canonical.
 UNIT_FACTORS: dict[str, float] = {
@@ -58,6 +71,7 @@ _DELTA = "delta"
 _ENERGY_DELTA = "__energy_delta"
 _UUID, _NAME, _INDEX, _INSTANCE, _MODEL_LABEL = (
     "__hw_id", "__hw_name", "__gpu_index", "__instance", "__model_label")
+_HW_MODEL, _REASON = "__hw_model", "__finished_reason"
 
 
 def normalised_value() -> pl.Expr:
@@ -127,8 +141,9 @@ def _gpu_columns(combos: pl.DataFrame) -> pl.DataFrame:
     """Output column and unit factor of each GPU metric combination."""
     # An energy sum with delta temporality already holds the energy since the last point.
     is_delta = (pl.col(c.METRIC_NAME) == a.HW_ENERGY) & (pl.col(c.TEMPORALITY) == _DELTA)
+    by_name = {**GPU_METRICS, a.HW_GPU_MEMORY_UTILIZATION: _UTIL_MEM_LEGACY}
     column = pl.when(is_delta).then(pl.lit(_ENERGY_DELTA)).otherwise(
-        pl.col(c.METRIC_NAME).replace_strict(GPU_METRICS, default=None, return_dtype=pl.String))
+        pl.col(c.METRIC_NAME).replace_strict(by_name, default=None, return_dtype=pl.String))
     return combos.with_columns(column.alias(_COLUMN), normalised_value().alias(_MUL),
                                pl.lit(1.0).alias(_DIV))
 
@@ -148,16 +163,19 @@ def gpu_samples(points: pl.DataFrame | Split, max_gap_s: float) -> pl.DataFrame:
     def describe(combos: pl.DataFrame) -> pl.DataFrame:
         combos = extract_keys(combos, c.ATTRIBUTES, {
             a.HW_ID: (_UUID, pl.String()), a.HW_NAME: (_NAME, pl.String()),
-            a.GPU_INDEX: (_INDEX, pl.Int64()),
+            a.HW_MODEL: (_HW_MODEL, pl.String()), a.GPU_INDEX: (_INDEX, pl.Int64()),
         })
         return combos.with_columns(pl.col(_UUID).fill_null("").alias(c.GPU_UUID))
 
-    labels = (pl.col(_NAME).drop_nulls().max().fill_null("").alias(c.GPU_MODEL),
+    # The model: hw.model (the conventions' attribute for it), else hw.name (older agents).
+    labels = (pl.coalesce(pl.col(_HW_MODEL).drop_nulls().max(), pl.col(_NAME).drop_nulls().max())
+              .fill_null("").alias(c.GPU_MODEL),
               pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX))
     # Duplicate deliveries collapse in the pivot (no sort needed).
-    wide = _wide(points, _gpu_columns, [*GPU_METRICS.values(), _ENERGY_DELTA],
+    wide = _wide(points, _gpu_columns, [*GPU_METRICS.values(), _ENERGY_DELTA, _UTIL_MEM_LEGACY],
                  [c.HOST_NAME, c.GPU_UUID], describe, labels)
-    wide = wide.with_columns(pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64))
+    wide = wide.with_columns(pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64),
+                             pl.coalesce(c.UTIL_MEM, _UTIL_MEM_LEGACY).alias(c.UTIL_MEM))
     dt_s = (pl.col(c.TS_NS) - _previous(pl.col(c.TS_NS))) / _NS
     increase = pl.col(c.ENERGY_J) - _previous(pl.col(c.ENERGY_J))
     counter = pl.when(increase < 0).then(pl.col(c.ENERGY_J)).otherwise(increase)
@@ -176,11 +194,17 @@ def _engine_name() -> pl.Expr:
 
 
 def _engine_columns(combos: pl.DataFrame) -> pl.DataFrame:
-    """Output column and divisor (percent to fraction) of each engine metric combination."""
-    column = _engine_name().replace_strict(ENGINE_METRICS, default=None, return_dtype=pl.String)
+    """Output column and divisor (percent to fraction) of each engine metric combination;
+    finished requests go to one hidden column per ``finished_reason``."""
+    combos = extract_keys(combos, c.ATTRIBUTES, {a.ENGINE_FINISHED_REASON: (_REASON, pl.String())})
+    by_reason = pl.col(_REASON).replace_strict(_FINISHED, default=_FINISHED_OTHER,
+                                               return_dtype=pl.String)
+    column = pl.when(_engine_name() == a.ENGINE_REQUESTS_FINISHED).then(by_reason).otherwise(
+        _engine_name().replace_strict({**ENGINE_METRICS, **ENGINE_EXTRA_METRICS}, default=None,
+                                      return_dtype=pl.String))
     divisor = pl.when(pl.col(c.UNIT) == "%").then(100.0).otherwise(1.0)
     return combos.with_columns(column.alias(_COLUMN), pl.lit(1.0).alias(_MUL),
-                               divisor.alias(_DIV))
+                               divisor.alias(_DIV)).drop(_REASON)
 
 
 def _describe_instances(combos: pl.DataFrame) -> pl.DataFrame:
@@ -202,11 +226,26 @@ def engine_samples(points: pl.DataFrame | Split) -> pl.DataFrame:
     Input: ``metric_points`` or their :class:`~pipeline.pivot.Split`. Output: ``engine_samples``
     sorted by (host_name, instance_id, ts_ns); the ``*_total`` columns are the cumulative
     counters as sent (consumers diff them with reset handling, see :func:`counter_increase`);
-    KV-cache usage is a 0..1 fraction.
+    KV-cache usage is a 0..1 fraction. Beside the table's columns: ``kv_capacity_tokens``
+    (vLLM's own KV capacity) and ``requests_finished_total`` / ``requests_aborted_total`` /
+    ``requests_errored_total`` (``vllm.requests.finished`` over all reasons, ``abort``,
+    ``error``); null where the engine does not report them.
     """
-    wide = _wide(points, _engine_columns, list(ENGINE_METRICS.values()),
+    finished = [*_FINISHED.values(), _FINISHED_OTHER]
+    wide = _wide(points, _engine_columns,
+                 [*ENGINE_METRICS.values(), *ENGINE_EXTRA_METRICS.values(), *finished],
                  [c.HOST_NAME, c.INSTANCE_ID], _describe_instances, (pl.col(c.MODEL).max(),))
-    return wide.select(list(t.table(t.ENGINE_SAMPLES).columns))
+    any_reason = pl.any_horizontal(pl.col(finished).is_not_null())
+    wide = wide.with_columns(
+        pl.when(any_reason).then(pl.sum_horizontal(finished)).alias(c.REQUESTS_FINISHED_TOTAL),
+        pl.col(_FINISHED[a.FINISHED_ABORT]).alias(c.REQUESTS_ABORTED_TOTAL),
+        pl.col(_FINISHED[a.FINISHED_ERROR]).alias(c.REQUESTS_ERRORED_TOTAL))
+    return wide.select(*t.table(t.ENGINE_SAMPLES).columns, *ENGINE_EXTRA_COLUMNS)
+
+
+#: Columns :func:`engine_samples` writes beside the table's.
+ENGINE_EXTRA_COLUMNS = (c.KV_CAPACITY_TOKENS, c.REQUESTS_FINISHED_TOTAL,
+                        c.REQUESTS_ABORTED_TOTAL, c.REQUESTS_ERRORED_TOTAL)
 
 
 @stage(t.INSTANCE_GPUS)

@@ -55,6 +55,13 @@ class MetricGroup:
         """An observable (cumulative, monotonic) counter fed by ``points()``."""
         self.meter.create_observable_counter(name, [_callback(points)], unit, description)
 
+    def up_down_counter(self, name: str, unit: str, description: str,
+                        points: Callable[[], Points]) -> None:
+        """An observable up-down counter (a cumulative, non-monotonic sum) fed by ``points()``:
+        the conventions' instrument for amounts that go up and down, e.g. memory used."""
+        self.meter.create_observable_up_down_counter(name, [_callback(points)], unit,
+                                                     description)
+
     def collect(self) -> MetricsData | None:
         """Run every callback once; ``None`` when nothing was observed."""
         data = self._reader.get_metrics_data()

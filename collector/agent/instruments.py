@@ -1,9 +1,10 @@
 """The metrics the agent emits: names, units and point attributes (see docs/telemetry.md).
 
-GPU metrics follow the OpenTelemetry hardware conventions with point attributes ``hw.id``
-(GPU UUID), ``hw.name`` (model), ``hw.type=gpu`` and ``gpu.index``. Engine metrics carry
-``fleetlens.instance_id`` and ``model_name``; the instance -> GPU mapping is the gauge
-``fleetlens.instance.gpus`` = 1 per (``fleetlens.instance_id``, ``hw.id``).
+GPU metrics follow the OpenTelemetry hardware conventions (semantic-conventions v1.41.0) with
+point attributes ``hw.id`` (GPU UUID), ``hw.name`` and ``hw.model`` (model), ``hw.vendor``,
+``hw.type=gpu`` and ``gpu.index``; ``hw.gpu.utilization`` adds ``hw.gpu.task=general``.
+Engine metrics carry ``fleetlens.instance_id`` and ``model_name``; the instance -> GPU mapping
+is the gauge ``fleetlens.instance.gpus`` = 1 per (``fleetlens.instance_id``, ``hw.id``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,22 @@ from fleetlens.pipeline.schema import attributes as a
 
 Getter = Callable[[GpuSample], float | int | None]
 
-#: GPU metric -> (unit, kind, value of a GpuSample, description). kind: gauge | counter.
+#: GPU metric -> (unit, kind, value of a GpuSample, description).
+#: kind: gauge | counter | updowncounter (the instrument the conventions name).
 GPU_METRICS: dict[str, tuple[str, str, Getter, str]] = {
     a.HW_POWER: ("W", "gauge", lambda s: s.power_w, "GPU power draw (NVML mW / 1000)"),
     a.HW_ENERGY: ("J", "counter", lambda s: s.energy_j,
                   "GPU energy, monotonic (NVML energy counter mJ / 1000, wraps/resets absorbed)"),
     a.HW_GPU_UTILIZATION: ("1", "gauge", lambda s: s.util_gpu,
                            "GPU busy fraction (NVML % / 100)"),
-    a.HW_GPU_MEMORY_UTILIZATION: ("1", "gauge", lambda s: s.util_mem,
-                                  "memory controller busy fraction (NVML % / 100)"),
-    a.HW_GPU_MEMORY_USAGE: ("By", "gauge", lambda s: s.mem_used_bytes, "GPU memory used"),
-    a.HW_GPU_MEMORY_LIMIT: ("By", "gauge", lambda s: s.mem_limit_bytes, "GPU memory total"),
+    a.HW_GPU_MEMORY_UTILIZATION: ("1", "gauge", lambda s: s.mem_used_fraction,
+                                  "fraction of GPU memory used (used / size)"),
+    a.GPU_MEMORY_CONTROLLER_UTILIZATION: ("1", "gauge", lambda s: s.util_mem,
+                                          "memory controller busy fraction (NVML % / 100)"),
+    a.HW_GPU_MEMORY_USAGE: ("By", "updowncounter", lambda s: s.mem_used_bytes,
+                            "GPU memory used"),
+    a.HW_GPU_MEMORY_LIMIT: ("By", "updowncounter", lambda s: s.mem_limit_bytes,
+                            "GPU memory size"),
     a.HW_TEMPERATURE: ("Cel", "gauge", lambda s: s.temp_c, "GPU core temperature"),
     a.GPU_CLOCK_SM: ("MHz", "gauge", lambda s: s.sm_clock_mhz, "SM clock"),
     a.GPU_POWER_LIMIT: ("W", "gauge", lambda s: s.power_limit_w,
@@ -47,13 +53,24 @@ ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
     a.ENGINE_PREFIX_CACHE_HITS: ("{token}", "counter", "prefix-cache hit tokens"),
     a.ENGINE_PROMPT_TOKENS: ("{token}", "counter", "prompt tokens processed"),
     a.ENGINE_GENERATION_TOKENS: ("{token}", "counter", "tokens generated"),
+    a.ENGINE_KV_CACHE_CAPACITY: ("{token}", "gauge",
+                                 "KV-cache capacity: vLLM's num_gpu_blocks x block_size"),
 }
+#: Finished requests, one series per vLLM ``finished_reason`` (stop, length, abort, error...).
+FINISHED_METRIC = (a.ENGINE_REQUESTS_FINISHED, "{request}", "requests finished, by reason")
 
 
 def gpu_attributes(sample: GpuSample) -> dict[str, str | int]:
     """Point attributes of every GPU metric."""
-    return {a.HW_ID: sample.uuid, a.HW_NAME: sample.name, a.HW_TYPE: a.HW_TYPE_GPU,
-            a.GPU_INDEX: sample.index}
+    return {a.HW_ID: sample.uuid, a.HW_NAME: sample.name, a.HW_MODEL: sample.name,
+            a.HW_VENDOR: a.HW_VENDOR_NVIDIA, a.HW_TYPE: a.HW_TYPE_GPU, a.GPU_INDEX: sample.index}
+
+
+#: Point attributes a metric adds to :func:`gpu_attributes` (NVML's and DCGM's utilisation is
+#: the "general" task of the conventions' hw.gpu.task; encoder/decoder are not sampled).
+_EXTRA_ATTRIBUTES: dict[str, dict[str, str]] = {
+    a.HW_GPU_UTILIZATION: {a.HW_GPU_TASK: a.HW_GPU_TASK_GENERAL},
+}
 
 
 @dataclass
@@ -71,19 +88,22 @@ class EngineState:
     mapping: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def register_gpu(group: MetricGroup, state: GpuState) -> None:
-    """Create the hw.* / gpu.* instruments on ``group``."""
+def register_gpu(group: MetricGroup, state: GpuState,
+                 extra_gauges: tuple[tuple[str, str, str], ...] = ()) -> None:
+    """Create the hw.* / gpu.* instruments on ``group``, and ``extra_gauges`` (name, unit,
+    description) read from each sample's ``extra`` (dcgm-exporter's further fields)."""
     for name, (unit, kind, get, description) in GPU_METRICS.items():
-        points = _gpu_points(state, get)
-        if kind == "counter":
-            group.counter(name, unit, description, points)
-        else:
-            group.gauge(name, unit, description, points)
+        points = _gpu_points(state, get, _EXTRA_ATTRIBUTES.get(name, {}))
+        {"counter": group.counter, "updowncounter": group.up_down_counter}.get(
+            kind, group.gauge)(name, unit, description, points)
+    for name, unit, description in extra_gauges:
+        group.gauge(name, unit, description,
+                    _gpu_points(state, lambda s, name=name: s.extra.get(name), {}))
 
 
-def _gpu_points(state: GpuState, get: Getter) -> Callable[[], Points]:
+def _gpu_points(state: GpuState, get: Getter, extra: dict[str, str]) -> Callable[[], Points]:
     def points() -> Points:
-        return [(value, gpu_attributes(s)) for s in state.samples
+        return [(value, {**gpu_attributes(s), **extra}) for s in state.samples
                 if (value := get(s)) is not None]
     return points
 
@@ -96,6 +116,11 @@ def register_engine(group: MetricGroup, state: EngineState) -> None:
             group.counter(name, unit, description, points)
         else:
             group.gauge(name, unit, description, points)
+    name, unit, description = FINISHED_METRIC
+    group.counter(name, unit, description, lambda: [
+        (count, {a.ENGINE_INSTANCE: s.instance_id, a.ENGINE_MODEL_NAME: s.model_name,
+                 a.ENGINE_FINISHED_REASON: reason})
+        for s in state.samples for reason, count in sorted(s.finished.items())])
     group.gauge(a.ENGINE_INSTANCE_GPUS, "1", "1 for each GPU serving an instance",
                 lambda: [(1, {a.ENGINE_INSTANCE: instance, a.HW_ID: uuid})
                          for instance, uuids in sorted(state.mapping.items()) for uuid in uuids])

@@ -140,7 +140,7 @@ class Agent:
         undelivered = self.gpu_outbox.stop() + self.engine_outbox.stop()
         self.scraper.close()
         if self.sampler is not None:
-            self.sampler.backend.close()
+            self.sampler.close()
         return undelivered
 
     def _start_loop(self, name: str, tick: Callable[[], None], interval_s: float) -> None:

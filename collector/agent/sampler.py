@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fleetlens.collector.agent.gpu import GpuBackend, GpuLost, NvmlReading
 
@@ -45,6 +45,17 @@ class GpuSample:
     power_limit_w: float | None
     clocks_event_reasons: int | None
     pids: tuple[int, ...]
+    #: Kubernetes pods using the GPU, ``namespace/pod`` (dcgm-exporter's labels; NVML: none).
+    pods: tuple[str, ...] = ()
+    #: Further gauges by metric name (dcgm-exporter's profiling ratios, last XID).
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mem_used_fraction(self) -> float | None:
+        """Memory used / memory size (``hw.gpu.memory.utilization`` in the conventions)."""
+        if self.mem_used_bytes is None or not self.mem_limit_bytes:
+            return None
+        return self.mem_used_bytes / self.mem_limit_bytes
 
 
 class EnergyTotal:
@@ -88,6 +99,10 @@ class GpuSampler:
         self._clock_ns = clock_ns
         self._energy: dict[str, EnergyTotal] = {}
         self.lost: set[int] = set()
+
+    def close(self) -> None:
+        """Release NVML (the agent calls it at shutdown)."""
+        self.backend.close()
 
     def sample(self) -> list[GpuSample]:
         """One sample per answering GPU."""

@@ -6,6 +6,11 @@ so ``vllm:kv_cache_usage_perc`` (V1) and ``vllm:gpu_cache_usage_perc`` (older) b
 Samples are grouped by the ``model_name`` label. When one server exposes several engines
 (data parallel, an ``engine`` label), counts and counters are summed over them and the
 KV-cache usage is averaged. A signal the server does not expose is absent (never zero).
+
+Two families need their labels read: ``vllm:request_success_total`` is kept per
+``finished_reason`` (so aborted and failed requests are counted, not 0 by construction), and
+``vllm:cache_config_info`` (an info gauge without ``model_name``) gives the KV capacity,
+``num_gpu_blocks x block_size`` tokens summed over the server's engines, on every model's sample.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fleetlens.collector.agent.prometheus import ExpositionError, parse_samples
+from fleetlens.collector.agent.prometheus import ExpositionError, Sample, parse_samples
 from fleetlens.pipeline.schema import attributes as a
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,24 @@ class EngineSample:
     instance_id: str
     model_name: str
     values: dict[str, float]  # ENGINE_* name -> value
+    #: vllm:request_success_total by finished_reason (summed over engines).
+    finished: dict[str, float] = field(default_factory=dict)
+
+
+def kv_capacity_tokens(samples: list[Sample]) -> float | None:
+    """Tokens the KV cache holds, from ``vllm:cache_config_info`` samples (one per engine):
+    the sum of ``num_gpu_blocks x block_size``; ``None`` when no engine reports both (vLLM
+    writes ``"None"`` before its cache is sized)."""
+    total, found = 0.0, False
+    for sample in samples:
+        try:
+            blocks = int(sample.labels.get(a.VLLM_NUM_GPU_BLOCKS_LABEL, ""))
+            size = int(sample.labels.get(a.VLLM_BLOCK_SIZE_LABEL, ""))
+        except ValueError:
+            continue
+        total += blocks * size
+        found = True
+    return total if found else None
 
 
 def engine_samples(text: str, instance_id: str, ts_ns: int) -> list[EngineSample]:
@@ -61,13 +84,22 @@ def engine_samples(text: str, instance_id: str, ts_ns: int) -> list[EngineSample
         for sample in found:
             model = sample.labels.get(a.VLLM_MODEL_LABEL, "")
             values[model][signal].append(sample.value)
+    finished: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for sample in by_name.get(a.VLLM_REQUEST_SUCCESS, []):
+        model = sample.labels.get(a.VLLM_MODEL_LABEL, "")
+        reason = sample.labels.get(a.VLLM_FINISHED_REASON_LABEL, "")
+        finished[model][reason] += sample.value
+        values.setdefault(model, defaultdict(list))  # a model seen only here gets a sample
+    capacity = kv_capacity_tokens(by_name.get(a.VLLM_CACHE_CONFIG_INFO, []))
     out = []
     for model in sorted(values):
         merged = {
             signal: (sum(vs) / len(vs) if signal in AVERAGED else sum(vs))
             for signal, vs in values[model].items()
         }
-        out.append(EngineSample(ts_ns, instance_id, model, merged))
+        if capacity is not None:
+            merged[a.ENGINE_KV_CACHE_CAPACITY] = capacity
+        out.append(EngineSample(ts_ns, instance_id, model, merged, dict(finished[model])))
     return out
 
 

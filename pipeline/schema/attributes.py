@@ -46,7 +46,10 @@ GEN_AI_RESPONSE_ID = "gen_ai.response.id"  # GenAI conventions: the completion i
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-GEN_AI_CACHED_INPUT_TOKENS = "gen_ai.usage.cache_read_input_tokens"
+#: semconv v1.40+ (``gen_ai.usage.cache_read.input_tokens``); the ``_OLD`` key is the spelling
+#: of instrumentations that predate it. Both are read.
+GEN_AI_CACHED_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_CACHED_INPUT_TOKENS_OLD = "gen_ai.usage.cache_read_input_tokens"
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_SYSTEM = "gen_ai.system"
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
@@ -85,21 +88,35 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --- OpenTelemetry hardware conventions (emitted by the fleetlens agent) ------------------
+# Checked against semantic-conventions v1.41.0 (model/hardware/*.yaml).
 HW_POWER = "hw.power"  # gauge, W
 HW_ENERGY = "hw.energy"  # cumulative monotonic sum, J
-HW_GPU_UTILIZATION = "hw.gpu.utilization"  # gauge, 0..1
-HW_GPU_MEMORY_UTILIZATION = "hw.gpu.memory.utilization"  # gauge, 0..1
-HW_GPU_MEMORY_USAGE = "hw.gpu.memory.usage"  # gauge, By
-HW_GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"  # gauge, By
+HW_GPU_UTILIZATION = "hw.gpu.utilization"  # gauge, 0..1 (time busy)
+HW_GPU_MEMORY_UTILIZATION = "hw.gpu.memory.utilization"  # gauge, 0..1: fraction of memory USED
+HW_GPU_MEMORY_USAGE = "hw.gpu.memory.usage"  # updowncounter, By
+HW_GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"  # updowncounter, By
 HW_TEMPERATURE = "hw.temperature"  # gauge, Cel
+# fleetlens names where the conventions have none
+#: NVML's memory "utilization": the share of time device memory was read or written (busy),
+#: not the share of memory used (that is hw.gpu.memory.utilization).
+GPU_MEMORY_CONTROLLER_UTILIZATION = "gpu.memory_controller.utilization"  # gauge, 0..1
 GPU_CLOCK_SM = "gpu.clock.sm"  # gauge, MHz
 GPU_POWER_LIMIT = "gpu.power.limit"  # gauge, W
 GPU_CLOCKS_EVENT_REASONS = "gpu.clocks_event_reasons"  # gauge, NVML bitmask
+GPU_XID_LAST = "gpu.xid.last"  # gauge: the last XID error code (dcgm-exporter), 0 = none
+#: DCGM profiling ratios (dcgm-exporter ``DCGM_FI_PROF_*``), gauges 0..1, forwarded as
+#: ``gpu.prof.<field in lower case>``, e.g. ``gpu.prof.sm_active``.
+GPU_PROF_PREFIX = "gpu.prof."
 # point attributes of the hw.* metrics
 HW_ID = "hw.id"
 HW_NAME = "hw.name"
+HW_MODEL = "hw.model"
+HW_VENDOR = "hw.vendor"
+HW_VENDOR_NVIDIA = "NVIDIA"
 HW_TYPE = "hw.type"
 HW_TYPE_GPU = "gpu"
+HW_GPU_TASK = "hw.gpu.task"  # on hw.gpu.utilization: what the GPU was busy with
+HW_GPU_TASK_GENERAL = "general"
 GPU_INDEX = "gpu.index"
 
 # --- engine metrics emitted by the agent's vLLM scraper -------------------------------------
@@ -112,8 +129,14 @@ ENGINE_PREFIX_CACHE_HITS = "vllm.prefix_cache.hits"  # cumulative sum, tokens
 ENGINE_PROMPT_TOKENS = "vllm.tokens.prompt"  # cumulative sum
 ENGINE_GENERATION_TOKENS = "vllm.tokens.generation"  # cumulative sum
 ENGINE_INSTANCE_GPUS = "fleetlens.instance.gpus"  # gauge 1 per (instance, gpu) mapping
+ENGINE_REQUESTS_FINISHED = "vllm.requests.finished"  # cumulative sum per finished_reason
+ENGINE_KV_CACHE_CAPACITY = "vllm.kv_cache.capacity"  # gauge, tokens (blocks x block size)
 # point attributes of the engine metrics
 ENGINE_MODEL_NAME = "model_name"
+ENGINE_FINISHED_REASON = "finished_reason"  # on vllm.requests.finished, vLLM's label value
+#: finished_reason values counted as aborted / failed requests (vLLM FinishReason).
+FINISHED_ABORT = "abort"
+FINISHED_ERROR = "error"
 ENGINE_INSTANCE = "fleetlens.instance_id"
 
 # --- vLLM Prometheus /metrics families (scraped by the agent) -------------------------------
@@ -144,3 +167,10 @@ VLLM_HISTOGRAMS = {
     "itl": "vllm:inter_token_latency_seconds",
 }
 VLLM_MODEL_LABEL = "model_name"
+#: Requests finished, per ``finished_reason`` (stop, length, abort, error, repetition).
+VLLM_REQUEST_SUCCESS = "vllm:request_success_total"
+VLLM_FINISHED_REASON_LABEL = "finished_reason"
+#: Info gauge (value 1) whose labels carry the engine's cache configuration; no model_name.
+VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"
+VLLM_NUM_GPU_BLOCKS_LABEL = "num_gpu_blocks"
+VLLM_BLOCK_SIZE_LABEL = "block_size"

@@ -81,6 +81,18 @@ SEVERITY_TEXT = "severity_text"
 BODY = "body"
 EVENT_NAME = "event_name"
 
+# --- log_events (the log signal: NCCL warnings and collective timeouts, pipeline.logsignal) --
+LOG_EVENT = "log_event"
+OP_TYPE = "op_type"
+SEQ_NUM = "seq_num"
+RAN_MS = "ran_ms"
+TIMEOUT_MS = "timeout_ms"
+PG_RANK = "pg_rank"
+CUDA_DEVICE = "cuda_device"
+#: values of ``log_event``: an ``NCCL WARN`` line; the PyTorch watchdog's collective timeout
+LOG_EVENT_NCCL_WARN = "nccl_warn"
+LOG_EVENT_COLLECTIVE_TIMEOUT = "collective_timeout"
+
 # --- requests -----------------------------------------------------------------------------
 REQUEST_ID = "request_id"
 ARRIVAL_NS = "arrival_ns"
@@ -128,6 +140,13 @@ PREFIX_CACHE_QUERIES_TOTAL = "prefix_cache_queries_total"
 PREFIX_CACHE_HITS_TOTAL = "prefix_cache_hits_total"
 PROMPT_TOKENS_TOTAL = "prompt_tokens_total"
 GENERATION_TOKENS_TOTAL = "generation_tokens_total"
+# Written beside the table's columns (null where the engine does not report them): vLLM's KV
+# capacity (``vllm:cache_config_info``) and its finished requests (``vllm:request_success_total``)
+# in all, aborted and failed.
+KV_CAPACITY_TOKENS = "kv_capacity_tokens"
+REQUESTS_FINISHED_TOTAL = "requests_finished_total"
+REQUESTS_ABORTED_TOTAL = "requests_aborted_total"
+REQUESTS_ERRORED_TOTAL = "requests_errored_total"
 
 # --- windows ------------------------------------------------------------------------------
 WINDOW_START_NS = "window_start_ns"

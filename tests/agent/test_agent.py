@@ -50,10 +50,12 @@ def test_gpu_metrics_names_units_attributes_and_batching(sink: OtlpSink) -> None
     for p in points:
         unit, kind, _, _ = GPU_METRICS[p.name]
         assert p.unit == unit
-        assert p.kind == ("sum" if kind == "counter" else "gauge")
+        assert p.kind == ("gauge" if kind == "gauge" else "sum")
         sample = uuids[p.attributes[a.HW_ID]]
+        task = {a.HW_GPU_TASK: a.HW_GPU_TASK_GENERAL} if p.name == a.HW_GPU_UTILIZATION else {}
         assert p.attributes == {a.HW_ID: sample.uuid, a.HW_NAME: sample.name,
-                                a.HW_TYPE: a.HW_TYPE_GPU, a.GPU_INDEX: sample.index}
+                                a.HW_MODEL: sample.name, a.HW_VENDOR: a.HW_VENDOR_NVIDIA,
+                                a.HW_TYPE: a.HW_TYPE_GPU, a.GPU_INDEX: sample.index, **task}
         assert p.resource[a.SERVICE_NAME] == "fleetlens-agent"
         assert p.resource[a.HOST_NAME] == "gpu-host-1"
         assert p.resource["region"] == "eu-west"
@@ -66,6 +68,29 @@ def test_gpu_metrics_names_units_attributes_and_batching(sink: OtlpSink) -> None
     assert all(70.0 <= w <= 700.0 for w in power)  # watts, not milliwatts
     util = [p.value for p in points if p.name == a.HW_GPU_UTILIZATION]
     assert all(0.0 <= u <= 1.0 for u in util)
+
+
+def test_gpu_names_and_instruments_follow_semconv(sink: OtlpSink) -> None:
+    """semantic-conventions v1.41.0, model/hardware/gpu-metrics.yaml: hw.gpu.memory.utilization
+    is the fraction of memory USED; usage and limit are UpDownCounters; hw.model, hw.vendor.
+    NVML's memory busy share goes out under a name of its own."""
+    agent = make_agent(sink, FakeGpuBackend(1))
+    agent.gpu_tick()
+    assert agent.gpu_outbox.flush()
+    (sample,) = agent.gpu_state.samples
+    by_name = {p.name: p for p in sink.points()}
+    used = by_name["hw.gpu.memory.utilization"]
+    assert used.value == pytest.approx(sample.mem_used_bytes / sample.mem_limit_bytes)
+    assert used.value != pytest.approx(sample.util_mem)  # not the controller's busy share
+    assert by_name["gpu.memory_controller.utilization"].value == pytest.approx(sample.util_mem)
+    for name in ("hw.gpu.memory.usage", "hw.gpu.memory.limit"):
+        assert (by_name[name].kind, by_name[name].is_monotonic, by_name[name].unit) == (
+            "sum", False, "By")
+    assert by_name["hw.gpu.memory.limit"].value == sample.mem_limit_bytes
+    assert by_name["hw.energy"].kind == "sum" and by_name["hw.energy"].is_monotonic
+    assert by_name["hw.power"].attributes["hw.model"] == sample.name
+    assert by_name["hw.power"].attributes["hw.vendor"] == "NVIDIA"
+    assert by_name["hw.gpu.utilization"].attributes["hw.gpu.task"] == "general"
 
 
 def test_missing_fields_and_lost_gpu_are_not_exported(sink: OtlpSink) -> None:
@@ -109,6 +134,26 @@ def test_engine_metrics_and_mapping_from_config(sink: OtlpSink, metrics_server) 
         [backend.read(1).uuid, "GPU-external-uuid"])
     assert all(p.value == 1 and p.attributes[a.ENGINE_INSTANCE] == "gpu-host-1/tiny-0"
                for p in mapping)
+
+
+def test_finished_requests_and_kv_capacity_are_forwarded(sink: OtlpSink,
+                                                         metrics_server) -> None:  # noqa: F811
+    server, handler = metrics_server
+    handler.body = handler.body.replace(  # two aborted requests: a rate that is not 0
+        b'finished_reason="abort",model_name="tiny"} 0.0',
+        b'finished_reason="abort",model_name="tiny"} 2.0')
+    target = VllmTarget(url=f"http://127.0.0.1:{server.server_address[1]}", instance_id="i-0")
+    agent = make_agent(sink, None, [target])
+    agent.engine_tick()
+    assert agent.engine_outbox.flush()
+    finished = {p.attributes["finished_reason"]: p for p in sink.points()
+                if p.name == "vllm.requests.finished"}
+    assert {r: p.value for r, p in finished.items()} == {
+        "stop": 0.0, "length": 27.0, "abort": 2.0, "error": 0.0, "repetition": 0.0}
+    assert all(p.kind == "sum" and p.is_monotonic and p.unit == "{request}"
+               and p.attributes[a.ENGINE_MODEL_NAME] == "tiny" for p in finished.values())
+    (capacity,) = [p for p in sink.points() if p.name == "vllm.kv_cache.capacity"]
+    assert (capacity.value, capacity.unit) == (32768 * 128, "{token}")
 
 
 def test_mapping_from_nvml_pids(sink: OtlpSink, metrics_server) -> None:  # noqa: F811

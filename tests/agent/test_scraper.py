@@ -32,7 +32,57 @@ def test_new_vllm_text() -> None:
         a.ENGINE_PREFIX_CACHE_HITS: 0.0,
         a.ENGINE_PROMPT_TOKENS: 3098.0,
         a.ENGINE_GENERATION_TOKENS: 9308.0,
+        # vllm:cache_config_info: num_gpu_blocks 32768 x block_size 128 (= the server's own
+        # kv_cache_size_tokens label)
+        a.ENGINE_KV_CACHE_CAPACITY: 32768 * 128,
     }
+    assert sample.finished == {"stop": 0.0, "length": 27.0, "abort": 0.0, "error": 0.0,
+                               "repetition": 0.0}
+
+
+def test_finished_requests_by_reason_summed_over_engines() -> None:
+    family = a.VLLM_REQUEST_SUCCESS
+    text = "\n".join([
+        f'{family}{{engine="0",finished_reason="stop",model_name="m"}} 90',
+        f'{family}{{engine="1",finished_reason="stop",model_name="m"}} 10',
+        f'{family}{{engine="0",finished_reason="abort",model_name="m"}} 3',
+        f'{family}{{engine="1",finished_reason="error",model_name="m"}} 2',
+    ]) + "\n"
+    (sample,) = engine_samples(text, "i", 0)
+    assert sample.finished == {"stop": 100.0, "abort": 3.0, "error": 2.0}
+
+
+def test_kv_capacity_from_cache_config_info_of_every_engine() -> None:
+    info, running = a.VLLM_CACHE_CONFIG_INFO, a.VLLM_PROMETHEUS_NAMES[a.ENGINE_NUM_RUNNING][0]
+    text = "\n".join([
+        f'{info}{{block_size="16",engine="0",num_gpu_blocks="1000"}} 1.0',
+        f'{info}{{block_size="16",engine="1",num_gpu_blocks="1200"}} 1.0',
+        f'{running}{{engine="0",model_name="m"}} 1',
+    ]) + "\n"
+    assert engine_samples(text, "i", 0)[0].values[a.ENGINE_KV_CACHE_CAPACITY] == 2200 * 16
+    unsized = f'{info}{{block_size="16",engine="0",num_gpu_blocks="None"}} 1.0\n'
+    assert a.ENGINE_KV_CACHE_CAPACITY not in engine_samples(
+        unsized + f'{running}{{model_name="m"}} 1\n', "i", 0)[0].values
+
+
+def test_prometheus_3_quoted_names_and_labels() -> None:
+    # Prometheus 3 / OpenMetrics 2 text: UTF-8 names quoted inside the braces.
+    text = ('# TYPE "vllm:num_requests_running" gauge\n'
+            '{"vllm:num_requests_running", model_name="m", "some.label"="x"} 6\n')
+    (sample,) = engine_samples(text, "i", 0)
+    assert sample.values == {a.ENGINE_NUM_RUNNING: 6.0}
+    (raw,) = parse_samples(text)
+    assert raw.labels == {"model_name": "m", "some.label": "x"}
+
+
+@pytest.mark.parametrize("text", [NEW, OLD], ids=["0.32", "0.8-style"])
+def test_parser_reads_every_sample_line_of_the_fixtures(text: str) -> None:
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    samples = parse_samples(text)
+    assert [s.name for s in samples] == [line.split("{")[0].split()[0] for line in lines]
+    values = [line.rpartition(" ")[2] for line in lines]  # vLLM writes no timestamps
+    assert [s.value for s in samples if not math.isnan(s.value)] == [
+        float(v) for v in values if v != "NaN"]
 
 
 def test_old_vllm_names_are_understood() -> None:

@@ -1,0 +1,78 @@
+"""The pipeline reads the names users already send: semantic-conventions v1.41.0 GPU metrics
+(hw.gpu.memory.utilization is the fraction of memory USED; hw.model), the GenAI cache key in
+both spellings, and vLLM's finished requests and KV capacity (issue 14)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from fleetlens.pipeline.normalize import normalize
+from fleetlens.pipeline.samples import engine_samples, gpu_samples
+from fleetlens.pipeline.schema import attributes as a
+from tests.pipeline.rawdata import NS, T0, engine_point, point, points_frame, span, spans_frame
+
+NO_MODELS = pl.DataFrame(schema={"instance_id": pl.String, "model": pl.String})
+
+
+def test_memory_controller_busy_share_is_util_mem_and_used_fraction_is_not() -> None:
+    attrs = {a.HW_ID: "GPU-n", a.HW_NAME: "gpu 0", a.HW_MODEL: "NVIDIA H100 80GB HBM3"}
+    rows = [point("gpu.memory_controller.utilization", T0, 0.25, attrs=attrs, unit="1"),
+            point("hw.gpu.memory.utilization", T0, 0.9, attrs=attrs, unit="1")]  # 90 % used
+    out = gpu_samples(points_frame(rows), 60.0).row(0, named=True)
+    assert out["util_mem"] == 0.25
+    assert out["gpu_model"] == "NVIDIA H100 80GB HBM3"  # hw.model before hw.name
+
+
+def test_older_senders_memory_utilization_is_still_read_when_alone() -> None:
+    rows = [point("hw.gpu.memory.utilization", T0, 0.4, attrs={a.HW_ID: "GPU-o",
+                                                                a.HW_NAME: "H100"})]
+    out = gpu_samples(points_frame(rows), 60.0).row(0, named=True)
+    assert out["util_mem"] == 0.4 and out["gpu_model"] == "H100"
+
+
+def test_usage_and_limit_as_updowncounters() -> None:
+    attrs = {a.HW_ID: "GPU-u"}
+    rows = [point("hw.gpu.memory.usage", T0, 60e9, attrs=attrs, unit="By", kind="sum"),
+            point("hw.gpu.memory.limit", T0, 80e9, attrs=attrs, unit="By", kind="sum")]
+    out = gpu_samples(points_frame(rows), 60.0).row(0, named=True)
+    assert (out["mem_used_bytes"], out["mem_total_bytes"]) == (60e9, 80e9)
+
+
+def test_cached_input_tokens_in_the_current_and_the_old_spelling() -> None:
+    def request(trace: int, key: str) -> dict:
+        return span(trace, 1, "chat m", start_ns=T0, end_ns=T0 + NS, kind=2, model="m",
+                    attrs={a.GEN_AI_INPUT_TOKENS: 10, a.GEN_AI_OUTPUT_TOKENS: 2, key: 7})
+    rows = [request(1, "gen_ai.usage.cache_read.input_tokens"),
+            request(2, "gen_ai.usage.cache_read_input_tokens")]
+    out = normalize(spans_frame(rows), NO_MODELS, {}).sort("trace_id")
+    assert out["cached_tokens"].to_list() == [7, 7]
+
+
+def _finished(reason: str, ts_ns: int, value: float, name: str = "vllm.requests.finished"):
+    row = engine_point(a.ENGINE_PREEMPTIONS, "h1/vllm", ts_ns, value)
+    row["metric_name"] = name
+    row["attributes"] = row["attributes"][:-1] + f', "finished_reason": "{reason}"}}'
+    return row
+
+
+def test_finished_requests_by_reason_and_kv_capacity_in_engine_samples() -> None:
+    rows = [engine_point(a.ENGINE_NUM_RUNNING, "h1/vllm", T0 + i * NS, 3.0) for i in range(2)]
+    rows += [_finished("stop", T0, 90), _finished("length", T0, 5), _finished("abort", T0, 4),
+             _finished("error", T0, 1), _finished("stop", T0 + NS, 95),
+             _finished("length", T0 + NS, 5), _finished("abort", T0 + NS, 6),
+             _finished("error", T0 + NS, 1)]
+    rows.append(engine_point(a.ENGINE_NUM_RUNNING, "h1/vllm", T0, 0.0))  # a repeat, ignored
+    rows.append(engine_point("vllm.kv_cache.capacity", "h1/vllm", T0, 4194304.0))
+    out = engine_samples(points_frame(rows)).sort("ts_ns")
+    assert out["requests_finished_total"].to_list() == [100.0, 107.0]
+    assert out["requests_aborted_total"].to_list() == [4.0, 6.0]
+    assert out["requests_errored_total"].to_list() == [1.0, 1.0]
+    assert out["kv_capacity_tokens"].to_list() == [4194304.0, None]
+
+
+def test_vllms_own_family_name_is_read_too() -> None:
+    rows = [_finished("abort", T0, 2, name="vllm:request_success_total"),
+            _finished("stop", T0, 8, name="vllm:request_success_total")]
+    out = engine_samples(points_frame(rows)).row(0, named=True)
+    assert (out["requests_finished_total"], out["requests_aborted_total"]) == (10.0, 2.0)
+    assert out["requests_errored_total"] is None
