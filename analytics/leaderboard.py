@@ -19,6 +19,7 @@ from fleetlens.analytics.attribution.dimensions import add_buckets
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.energy import energy_key
 from fleetlens.analytics.hardware import hbm_gbps, model_shape
+from fleetlens.pipeline.schema import FLEET_WIDE
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -210,3 +211,23 @@ def best_under_sla(board: pl.DataFrame, sla: dict[str, float]) -> dict | None:
     if ok[c.J_PER_TOKEN].is_not_null().any():
         return ok.sort(c.J_PER_TOKEN, nulls_last=True).row(0, named=True)
     return ok.sort(c.TOK_S_PER_GPU, descending=True).row(0, named=True)
+
+
+def outside_incidents(requests: pl.DataFrame, incidents: pl.DataFrame) -> pl.DataFrame:
+    """``requests`` minus those that arrived during an incident of their own scope.
+
+    An incident covers ``[start_ns, end_ns)`` of its service, model and host (``*`` matches
+    all). A leaderboard ranks configurations on steady service: a KV-pressure spike on one
+    host would otherwise decide its configuration's p99.
+    """
+    if requests.is_empty() or incidents.is_empty():
+        return requests
+    inside = pl.lit(False)
+    for inc in incidents.iter_rows(named=True):
+        hit = pl.col(c.ARRIVAL_NS).is_between(inc[c.START_NS], inc[c.END_NS] or inc[c.START_NS],
+                                              closed="left")
+        for key in (c.SERVICE_NAME, c.MODEL, c.HOST_NAME):
+            if inc.get(key) not in (None, "", FLEET_WIDE):
+                hit = hit & (pl.col(key) == inc[key])
+        inside = inside | hit
+    return requests.filter(~inside)

@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.dashboard import explore, incident, queries
+from fleetlens.dashboard import explore, incident, queries, ranking
 from fleetlens.dashboard.config import DashboardConfig, load_dashboard_config
 from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_vanished
 
@@ -26,6 +26,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "fleet_series": queries.fleet_series,
     "fleet_band": queries.fleet_band,
     "host_ranking": queries.host_ranking,
+    "range_percentiles": queries.range_percentiles,
     "incidents": queries.incidents,
     "causes": queries.causes,
     "baseline_series": queries.baseline_series,
@@ -41,8 +42,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "energy_by": explore.energy_by,
     "power_vs_limit": explore.power_vs_limit,
     "request_energy": explore.request_energy,
-    "leaderboard_windows": explore.leaderboard_windows,
-    "leaderboard": explore.ranked,
+    "leaderboard": ranking.ranked,
     "find_trace": explore.find_trace,
     "trace_requests": explore.trace_requests,
     "slow_requests": explore.slow_requests,

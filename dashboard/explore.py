@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import duckdb
-import numpy as np
 import polars as pl
 
 from fleetlens.dashboard.filters import Filters, table_columns, where
@@ -114,82 +113,6 @@ def request_energy(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
                quantile_cont({c.J_PER_TOKEN}, 0.9) AS j_per_token_p90,
                avg({c.ATTRIBUTION_COVERAGE}) AS coverage
         FROM {t.REQUEST_ENERGY} WHERE {clause} GROUP BY 1 ORDER BY 1""", params)
-
-
-def leaderboard_windows(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
-    """Host windows tagged with the host's GPU model: the samples the leaderboard ranks."""
-    clause, params = where(con, f, time_col=c.WINDOW_START_NS)
-    params["fleet"] = t.FLEET_WIDE
-    cols = ", ".join(f"w.{col}" for col in (
-        c.WINDOW_START_NS, c.WINDOW_S, c.MODEL, c.HOST_NAME, c.REQUESTS, c.OUTPUT_TOKENS,
-        c.ENERGY_J, c.percentile_column("ttft", "p99"), c.percentile_column("tpot", "p99"),
-        c.percentile_column("e2e", "p50"), c.percentile_column("e2e", "p99")))
-    return run(con, f"""
-        WITH gm AS (SELECT {c.HOST_NAME}, any_value({c.GPU_MODEL}) AS {c.GPU_MODEL},
-                           count(DISTINCT {c.GPU_UUID}) AS gpus FROM {t.GPU_SAMPLES} GROUP BY 1)
-        SELECT {cols}, coalesce(gm.{c.GPU_MODEL}, 'unknown') AS {c.GPU_MODEL},
-               coalesce(gm.gpus, 1) AS gpus
-        FROM (SELECT * FROM {t.WINDOWS} WHERE {clause}) w LEFT JOIN gm USING ({c.HOST_NAME})
-        WHERE w.{c.HOST_NAME} <> $fleet AND w.{c.REQUESTS} > 0""", params)
-
-
-def leaderboard(frame: pl.DataFrame, *, reps: int = 200, seed: int = 0) -> pl.DataFrame:
-    """Rank (model, gpu_model) by a score with bootstrap 95% intervals on the rank.
-
-    The score is the mean of min-max normalised p99 TTFT, p99 TPOT and J/token (lower is
-    better). Windows are resampled with replacement within each configuration ``reps`` times.
-    """
-    keys = [c.MODEL, c.GPU_MODEL]
-    ttft, tpot = c.percentile_column("ttft", "p99"), c.percentile_column("tpot", "p99")
-    e2e50, e2e99 = c.percentile_column("e2e", "p50"), c.percentile_column("e2e", "p99")
-    w = pl.col(c.REQUESTS)
-    table = frame.group_by(keys).agg(
-        *[((pl.col(m) * w).sum() / w.sum()).alias(m) for m in (ttft, tpot, e2e50, e2e99)],
-        (pl.col(c.ENERGY_J).sum() / pl.col(c.OUTPUT_TOKENS).sum()).alias(c.J_PER_TOKEN),
-        (pl.col(c.OUTPUT_TOKENS).sum() / (pl.col(c.WINDOW_S) * pl.col("gpus")).sum())
-        .alias("tok_s_per_gpu"),
-        pl.len().alias("windows"),
-    ).sort(keys)
-    if table.is_empty():
-        return table
-    groups = [frame.filter((pl.col(c.MODEL) == m) & (pl.col(c.GPU_MODEL) == g))
-              for m, g in table.select(keys).iter_rows()]
-    rng = np.random.default_rng(seed)
-    metrics = np.empty((reps, len(groups), 3))
-    for gi, g in enumerate(groups):
-        arr = g.select(ttft, tpot, c.ENERGY_J, c.OUTPUT_TOKENS, c.REQUESTS).fill_null(0).to_numpy()
-        idx = rng.integers(0, len(arr), size=(reps, len(arr)))
-        sample = arr[idx]
-        weights = sample[..., 4].sum(axis=1).clip(min=1)
-        metrics[:, gi, 0] = (sample[..., 0] * sample[..., 4]).sum(axis=1) / weights
-        metrics[:, gi, 1] = (sample[..., 1] * sample[..., 4]).sum(axis=1) / weights
-        metrics[:, gi, 2] = sample[..., 2].sum(axis=1) / sample[..., 3].sum(axis=1).clip(min=1)
-    lo, hi = metrics.min(axis=1, keepdims=True), metrics.max(axis=1, keepdims=True)
-    scores = ((metrics - lo) / np.where(hi > lo, hi - lo, 1)).mean(axis=2)
-    ranks = scores.argsort(axis=1).argsort(axis=1) + 1
-    point = np.median(scores, axis=0)
-    return table.with_columns(
-        pl.Series("score", point),
-        pl.Series("rank", point.argsort().argsort() + 1),
-        pl.Series("rank_lo", np.percentile(ranks, 2.5, axis=0).round().astype(int)),
-        pl.Series("rank_hi", np.percentile(ranks, 97.5, axis=0).round().astype(int)),
-    ).with_columns(pareto(table[e2e99].to_numpy(), table[c.J_PER_TOKEN].to_numpy())
-                   .alias("pareto")).sort("rank")
-
-
-def ranked(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
-    """The leaderboard of the windows in scope (what the Leaderboard page shows)."""
-    return leaderboard(leaderboard_windows(con, f))
-
-
-def pareto(latency: np.ndarray, cost: np.ndarray) -> pl.Series:
-    """True for points no other point beats on both latency and cost (lower is better)."""
-    front = []
-    for i in range(len(latency)):
-        dominated = ((latency <= latency[i]) & (cost <= cost[i])
-                     & ((latency < latency[i]) | (cost < cost[i]))).any()
-        front.append(not dominated)
-    return pl.Series("pareto", front)
 
 
 def find_trace(con: duckdb.DuckDBPyConnection, ident: str,

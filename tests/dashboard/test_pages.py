@@ -156,7 +156,7 @@ def test_sql_console_runs_and_rejects(app) -> None:
 @pytest.mark.parametrize(("page", "says"), [
     ("incidents", "No incidents"), ("incident_detail", "No incidents"),
     ("baselines", "No baselines"), ("kv_cache", "No engine samples"),
-    ("energy", "No windows"), ("leaderboard", "No windows"), ("trace", "No requests")])
+    ("energy", "No windows"), ("leaderboard", "No requests"), ("trace", "No requests")])
 def test_pages_on_an_empty_data_dir_say_so(tmp_path, monkeypatch, page: str, says: str) -> None:
     from streamlit.testing.v1 import AppTest
 

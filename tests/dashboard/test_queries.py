@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from fleetlens.dashboard import explore, incident, queries
+from fleetlens.dashboard import explore, incident, queries, ranking
 from fleetlens.dashboard.filters import Filters, where
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -100,22 +100,16 @@ def test_empty_data_dir_gives_empty_frames(tmp_path) -> None:
     assert queries.fleet_series(con, f).is_empty()
     assert queries.incidents(con, f).is_empty()
     assert explore.kv_instances(con, f).is_empty()
-    assert explore.leaderboard(explore.leaderboard_windows(con, f)).is_empty()
+    assert ranking.ranked(con, f).is_empty()
 
 
-def test_leaderboard_ranks_and_pareto(con) -> None:
-    board = explore.leaderboard(explore.leaderboard_windows(con, Filters()))
+def test_leaderboard_ranks_with_intervals_and_a_front(con) -> None:
+    board = ranking.ranked(con, Filters())
     assert board.height == 2
-    assert sorted(board["rank"]) == [1, 2]
-    assert (board["rank_lo"] <= board["rank"]).all() and (board["rank"] <= board["rank_hi"]).all()
-    assert board["pareto"].any()
-
-
-def test_pareto_front() -> None:
-    import numpy as np
-
-    front = explore.pareto(np.array([1.0, 2.0, 3.0, 1.5]), np.array([3.0, 1.0, 2.0, 3.5]))
-    assert front.to_list() == [True, True, False, False]
+    assert sorted(board[c.RANK]) == [1, 2]
+    assert (board[c.RANK_LO] <= board[c.RANK]).all()
+    assert (board[c.RANK] <= board[c.RANK_HI]).all()
+    assert board[c.PARETO].any()
 
 
 def test_waterfall_puts_phases_inside_the_engine_span(con, demo_data) -> None:
