@@ -93,28 +93,89 @@ def _combine(group: str) -> str:
 
 
 def fleet_series(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
-    """One row per window: rates summed, latency percentiles request-weighted, J/token."""
+    """One row per window: rates summed, J/token, and latency percentiles of the requests.
+
+    Windows rows are per service and model: when the scope holds several, a mean of their
+    p99s is not a p99, so the percentiles come from the requests of each window (exact, as
+    the pipeline computes them for one row).
+    """
     clause, params = _window_rows(con, f)
-    return run(con, f"{_combine(c.WINDOW_START_NS)} FROM {t.WINDOWS} WHERE {clause} "
+    rows = run(con, f"{_combine(c.WINDOW_START_NS)} FROM {t.WINDOWS} WHERE {clause} "
                     f"GROUP BY 1 ORDER BY 1", params)
+    if rows.is_empty():
+        return rows
+    exact = window_percentiles(con, f, _window_s(con))
+    return rows.drop(exact.columns[1:]).join(exact, on=c.WINDOW_START_NS, how="left")
+
+
+def _window_s(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.cursor().execute(f"SELECT min({c.WINDOW_S}) FROM {t.WINDOWS}").fetchall()[0]
+    return int(row[0] or 60)
+
+
+def _latency_aggs() -> str:
+    """quantile_cont of each headline latency column over the requests, as windows name it."""
+    parts = []
+    for _, col in HEADLINE:
+        source = c.request_latency_column(col)
+        q = dict(c.PERCENTILES)[col.split("_")[1]]
+        parts.append(f"quantile_cont({source}, {q}) AS {col}")
+    return ", ".join(parts)
+
+
+def window_percentiles(con: duckdb.DuckDBPyConnection, f: Filters, window_s: int
+                       ) -> pl.DataFrame:
+    """Headline latency percentiles per window, from the requests in range and scope."""
+    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    step = window_s * 1_000_000_000
+    return run(con, f"""SELECT ({c.ARRIVAL_NS} // {step}) * {step} AS {c.WINDOW_START_NS},
+                   {_latency_aggs()} FROM {t.REQUESTS} WHERE {clause} GROUP BY 1 ORDER BY 1""",
+               params)
+
+
+def range_percentiles(con: duckdb.DuckDBPyConnection, f: Filters) -> dict[str, float | None]:
+    """Headline latency percentiles of all the requests in ``f``'s range and scope."""
+    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    return run(con, f"SELECT {_latency_aggs()} FROM {t.REQUESTS} WHERE {clause}",
+               params).row(0, named=True)
 
 
 def host_ranking(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
-    """Hosts ranked by trouble: incidents in range, then p99 e2e against the fleet median."""
+    """Hosts ranked by trouble: incidents in range, then p99 e2e against the fleet median.
+
+    A host's p99 e2e is that of its requests in range (``quantile_cont``), not a mean of
+    its windows' p99s; requests/s is its requests over the seconds of data in range.
+    """
     clause, params = where(con, f, time_col=c.WINDOW_START_NS)
     params["fleet"] = t.FLEET_WIDE
     e2e = c.percentile_column("e2e", "p99")
+    r_clause, r_params = where(con, f, time_col=c.ARRIVAL_NS, prefix="r_")
     inc_clause, inc_params = where(con, f, time_col=c.START_NS, end_col=c.END_NS, prefix="i_")
+    params.update(r_params)
     params.update(inc_params)
     sql = f"""
-        WITH h AS ({_combine(c.HOST_NAME)} FROM {t.WINDOWS}
-                   WHERE {clause} AND {c.HOST_NAME} <> $fleet GROUP BY 1),
+        WITH h AS (SELECT {c.HOST_NAME},
+                          sum({c.KV_CACHE_USAGE_MEAN} * {c.REQUESTS})
+                              / nullif(sum({c.REQUESTS}), 0) AS {c.KV_CACHE_USAGE_MEAN},
+                          sum({c.ENERGY_J}) / nullif(sum({c.OUTPUT_TOKENS}), 0)
+                              AS {c.J_PER_TOKEN}
+                   FROM {t.WINDOWS} WHERE {clause} AND {c.HOST_NAME} <> $fleet
+                   AND {c.SERVICE_NAME} <> $fleet AND {c.MODEL} <> $fleet GROUP BY 1),
+             span AS (SELECT (max({c.WINDOW_START_NS}) - min({c.WINDOW_START_NS})) / 1e9
+                             + max({c.WINDOW_S}) AS seconds
+                      FROM {t.WINDOWS} WHERE {clause}),
+             r AS (SELECT {c.HOST_NAME}, count(*) AS {c.REQUESTS},
+                          quantile_cont({c.E2E_S}, 0.99) AS {e2e},
+                          avg({c.IS_ERROR}::DOUBLE) AS {c.ERROR_RATE}
+                   FROM {t.REQUESTS} WHERE {r_clause} GROUP BY 1),
              i AS (SELECT {c.HOST_NAME}, count(*) AS incidents FROM {t.INCIDENTS}
                    WHERE {inc_clause} GROUP BY 1)
-        SELECT h.{c.HOST_NAME}, coalesce(i.incidents, 0) AS incidents,
-               h.{e2e}, h.{e2e} / nullif(median(h.{e2e}) OVER (), 0) AS e2e_vs_fleet,
-               h.{c.KV_CACHE_USAGE_MEAN}, h.{c.ERROR_RATE}, h.{c.RPS}, h.{c.J_PER_TOKEN}
-        FROM h LEFT JOIN i USING ({c.HOST_NAME})
+        SELECT r.{c.HOST_NAME}, coalesce(i.incidents, 0) AS incidents,
+               r.{e2e}, r.{e2e} / nullif(median(r.{e2e}) OVER (), 0) AS e2e_vs_fleet,
+               h.{c.KV_CACHE_USAGE_MEAN}, r.{c.ERROR_RATE},
+               r.{c.REQUESTS} / nullif((SELECT seconds FROM span), 0) AS {c.RPS},
+               h.{c.J_PER_TOKEN}
+        FROM r LEFT JOIN h USING ({c.HOST_NAME}) LEFT JOIN i USING ({c.HOST_NAME})
         ORDER BY incidents DESC, e2e_vs_fleet DESC NULLS LAST"""
     return run(con, sql, params)
 

@@ -21,7 +21,8 @@ complete = series.head(series.height - 1) if series.height > RECENT_WINDOWS + 1 
 recent = complete.tail(RECENT_WINDOWS)
 older = complete.slice(max(complete.height - 2 * RECENT_WINDOWS, 0), RECENT_WINDOWS)
 st.caption(f"Last {RECENT_WINDOWS} complete windows against their baseline (or, without one, "
-           f"the {RECENT_WINDOWS} before). Range: {series['time'].min()} to "
+           f"the {RECENT_WINDOWS} before); latency percentiles are those of their requests. "
+           f"Range: {series['time'].min()} to "
            f"{series['time'].max()} UTC; the charts leave out the newest window while it "
            "fills (its dip would look like an outage).")
 
@@ -38,8 +39,17 @@ def _expected(col: str) -> float | None:
     return _mean(band, c.EXPECTED) if band.height else _mean(older, col)
 
 
+# Latency percentiles of the recent windows are those of their requests together: a mean
+# of five window p99s is not a p99.
+_dropped = complete.height < series.height
+exact = data.load("range_percentiles", f.with_range(
+    int(recent[c.WINDOW_START_NS].min()),
+    int(series[c.WINDOW_START_NS].max()) if _dropped else f.end_ns))
+
+
 def _metric(slot, label: str, col: str, scale: float, unit: str, inverse: bool) -> None:  # noqa: ANN001
-    now, expected = _mean(recent, col), _expected(col)
+    now = exact.get(col) if col in exact else _mean(recent, col)
+    expected = _expected(col)
 
     def shown(value: float) -> str:  # latencies in ms or s, whichever reads best
         return ui.duration(value) if unit == "s" else f"{value * scale:,.1f} {unit}"
