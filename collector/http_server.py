@@ -1,173 +1,275 @@
-"""OTLP/HTTP receiver: ``POST /v1/{traces,metrics,logs}`` (protobuf or JSON, optional gzip),
-``GET /metrics`` (Prometheus self-telemetry) and ``GET /health``.
+"""OTLP/HTTP receiver: ``POST /v1/{traces,metrics,logs}`` (protobuf or JSON, optional gzip,
+Content-Length or chunked), ``GET /metrics`` (Prometheus self-telemetry) and ``GET /health``.
 
-Bodies are read only up to ``max_request_bytes`` and gzip is inflated with the same bound,
-so a decompression bomb costs at most that much memory. TLS is negotiated per connection in
-the connection's own thread, so a slow or plaintext client cannot stall the listener.
+HTTP/1.1 is parsed by h11 (strict framing: digits-only Content-Length, a body that ends early
+is an error, chunked bodies) on one asyncio loop per worker, so an idle or trickling
+connection costs a socket, not a thread. Chosen over ``http.server`` and uvicorn by
+measurement (docs/benchmarks.md, ``bench/ingest.py --http``). Bounds, each from the config:
+
+- ``http_max_connections`` open connections; one more is answered 503 + Retry-After.
+- ``http_threads`` threads run Exports (decode, WAL fsync); the loop never blocks on them.
+- ``http_request_timeout_s`` from a request's first byte to its last: a client sending one
+  byte a minute is answered 408 and dropped. ``http_idle_timeout_s`` between requests.
+- Out of file descriptors (EMFILE), asyncio stops accepting for a second instead of spinning.
+- Bodies are read only up to ``max_request_bytes``; gzip is inflated with the same bound.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
-import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Any
 
-from google.rpc import status_pb2
+import h11
 
 from fleetlens.collector.config import CollectorConfig
-from fleetlens.collector.errors import (
-    ExportError,
-    InvalidRequest,
-    LengthRequired,
-    StorageFailure,
-    UnsupportedMedia,
-    http_headers,
-)
+from fleetlens.collector.errors import TooLarge
+from fleetlens.collector.http_otlp import Headers, Plan, Reply, error_reply, export, plan
 from fleetlens.collector.ingest import Ingest
-from fleetlens.collector.otlp_json import parse_json, to_json
-from fleetlens.collector.signals import BY_PATH
 from fleetlens.collector.telemetry import log
 
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
-_CHUNK = 1 << 20
+_CHUNK = 1 << 16
+#: Largest request head (request line and headers).
+MAX_HEAD_BYTES = 64 * 1024
+#: After refusing a request unread, how long its body is drained so the client can read the
+#: answer (closing with unread data sends a TCP reset that may destroy the answer).
+LINGER_S = 2.0
+LINGER_BYTES = 8 << 20
+TLS_HANDSHAKE_S = 10.0
+#: Seconds between two log lines about accept errors (EMFILE) or handshake failures.
+LOG_EVERY_S = 60.0
+BUSY = Reply(503, b"too many connections; retry\n", headers=(("Retry-After", "1"),), close=True)
+TIMED_OUT = Reply(408, b"request not received in time\n", close=True)
 
 
-def inflate(body: bytes, limit: int, ingest: Ingest) -> bytes:
-    """gzip-decompress ``body`` without ever producing more than ``limit`` bytes."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidRequest(f"bad gzip body: {exc}") from None
-    ingest.check_size(len(out))
-    if not inflater.eof:
-        raise InvalidRequest("truncated gzip body")
-    return out
+class _Timeout(Exception):
+    """The client did not send the request (or the next byte) in time."""
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    server_version = "fleetlens-collector"
-    #: Seconds a connection may sit idle (or trickle a body) before it is closed.
-    timeout = 60
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass  # per-request access logs would flood; counters live in /metrics
-
-    def _send(self, status: int, body: bytes, content_type: str,
-              headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _error(self, error: ExportError, as_json: bool) -> None:
-        status = status_pb2.Status(code=error.grpc_code.value[0], message=str(error))
-        body = to_json(status).encode() if as_json else status.SerializeToString()
-        self._send(error.http_status, body, JSON if as_json else PROTOBUF, http_headers(error))
-
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
-        ingest = self.server.ingest
-        if self.path == "/health":
-            self._send(200, b"ok\n", "text/plain")
-            return
-        if self.path != "/metrics":
-            self._send(404, b"not found\n", "text/plain")
-            return
-        try:
-            ingest.authenticate(self.headers.get("Authorization"))
-        except ExportError as error:
-            self._send(error.http_status, f"{error}\n".encode(), "text/plain")
-            return
-        text = ingest.telemetry.prometheus().encode()
-        self._send(200, text, "text/plain; version=0.0.4")
-
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        ingest = self.server.ingest
-        signal = BY_PATH.get(self.path.split("?", 1)[0])
-        as_json = self.headers.get("Content-Type", "").split(";")[0].strip() == JSON
-        try:
-            if signal is None:
-                self.close_connection = True
-                self._send(404, b"not found\n", "text/plain")
-                return
-            ingest.authenticate(self.headers.get("Authorization"))
-            body = self._read_body(ingest)
-            if as_json:
-                request = parse_json(signal, body, ingest)
-                response = ingest.export(signal, request.SerializeToString(), request)
-                self._send(200, to_json(response).encode(), JSON)
-            else:
-                response = ingest.export(signal, body)
-                self._send(200, response.SerializeToString(), PROTOBUF)
-        except ExportError as error:
-            self.close_connection = True  # the body may be unread; never reuse the stream
-            self._error(error, as_json)
-        except Exception as exc:
-            log.exception("OTLP/HTTP Export failed unexpectedly")
-            self.close_connection = True
-            self._error(StorageFailure(f"internal error: {type(exc).__name__}"), as_json)
-
-    def _read_body(self, ingest: Ingest) -> bytes:
-        kind = self.headers.get("Content-Type", "").split(";")[0].strip()
-        if kind not in (PROTOBUF, JSON):
-            raise UnsupportedMedia(f"unsupported Content-Type {kind!r}; use {PROTOBUF} or {JSON}")
-        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("identity", "gzip"):
-            raise UnsupportedMedia(f"unsupported Content-Encoding {encoding!r}")
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            raise LengthRequired("Content-Length is required") from None
-        ingest.check_size(length)
-        body = bytearray()
-        while len(body) < length:
-            chunk = self.rfile.read(min(_CHUNK, length - len(body)))
-            if not chunk:
-                break
-            body += chunk
-        if encoding == "gzip":
-            return inflate(bytes(body), ingest.config.max_request_bytes, ingest)
-        return bytes(body)
+def _headers(event: h11.Request) -> Headers:
+    found: Headers = {}
+    for name, value in event.headers:
+        found.setdefault(name.decode("ascii").lower(), []).append(value.decode("latin-1"))
+    return found
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+class HttpServer:
+    """The OTLP/HTTP listener of one worker, serving from its own thread."""
 
-    def __init__(self, address: tuple[str, int], ingest: Ingest,
+    def __init__(self, config: CollectorConfig, ingest: Ingest,
                  tls: ssl.SSLContext | None) -> None:
+        self.config = config
         self.ingest = ingest
         self.tls = tls
-        super().__init__(address, _Handler, bind_and_activate=False)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        self.server_bind()
-        self.server_activate()
+        self.pool = ThreadPoolExecutor(config.http_threads, thread_name_prefix="http-export")
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(self._loop_error)
+        self.open = 0
+        self.busy = 0
+        self.closing = False
+        self._idle: set[asyncio.StreamWriter] = set()
+        self._last_log = 0.0
+        self._server: asyncio.base_events.Server | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="http", daemon=True)
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.tls is not None:
-            request.settimeout(10)
-            try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError) as exc:
-                log.info("TLS handshake with %s failed: %s", client_address[0], exc)
-                return
-            request.settimeout(60)
-            try:
-                super().finish_request(request, client_address)
-            finally:
-                request.close()  # the wrapped socket owns the descriptor now
+    def start(self, sock: socket.socket) -> None:
+        """Serve connections accepted on the listening ``sock`` (in a background thread)."""
+        self._server = self.loop.run_until_complete(asyncio.start_server(
+            self._connection, sock=sock, ssl=self.tls, limit=MAX_HEAD_BYTES,
+            ssl_handshake_timeout=TLS_HANDSHAKE_S if self.tls else None))
+        self._thread.start()
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Stop accepting, let requests being handled finish (up to ``grace_s``), stop."""
+        done = asyncio.run_coroutine_threadsafe(self._stop(grace_s), self.loop)
+        done.result(grace_s + 5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.pool.shutdown(wait=False)
+
+    async def _stop(self, grace_s: float) -> None:
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._idle):
+            writer.close()
+        deadline = self.loop.time() + grace_s
+        while self.busy and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # asyncio reports EMFILE at accept (it retries a second later by itself) and similar
+        # conditions here; once a minute is enough to tell the operator.
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            self._last_log = now
+            log.warning("OTLP/HTTP: %s (%s)", context.get("message"), context.get("exception"))
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        if self.open >= self.config.http_max_connections or self.closing:
+            await self._refuse(writer)
             return
-        super().finish_request(request, client_address)
+        self.open += 1
+        try:
+            await self._serve(reader, writer)
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
+            pass  # the client went away; nothing was acknowledged on this request
+        finally:
+            self.open -= 1
+            self._idle.discard(writer)
+            writer.close()
+
+    async def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        self.ingest.telemetry.add("refused_requests")
+        try:
+            # h11 refuses to answer before a request arrived; the raw bytes say the same
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                         b"Connection: close\r\nContent-Type: text/plain\r\n"
+                         + f"Content-Length: {len(BUSY.body)}\r\n\r\n".encode() + BUSY.body)
+            await asyncio.wait_for(writer.drain(), TLS_HANDSHAKE_S)
+        except (TimeoutError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        while not self.closing:
+            self._idle.add(writer)
+            try:
+                event = await self._first_event(conn, reader)
+            except _Timeout:
+                return  # idle keep-alive connection: close quietly
+            finally:
+                self._idle.discard(writer)
+            if event is None:
+                return
+            self.busy += 1
+            try:
+                reply = await self._request(conn, reader, writer, event)
+            finally:
+                self.busy -= 1
+            if not await self._send(conn, writer, reply):
+                return
+            if reply.close or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                await self._linger(reader, writer)
+                return
+            conn.start_next_cycle()
+
+    async def _first_event(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
+        """Wait (idle timeout) for the next request's first bytes: the first h11 event, or
+        ``NEED_DATA`` when bytes came but not a whole event; None when the client is done."""
+        event = conn.next_event()
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if event is h11.NEED_DATA:
+            try:
+                data = await asyncio.wait_for(reader.read(_CHUNK), self.config.http_idle_timeout_s)
+            except TimeoutError:
+                raise _Timeout from None
+            if not data:
+                return None
+            conn.receive_data(data)
+            event = h11.NEED_DATA
+        return event
+
+    async def _next(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                    deadline: float) -> Any:
+        """The next h11 event, reading as needed until ``deadline`` (loop time)."""
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            remaining = deadline - self.loop.time()
+            if remaining <= 0:
+                raise _Timeout
+            try:
+                data = await asyncio.wait_for(reader.read(_CHUNK), remaining)
+            except TimeoutError:
+                raise _Timeout from None
+            conn.receive_data(data)
+
+    async def _request(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter, first: Any) -> Reply:
+        """Read one whole request within the deadline and produce its reply."""
+        deadline = self.loop.time() + self.config.http_request_timeout_s
+        todo: Plan | Reply | None = None
+        try:
+            event = first if first is not h11.NEED_DATA else await self._next(conn, reader,
+                                                                              deadline)
+            if not isinstance(event, h11.Request):
+                return Reply(400, b"expected a request\n", close=True)
+            todo = plan(self.ingest, event.method.decode("ascii").upper(),
+                        event.target.decode("ascii", "replace"), _headers(event))
+            if isinstance(todo, Reply):
+                if not todo.close:  # a GET: its (empty) body ends the request
+                    await self._body(conn, reader, deadline)
+                return todo
+            if conn.they_are_waiting_for_100_continue:
+                writer.write(conn.send(h11.InformationalResponse(status_code=100)))
+            body = await self._body(conn, reader, deadline)
+        except _Timeout:
+            self.ingest.telemetry.add("invalid_requests")
+            return TIMED_OUT
+        except h11.RemoteProtocolError as exc:
+            self.ingest.telemetry.add("invalid_requests")
+            return Reply(exc.error_status_hint, f"bad HTTP request: {exc}\n".encode(),
+                         close=True)
+        except TooLarge as error:
+            return error_reply(error, isinstance(todo, Plan) and todo.as_json)
+        return await self.loop.run_in_executor(self.pool, export, self.ingest, todo, body)
+
+    async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                    deadline: float) -> bytes:
+        body = bytearray()
+        while True:
+            event = await self._next(conn, reader, deadline)
+            if isinstance(event, h11.EndOfMessage):
+                return bytes(body)
+            if isinstance(event, h11.Data):
+                body += event.data
+                self.ingest.check_size(len(body))  # chunked bodies have no declared length
+
+    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter,
+                    reply: Reply) -> bool:
+        """Write ``reply``; False when the client is gone or too slow to take it."""
+        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return False
+        headers = [("Content-Type", reply.content_type),
+                   ("Content-Length", str(len(reply.body))), *reply.headers]
+        if reply.close:
+            headers.append(("Connection", "close"))
+        try:
+            data = conn.send(h11.Response(status_code=reply.status, headers=headers,
+                                          reason=HTTPStatus(reply.status).phrase))
+            data += conn.send(h11.Data(data=reply.body)) + conn.send(h11.EndOfMessage())
+            writer.write(data)
+            await asyncio.wait_for(writer.drain(), self.config.http_request_timeout_s)
+        except (TimeoutError, h11.LocalProtocolError, OSError):
+            return False
+        return True
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Half-close, then drain what the client still sends (bounded) before closing."""
+        if not writer.can_write_eof():
+            return  # TLS cannot half-close
+        try:
+            writer.write_eof()
+            deadline = self.loop.time() + LINGER_S
+            drained = 0
+            while drained < LINGER_BYTES and (left := deadline - self.loop.time()) > 0:
+                data = await asyncio.wait_for(reader.read(_CHUNK), left)
+                if not data:
+                    return
+                drained += len(data)
+        except (TimeoutError, OSError):
+            return
 
 
 def _tls_context(config: CollectorConfig) -> ssl.SSLContext | None:
@@ -186,12 +288,31 @@ def _tls_context(config: CollectorConfig) -> ssl.SSLContext | None:
     return context
 
 
-def start_http(config: CollectorConfig, ingest: Ingest) -> ThreadingHTTPServer:
-    """Start the OTLP/HTTP server on ``config.http_address`` in a background thread."""
-    host, _, port = config.http_address.rpartition(":")
+def _listen(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family, kind, proto, _, where = socket.getaddrinfo(host, int(port),
+                                                      type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
     try:
-        server = _Server((host.strip("[]"), int(port)), ingest, _tls_context(config))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(where)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def start_http(config: CollectorConfig, ingest: Ingest) -> HttpServer:
+    """Start the OTLP/HTTP server on ``config.http_address`` in a background thread."""
+    tls = _tls_context(config)
+    try:
+        sock = _listen(config.http_address)
     except OSError as exc:
         raise RuntimeError(f"cannot listen for OTLP/HTTP on {config.http_address}: {exc}") from None
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    server = HttpServer(config, ingest, tls)
+    server.start(sock)
     return server
