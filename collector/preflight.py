@@ -55,17 +55,31 @@ def _is_loopback(host: str) -> bool:
                    for info in socket.getaddrinfo(host, None))
 
 
+def unauthenticated_reason(config: CollectorConfig) -> str | None:
+    """Why anyone who reaches a listener may write telemetry, or None when clients must prove
+    who they are (a bearer token, or a certificate from ``tls.client_ca_file``).
+
+    Server TLS alone encrypts the stream but lets any client in.
+    """
+    if config.auth_tokens or config.tls.client_ca_file:
+        return None
+    if config.tls.enabled:
+        return ("TLS is on but neither auth_tokens nor client certificates "
+                "(tls.client_ca_file) are required")
+    return "neither auth_tokens nor TLS is configured"
+
+
 def warn_if_exposed(config: CollectorConfig) -> list[str]:
-    """Log (and return) a warning for each non-loopback listener without tokens or TLS."""
-    if config.auth_tokens or config.tls.cert_file:
+    """Log (and return) a warning for each non-loopback listener that any client may use."""
+    reason = unauthenticated_reason(config)
+    if reason is None:
         return []
     warnings = []
     for setting in ("grpc_address", "http_address"):
         address = getattr(config, setting)
         if not _is_loopback(_host_port(address)[0]):
-            warnings.append(f"{setting} {address} is not loopback and neither auth_tokens nor "
-                            "TLS is configured: anyone who reaches it can write telemetry "
-                            "(docs/collector.md, security)")
+            warnings.append(f"{setting} {address} is not loopback and {reason}: anyone who "
+                            "reaches it can write telemetry (docs/collector.md, security)")
     for warning in warnings:
         log.warning(warning)
     return warnings

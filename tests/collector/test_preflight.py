@@ -35,7 +35,7 @@ def test_a_listener_beyond_loopback_without_tokens_or_tls_is_warned_about() -> N
     assert warn_if_exposed(CollectorConfig()) == []  # the default: loopback only
     assert warn_if_exposed(CollectorConfig(grpc_address="0.0.0.0:4317",
                                            auth_tokens=("t",))) == []
-    with_tls = CollectorConfig(http_address="[::]:4318",
-                               tls=TlsConfig(cert_file="c.pem", key_file="k.pem"))
-    assert warn_if_exposed(with_tls) == []
+    mutual_tls = CollectorConfig(http_address="[::]:4318", tls=TlsConfig(
+        cert_file="c.pem", key_file="k.pem", client_ca_file="ca.pem"))
+    assert warn_if_exposed(mutual_tls) == []
     assert len(warn_if_exposed(CollectorConfig(http_address="[::]:4318"))) == 1
