@@ -13,6 +13,12 @@ timestamp to one sample gap later (the next sample's delta needs it), and for ph
 and windows) also the hours one gap before it, where its sample's energy interval can start.
 Rows older than their host's watermark minus the lateness are too late: counted, not used to
 reopen hours.
+
+Two bounds keep one bad clock from blinding a host (issue 16, item 5): a row's event time
+counts for the watermark only up to its receive time plus ``future_ns`` (a span dated days
+ahead would otherwise make every genuine span of its host "too late"), and a row dirties at
+most ``max_row_ns`` after its start (a span from -7 to +7 days dirtied 332 hours; the energy
+stage never looks further back than ``max_request_s`` anyway).
 """
 
 from __future__ import annotations
@@ -55,11 +61,19 @@ def list_segments(dd: DataDir) -> dict[str, tuple[str, int]]:
     return out
 
 
+#: Defaults of :func:`discover`'s bounds (``PipelineConfig`` passes its own).
+FUTURE_NS = 300 * NS
+MAX_ROW_NS = 3600 * NS
+
+
 def event_rows(dd: DataDir, signal: str, rel: str, marks: pl.DataFrame, gap_ns: int,
-               lateness_ns: int) -> pl.DataFrame:
+               lateness_ns: int, future_ns: int = FUTURE_NS,
+               max_row_ns: int = MAX_ROW_NS) -> pl.DataFrame:
     """(host, lo, hi, back, end, received, late) per row of one segment: the event time a row
-    can affect (phase 1 from ``lo`` to ``hi``, phase 2 from ``back``), and whether it is older
-    than its host's watermark (``marks``) minus the lateness."""
+    can affect (phase 1 from ``lo`` to ``hi``, at most ``max_row_ns`` after ``lo``; phase 2
+    from ``back``), its event time for the watermark (``end``, at most ``future_ns`` past its
+    receive time), and whether it is older than its host's watermark (``marks``) minus the
+    lateness."""
     frame = pl.scan_parquet(dd.root / rel)
     if signal == "spans":
         lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
@@ -67,9 +81,11 @@ def event_rows(dd: DataDir, signal: str, rel: str, marks: pl.DataFrame, gap_ns: 
     else:
         lo, hi, end = pl.col(c.TS_NS), pl.col(c.TS_NS) + gap_ns, pl.col(c.TS_NS)
         back = lo - gap_ns
+    latest = pl.col(c.RECEIVED_NS) + future_ns  # null (unknown) bounds nothing
     rows = frame.select(
         pl.col(c.HOST_NAME).fill_null(""), lo.alias("lo"), back.alias("back"),
-        pl.max_horizontal(hi, lo).alias("hi"), end.alias("end"),
+        pl.max_horizontal(pl.min_horizontal(hi, lo + max_row_ns), lo).alias("hi"),
+        pl.min_horizontal(end, latest).alias("end"),
         pl.col(c.RECEIVED_NS).alias("received"),
     ).collect()
     if marks.height == 0:  # a first or full run: nothing can be late
@@ -109,7 +125,8 @@ def segment_facts(rows: pl.DataFrame, signal: str) -> tuple[pl.DataFrame, list[i
     return stats, packed.to_series().to_list()
 
 
-def metric_facts(dd: DataDir, rel: str, gap_ns: int) -> tuple[pl.DataFrame, list[int]] | None:
+def metric_facts(dd: DataDir, rel: str, gap_ns: int, future_ns: int = FUTURE_NS,
+                 max_row_ns: int = MAX_ROW_NS) -> tuple[pl.DataFrame, list[int]] | None:
     """:func:`segment_facts` of a metrics segment when no host has a watermark yet (a first or
     full run: nothing can be late), from its host and timestamp columns alone.
 
@@ -122,9 +139,13 @@ def metric_facts(dd: DataDir, rel: str, gap_ns: int) -> tuple[pl.DataFrame, list
     per_host = pl.scan_parquet(dd.root / rel).group_by(
         pl.col(c.HOST_NAME).fill_null("")).agg(
         pl.len().alias("n"), pl.col(c.TS_NS).min().alias("lo"),
-        pl.col(c.TS_NS).max().alias("end")).collect()
+        pl.col(c.TS_NS).max().alias("last"),
+        # per host: no point counts past the newest receive time plus the future bound
+        pl.min_horizontal(pl.col(c.TS_NS),
+                          pl.col(c.RECEIVED_NS) + future_ns).max().alias("end")).collect()
+    reach = min(gap_ns, max_row_ns)  # what event_rows gives each point
     stats = per_host.select(
-        c.HOST_NAME, "n", "lo", (pl.col("end") + gap_ns).alias("hi"), "end",
+        c.HOST_NAME, "n", "lo", (pl.col("last") + reach).alias("hi"), "end",  # hi: phase 1
         pl.lit(0, pl.UInt32).alias("late"), pl.lit(None, pl.Float64).alias("delay"),
         pl.lit("metrics").alias("signal"))
     if stats.height == 0 or stats.get_column("lo").null_count() == stats.height:
@@ -134,11 +155,11 @@ def metric_facts(dd: DataDir, rel: str, gap_ns: int) -> tuple[pl.DataFrame, list
     def hour(ns: int) -> int:
         return min(max(ns, 0), top) // HOUR_NS
 
-    lo, end = int(stats.get_column("lo").min()), int(stats.get_column("end").max())
-    first, first_max = hour(lo), hour(end)
+    lo, top_ts = int(stats.get_column("lo").min()), int(per_host.get_column("last").max())
+    first, first_max = hour(lo), hour(top_ts)
     if first != first_max:
         return None
-    last, earliest = hour(end + gap_ns), hour(lo - gap_ns)
+    last, earliest = hour(top_ts + reach), hour(lo - gap_ns)
     return stats, [(first << 2 * _HOUR_BITS) | (last << _HOUR_BITS) | earliest]
 
 
@@ -152,8 +173,13 @@ def add_hours(keys: list[int], dirty: set[int], energy_dirty: set[int]) -> None:
         energy_dirty.update(range(earliest * HOUR_NS, first * HOUR_NS, HOUR_NS))
 
 
-def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int) -> Discovered:
-    """Register the new segments in ``state`` (and forget vanished ones); return what changed."""
+def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int,
+             future_ns: int = FUTURE_NS, max_row_ns: int = MAX_ROW_NS) -> Discovered:
+    """Register the new segments in ``state`` (and forget vanished ones); return what changed.
+
+    ``future_ns`` bounds how far past its receive time a row moves its host's watermark,
+    ``max_row_ns`` how far past its start one row makes hours dirty.
+    """
     listing = list_segments(dd)
     for rel in [r for r in state.segments if r not in listing]:
         del state.segments[rel]  # compacted away or expired
@@ -167,10 +193,11 @@ def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int) -
     def facts(item: tuple[str, str, int]) -> tuple[pl.DataFrame, list[int]]:
         rel, signal, _size = item
         if signal == "metrics" and marks.height == 0:
-            quick = metric_facts(dd, rel, gap_ns)
+            quick = metric_facts(dd, rel, gap_ns, future_ns, max_row_ns)
             if quick is not None:
                 return quick
-        return segment_facts(event_rows(dd, signal, rel, marks, gap_ns, lateness_ns), signal)
+        return segment_facts(event_rows(dd, signal, rel, marks, gap_ns, lateness_ns,
+                                        future_ns, max_row_ns), signal)
 
     per_host: list[pl.DataFrame] = []
     with ThreadPoolExecutor(PARALLEL, thread_name_prefix="discover") as pool:
