@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("fleetlens.analytics.cli:explain",
                 "Explain an incident: causes, evidence, provenance."),
     "baselines": ("fleetlens.analytics.cli:baselines", "Show series against their baseline bands."),
+    "exporter": ("fleetlens.analytics.exporter_cli:exporter",
+                 "Serve derived signals (latency, J/token, incidents) for Prometheus."),
     "leaderboard": ("fleetlens.analytics.cli:leaderboard",
                     "Rank model/GPU/config: latency, tok/s, J/token."),
 }
@@ -51,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXTRA_OF_MODULE: dict[str, str] = {
     "pynvml": "agent",
     "duckdb": "server", "polars": "server", "pyarrow": "server", "numpy": "server",
-    "rich": "server", "grpc_health": "server",
+    "rich": "server", "grpc_health": "server", "prometheus_client": "agent",
     "prophet": "prophet",
     "streamlit": "dashboard", "plotly": "dashboard",
 }

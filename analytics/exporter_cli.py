@@ -1,0 +1,64 @@
+"""``fleetlens exporter``: serve the derived signals of :mod:`analytics.exporter` over HTTP."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import threading
+
+import click
+
+from fleetlens.pipeline.schema.settings import DATA_DIR_HELP
+
+
+@click.command()
+@click.option("--data-dir", default=None, help=DATA_DIR_HELP)
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="fleetlens.toml (for data_dir) [env FLEETLENS_CONFIG].")
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback unless you open it on purpose).")
+@click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
+              help="Port of http://ADDRESS:PORT/metrics.")
+@click.option("--refresh", "refresh_s", type=click.FloatRange(min=0), default=15.0,
+              show_default=True, help="Seconds a read of the tables is reused across scrapes.")
+def exporter(data_dir: str | None, config_file: str | None, address: str, port: int,
+             refresh_s: float) -> None:
+    """Serve fleetlens' derived signals for Prometheus and Grafana at /metrics.
+
+    Per service, model and host, from the latest closed window: request rate, error ratio,
+    TTFT/TPOT/e2e percentiles, J/token, KV-cache usage; and the open incidents by top cause.
+    deploy/grafana/fleetlens.json is a dashboard over these series.
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from fleetlens.analytics.exporter import DerivedSignals
+    from fleetlens.pipeline.cli import resolve_data_dir
+
+    root = resolve_data_dir(data_dir, config_file, must_exist=False)
+    if not _is_loopback(address):
+        click.echo(f"warning: the exporter listens on {address}, beyond this machine; it has "
+                   "no authentication (put it behind your network policy or a proxy)", err=True)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DerivedSignals(root, refresh_s))
+    try:
+        server, thread = start_http_server(port, addr=address, registry=registry)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {address}:{port}: {exc}") from None
+    click.echo(f"serving http://{address}:{server.server_port}/metrics from {root.root}",
+               err=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    thread.join(timeout=5)
+    click.echo("stopped", err=True)
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
