@@ -5,6 +5,9 @@ waits for the group-commit fsync; only then may the receiver answer OK. A flushe
 publishes the buffer by rows or age: it swaps the buffer and seals the WAL under the same lock
 (so the sealed WAL files hold exactly the swapped rows), writes one Parquet file per signal and
 hour with ``write_parquet_atomic``, and deletes the sealed WAL files only after that.
+A publish that fails is retried with exponential backoff (``RETRY_FIRST_S`` doubling up to
+``RETRY_MAX_S``), so a full disk costs one attempt and one log line every few seconds, not
+twenty a second.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from fleetlens.collector.durable import make_dirs_durable
 from fleetlens.collector.errors import Overloaded, StorageFailure
+from fleetlens.collector.faults import Faults
 from fleetlens.collector.signals import BY_CODE, SIGNALS, Signal
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import Wal
@@ -27,6 +32,11 @@ from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
 _HOUR_NS = 3600 * 10**9
 #: Columns whose values are (nearly) all distinct: a dictionary there only costs CPU and bytes.
 _DISTINCT = frozenset({c.TRACE_ID, c.SPAN_ID, c.PARENT_SPAN_ID, c.GEN_AI_REQUEST_ID})
+#: How often the flusher looks whether the buffer is due.
+POLL_S = 0.05
+#: Wait after the first failed publish (or WAL seal); doubled per failure up to RETRY_MAX_S.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 5.0
 
 
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
@@ -50,11 +60,12 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
 class Segments:
     """Publishes Arrow tables as raw Parquet segments named ``<writer>-<seq>``."""
 
-    def __init__(self, data_dir: DataDir, writer_id: str) -> None:
+    def __init__(self, data_dir: DataDir, writer_id: str, faults: Faults | None = None) -> None:
         self.data_dir = data_dir
         self.writer_id = writer_id
         self._seq = itertools.count()
         self._options = {s.folder: parquet_options(s.arrow_schema) for s in SIGNALS}
+        self._faults = faults or Faults.from_env()
 
     def publish(self, signal: Signal, tables: list[pa.Table]) -> int:
         """Write ``tables`` split by hour of ``signal.time_column``; returns rows written."""
@@ -72,9 +83,15 @@ class Segments:
             path = self.data_dir.raw_segment_path(
                 signal.folder, hour * _HOUR_NS, self.writer_id, next(self._seq))
             options = self._options[signal.folder]
+            # A new date=/hour= folder must be in its parent before the file in it counts as
+            # published (the sealed WAL is deleted after this): write_parquet_atomic fsyncs
+            # only the folder it renames into.
+            make_dirs_durable(path.parent)
+            self._faults.check("publish")
             # copies: pyarrow may add to the column_encoding dict it is given
             write_parquet_atomic(part, path, use_dictionary=list(options["use_dictionary"]),
                                  column_encoding=dict(options["column_encoding"]))
+            self._faults.check("publish.after")
         return table.num_rows
 
 
@@ -145,15 +162,19 @@ class Sink:
         return self._rows >= self.flush_rows or age >= self.flush_interval_s or bool(self._failed)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.05):
+        delay = POLL_S
+        while not self._stop.wait(delay):
             if not self._due():
                 continue
             try:
-                self.flush()
+                published = self.flush()
             except Exception:  # e.g. sealing the WAL failed: keep the thread, retry later
                 self.telemetry.add("flush_failures")
                 log.exception("flush failed; will retry")
-                self._stop.wait(1.0)
+                published = False
+            # Back off while publishing fails (a full disk, no free descriptors): each try
+            # costs a Parquet encode and a log line, and does not make the disk any emptier.
+            delay = POLL_S if published else min(RETRY_MAX_S, max(RETRY_FIRST_S, delay * 2))
 
     def flush(self) -> bool:
         """Publish everything buffered; True when nothing is left unpublished."""

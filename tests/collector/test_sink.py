@@ -6,6 +6,8 @@ succeeds; a process that dies before publishing leaves a WAL that replay turns i
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import pyarrow.parquet as pq
@@ -159,3 +161,72 @@ def test_segments_encode_columns_by_type(data_dir) -> None:
         assert "BYTE_STREAM_SPLIT" in encodings[c.GEN_AI_E2E_S]
         assert "DELTA_BINARY_PACKED" in encodings[c.START_NS]
     assert _rows(data_dir) == 100
+
+
+def _record_dir_fsyncs(monkeypatch) -> list[tuple[str, list[str]]]:
+    """Every directory fsynced from now on, with what it held at that moment."""
+    seen: list[tuple[str, list[str]]] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(path):
+            seen.append((path, sorted(os.listdir(path))))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+def test_new_date_and_hour_folders_are_fsynced_into_their_parents(data_dir, monkeypatch) -> None:
+    ingest, sink = _make(data_dir)
+    ingest.export(SPANS, vllm_trace_request(10, seed=1).SerializeToString())
+    seen = _record_dir_fsyncs(monkeypatch)
+    assert sink.flush()
+    (path,) = data_dir.raw("spans").rglob("*.parquet")
+    hour, date = path.parent, path.parent.parent
+    # the entry of each new folder is made durable in its parent, or power loss can take
+    # the published file away after its WAL is deleted
+    assert (str(date), [hour.name]) in seen
+    assert (str(date.parent), [date.name]) in seen
+    sink.close()
+
+
+def test_a_wal_dir_whose_rename_power_loss_undid_is_replayed(data_dir) -> None:
+    ingest, sink = _make(data_dir, writer="dead")
+    for seed in range(3):
+        ingest.export(SPANS, vllm_trace_request(10, seed=seed).SerializeToString())
+    sink.wal.close()
+    (data_dir.wal / "dead").rename(data_dir.wal / ".new-dead-0a1b2c3d")
+    survivor, other = _make(data_dir, writer="alive")
+    assert replay_orphans(data_dir, survivor, other.segments, survivor.telemetry) == 3
+    assert _rows(data_dir) == 30 and not (data_dir.wal / ".new-dead-0a1b2c3d").exists()
+    other.close()
+
+
+def test_failed_publishes_are_retried_with_backoff(data_dir, monkeypatch) -> None:
+    failing, attempts = threading.Event(), []
+    failing.set()
+    real = Segments.publish
+
+    def flaky(self, signal, tables):
+        attempts.append(time.monotonic())
+        if failing.is_set():
+            raise OSError(28, "No space left on device")
+        return real(self, signal, tables)
+
+    monkeypatch.setattr(Segments, "publish", flaky)
+    ingest, sink = _make(data_dir, flush_interval_s=0.05)
+    ingest.export(SPANS, vllm_trace_request(10, seed=1).SerializeToString())
+    sink.start()
+    time.sleep(2.0)
+    tried = len(attempts)
+    failing.clear()
+    deadline = time.monotonic() + 20
+    while sink.buffered_bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sink.close()
+    assert _rows(data_dir) == 10
+    # Retrying every 50 ms would be about 40 tries in those 2 s. The waits double from
+    # 0.1 s (0.1 + 0.2 + 0.4 + 0.8 = 1.5 s), so at most 5 fit; a slow machine makes fewer.
+    assert 1 <= tried <= 6

@@ -131,3 +131,48 @@ def test_injected_disk_full_fails_append_and_sync(tmp_path, monkeypatch) -> None
     payloads = [r.payload for p in files for r in read_segment(p).records]
     assert payloads == [b"ok", b"again", b"written, not yet durable", b"retried"]
     assert len(files) == 3  # sealed after the failed write and after the failed fsync
+
+
+def test_the_wal_dir_and_its_rename_are_fsynced_into_the_parent(tmp_path, monkeypatch) -> None:
+    seen: list[tuple[str, list[str]]] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(path):
+            seen.append((path, sorted(os.listdir(path))))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    root = tmp_path / "data" / "wal"
+    Wal(root, "w1").close()
+    assert (str(tmp_path / "data"), ["wal"]) in seen  # the new root
+    assert (str(root), ["w1"]) in seen  # its entry after the rename, not the hidden name
+
+
+def test_only_hidden_dirs_holding_wal_files_are_orphans(tmp_path) -> None:
+    root = tmp_path / "wal"
+    wal = Wal(root, "w1")
+    wal.sync(wal.append(1, 1, b"a"))
+    wal.close()
+    (root / "w1").rename(root / ".new-w1-0a1b2c3d")  # power loss undid the rename
+    (root / ".new-w2-00000000").mkdir()  # a live process between mkdir and flock
+    (root / ".quarantine").mkdir()
+    found = list(orphan_dirs(root))
+    assert [d.name for d, _ in found] == [".new-w1-0a1b2c3d"]
+    remove_dir(*found[0])
+    assert sorted(p.name for p in root.iterdir()) == [".new-w2-00000000", ".quarantine"]
+
+
+def test_replay_quarantines_a_file_with_an_unreadable_tail(tmp_path) -> None:
+    root = tmp_path / "wal"
+    wal = Wal(root, "w1")
+    _fill(wal, 3, random.Random(3))
+    wal.close()
+    path = segments(root / "w1")[0]
+    data = path.read_bytes() + b"\x10\x00\x00\x00\xde\xad"
+    path.write_bytes(data)
+    remove_dir(*next(orphan_dirs(root)))
+    (kept,) = (root / ".quarantine").iterdir()
+    assert kept.name == "w1-000000000000.wal.bad" and kept.read_bytes() == data
+    assert not (root / "w1").exists()
