@@ -55,7 +55,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _evidence(facts: Facts, cand: Candidate) -> str:
+def _evidence(facts: Facts, cand: Candidate, ruled_out: dict[str, str]) -> str:
     phases = facts.phases
     top = [
         {"dimension": f.dimension, "value": f.value, "lift": f.lift,
@@ -70,13 +70,15 @@ def _evidence(facts: Facts, cand: Candidate) -> str:
         "e2e_mean_s": {"baseline": phases.e2e_mean_s[0], "incident": phases.e2e_mean_s[1]},
         "signals": cand.evidence,
         "top_dimensions": top,
+        # Causes whose own signal moved the wrong way (e.g. slow_gpu when decode got faster).
+        "ruled_out": ruled_out,
     }
     return json.dumps(_jsonable(body), sort_keys=True)
 
 
-def rank_candidates(facts: Facts) -> list[Candidate]:
+def rank_candidates(facts: Facts, found: list[Candidate] | None = None) -> list[Candidate]:
     """Every rule's candidate with enough evidence, best first (a phase fallback if none)."""
-    found = [rule(facts) for rule in RULES]
+    found = found if found is not None else [rule(facts) for rule in RULES]
     kept = sorted((x for x in found if x.score >= MIN_SCORE),
                   key=lambda x: (-x.score, x.cause))
     if kept:
@@ -101,7 +103,10 @@ def attribute(ctx: IncidentContext, config: AnalyticsConfig) -> pl.DataFrame:
     1..n without gaps; ``cause`` is in the vocabulary; ``evidence`` is a JSON object.
     """
     facts = _facts(ctx, config)
-    ranked = rank_candidates(facts)
+    found = [rule(facts) for rule in RULES]
+    ruled_out = {str(x.cause): x.evidence["ruled_out"] for x in found
+                 if "ruled_out" in x.evidence}
+    ranked = rank_candidates(facts, found)
     rows = []
     for rank, cand in enumerate(ranked, start=1):
         share = cand.share_of_excess
@@ -112,7 +117,8 @@ def attribute(ctx: IncidentContext, config: AnalyticsConfig) -> pl.DataFrame:
         rows.append({
             c.INCIDENT_ID: ctx.incident[c.INCIDENT_ID], c.RANK: rank, c.CAUSE: str(cand.cause),
             c.SUBJECT: cand.subject, c.SCORE: round(float(cand.score), 6),
-            c.SHARE_OF_EXCESS: round(float(share), 6), c.EVIDENCE: _evidence(facts, cand),
+            c.SHARE_OF_EXCESS: round(float(share), 6),
+            c.EVIDENCE: _evidence(facts, cand, ruled_out),
             c.SUMMARY: cand.summary,
         })
     return validate(pl.DataFrame(rows, schema=t.table(t.CAUSES).schema), t.CAUSES)

@@ -1,9 +1,14 @@
 """One scoring rule per cause of the vocabulary, over phases, dimensions and signals.
 
-Each rule returns a :class:`Candidate` with a strength in [0, 1] from its own signal (KV
-usage and preemptions, clocks and throttle bits, arrivals...), weighted by how much of the
-excess lies in the phases that cause would slow down. Rules that share a symptom discount
-each other: a traffic surge also fills the KV cache, so KV pressure with a surge counts less.
+Each rule returns a :class:`Candidate` with a strength in [0, 1] from its own mechanism
+signal, *moved against the baseline* (arrivals up, KV cache filled and preempting, prefix
+hit rate down, prompts longer, thermal or power-cap reason bits, a lower power limit...):
+a cause whose signal did not move scores 0, and one whose signal moved the wrong way (a slow
+GPU while decode got faster) is ruled out. The strength is weighted by the share of the
+excess lying in the parts that mechanism produces (:func:`weigh`), so of two causes with
+evidence the one explaining more of the excess ranks higher. Rules that share a symptom
+discount each other: a traffic surge also fills the KV cache, so KV pressure with a surge
+counts less.
 """
 
 from __future__ import annotations
@@ -19,9 +24,18 @@ from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import subject as fmt_subject
 
+#: Score floor for a cause with evidence but little measured excess in its phases; small
+#: so that a cause explaining most of the excess outranks one explaining little of it.
+SHARE_FLOOR = 0.1
+
 
 def clip01(x: float) -> float:
     return 0.0 if x != x else max(0.0, min(1.0, x))  # NaN -> 0
+
+
+def weigh(strength: float, share: float) -> float:
+    """Score of a cause: its evidence strength times the share of the excess it explains."""
+    return strength * (SHARE_FLOOR + (1 - SHARE_FLOOR) * share)
 
 
 @dataclass
@@ -68,7 +82,25 @@ class Facts:
         return self.phases.excess_s.get(phase, 0.0) * 1000
 
     def share(self, *phases: str) -> float:
-        return min(1.0, sum(self.phases.share.get(p, 0.0) for p in phases))
+        """Share of the excess in ``phases`` (phases or parts such as ``prefill_rate``)."""
+        return min(1.0, sum(self.phases.share.get(p, self.phases.parts.get(p, 0.0))
+                            for p in phases))
+
+    def busier(self) -> float:
+        """How much busier the scope's GPUs got (0: as before, 1: utilisation x1.15 or
+        more): extra work of the traffic itself slows every token, on every GPU."""
+        gpus = [g for g in self.gpus() if g in self.signals.gpus]
+        if not gpus:
+            return 0.0
+        util = sum(ratio(self.signals.gpus[g].get("util")) for g in gpus) / len(gpus)
+        return clip01((util - 1) / 0.15)
+
+    def running_ratio(self, hosts: list[str] | None = None) -> float:
+        """Incident/baseline running requests summed over ``hosts`` (all by default)."""
+        pairs = [self.signals.hosts.get(h, {}).get("running")
+                 for h in (hosts if hosts is not None else list(self.signals.hosts))]
+        pairs = [p for p in pairs if p and p[0] is not None and p[1] is not None]
+        return ratio((sum(p[0] for p in pairs), sum(p[1] for p in pairs))) if pairs else 1.0
 
     def excess_share(self, dimension: str, value_: str) -> float | None:
         for f in self.findings:
@@ -130,9 +162,12 @@ def traffic_surge(f: Facts) -> Candidate:
     r = ratio(rps)
     strength = clip01((r - 1.25) / 1.0)
     waiting = sum(value(v.get("waiting")) for v in f.signals.hosts.values())
+    # More requests wait (queue) and, once admitted, share bigger batches: each token is
+    # slower in proportion to how much the running batch grew.
+    batch = clip01((f.running_ratio() - 1) / 0.25)
+    share = min(1.0, f.share("queue") + batch * f.share("decode", "prefill_rate"))
     return Candidate(
-        Cause.TRAFFIC_SURGE, f.service_subject(),
-        strength * (0.4 + 0.6 * f.share("queue", "prefill")), f.share("queue"),
+        Cause.TRAFFIC_SURGE, f.service_subject(), weigh(strength, share), share,
         f"arrivals x{r:.1f} ({value(rps, 0):.1f} -> {value(rps):.1f} req/s) on "
         f"{f.service}; queue time {f.ms('queue'):+.0f} ms ({f.share('queue'):.0%} of excess), "
         f"{waiting:.0f} requests waiting",
@@ -148,21 +183,35 @@ def long_prompt_strength(f: Facts) -> float:
     return clip01((ratio(f.signals.scope.get(c.INPUT_TOKENS)) - 1.3) / 1.2)
 
 
+def _load_share(f: Facts) -> float:
+    """Share of the excess more prompt tokens explain: prefill (more tokens, and a prompt
+    mix that costs more per token), the queue behind it and, as far as the GPUs got busier,
+    the slower decode of everyone sharing them."""
+    return min(1.0, f.share("prefill", "queue") + f.busier() * f.share("decode"))
+
+
+def kv_strength(f: Facts, host: str) -> float:
+    """KV pressure on ``host``: the cache filled up (and the usage rose: a cache that is
+    always nearly full is no change), more so when preemptions went up."""
+    s = f.signals.hosts.get(host, {})
+    kv_term = (clip01((value(s.get("kv_max")) - 0.9) / 0.08)
+               * clip01(delta(s.get("kv_max")) / 0.05))
+    pre_term = clip01((delta(s.get("preempt_per_min")) - 0.5) / 5.0)
+    return 0.35 * kv_term + 0.65 * pre_term if pre_term > 0 else 0.3 * kv_term
+
+
 def kv_pressure(f: Facts) -> Candidate:
-    per_host = {}
-    for h in f.all_hosts():
-        s = f.signals.hosts.get(h, {})
-        kv_term = clip01((value(s.get("kv_max")) - 0.9) / 0.08)
-        pre_term = clip01((delta(s.get("preempt_per_min")) - 0.5) / 5.0)
-        per_host[h] = 0.35 * kv_term + 0.65 * pre_term if pre_term > 0 else 0.3 * kv_term
+    per_host = {h: kv_strength(f, h) for h in f.all_hosts()}
     subject, strength = place(f, per_host)
     host = _focus(f, per_host)
     s = f.signals.hosts.get(host, {})
     # A full cache because of more or longer requests is the demand change's doing.
     damp = 1 - 0.6 * max(surge_strength(f), long_prompt_strength(f))
+    # Waiting for blocks (queue), smaller or preempted batches (decode) and recomputing
+    # preempted prompts (prefill per token).
+    share = f.share("queue", "decode", "prefill_rate")
     return Candidate(
-        Cause.KV_CACHE_PRESSURE, subject,
-        strength * damp * (0.4 + 0.6 * f.share("queue", "decode")), f.share("queue", "decode"),
+        Cause.KV_CACHE_PRESSURE, subject, weigh(strength * damp, share), share,
         f"queue time {f.ms('queue'):+.0f} ms, decode {f.ms('decode'):+.0f} ms "
         f"({f.share('queue', 'decode'):.0%} of excess) on {_where(subject)}: KV cache "
         f"{value(s.get('kv_max')):.0%} full, {value(s.get('preempt_per_min')):.0f} "
@@ -185,10 +234,12 @@ def prefix_drop(f: Facts) -> Candidate:
         strength = from_requests
     host = _focus(f, per_host)
     hit = f.signals.hosts.get(host, {}).get(c.PREFIX_HIT_RATE)
+    # Lost reuse means more tokens to prefill, the longer prefills queue others, and where
+    # the GPUs got busier with that work every token is slower.
+    share = _load_share(f)
     return Candidate(
-        Cause.PREFIX_CACHE_DROP, subject,
-        strength * (0.4 + 0.6 * f.share("prefill", "queue")), f.share("prefill"),
-        f"prefill {f.ms('prefill'):+.0f} ms ({f.share('prefill'):.0%} of excess) on "
+        Cause.PREFIX_CACHE_DROP, subject, weigh(strength, share), share,
+        f"prefill {f.ms('prefill'):+.0f} ms ({share:.0%} of excess) on "
         f"{_where(subject)}: prefix cache hit rate {value(hit, 0):.0%} -> {value(hit):.0%}",
         {c.PREFIX_HIT_RATE: hit, "cached_ratio": cached, "per_host_strength": per_host},
     )
@@ -198,9 +249,9 @@ def long_prompts(f: Facts) -> Candidate:
     tokens = f.signals.scope.get(c.INPUT_TOKENS)
     r = ratio(tokens)
     strength = long_prompt_strength(f)
+    share = _load_share(f)
     return Candidate(
-        Cause.LONG_PROMPTS, f.service_subject(),
-        strength * (0.4 + 0.6 * f.share("prefill", "queue")), f.share("prefill", "queue"),
+        Cause.LONG_PROMPTS, f.service_subject(), weigh(strength, share), share,
         f"prompts {value(tokens, 0):.0f} -> {value(tokens):.0f} tokens (x{r:.1f}) on "
         f"{f.service}; prefill {f.ms('prefill'):+.0f} ms, queue {f.ms('queue'):+.0f} ms",
         {c.INPUT_TOKENS: tokens, "input_ratio": r},

@@ -1,9 +1,26 @@
 """Scoring rules for hardware and overhead causes: thermal throttle, power cap, slow GPU,
-collective (tensor-parallel) stall, network and engine overhead."""
+collective (tensor-parallel) stall, network and engine overhead.
+
+Hardware causes need their own mechanism signal: a thermal throttle the thermal reason bits
+with the temperature up, a power cap a lower limit or the power-cap bits (a clock drop at
+the limit counts only where the agent reports no reason bits at all: with bits reported and
+none set, the clock drop has another cause). A slow GPU is a straggler: slower than its
+peers serving the same model in the same period, and never when its decode got faster.
+"""
 
 from __future__ import annotations
 
-from fleetlens.analytics.attribution.rules import Candidate, Facts, clip01, gpu_place, place
+import statistics
+
+from fleetlens.analytics.attribution.rules import (
+    Candidate,
+    Facts,
+    clip01,
+    gpu_place,
+    kv_strength,
+    place,
+    weigh,
+)
 from fleetlens.analytics.attribution.signals import delta, ratio, value
 from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
@@ -14,20 +31,36 @@ def _where(subject: str) -> str:
     return subject.split("=", 1)[1]
 
 
+def _reasons_known(s: dict) -> bool:
+    return value(s.get("reasons_known")) >= 0.5
+
+
+def _measured(pair) -> bool:  # noqa: ANN001 - a signal Pair
+    return bool(pair) and pair[0] is not None and pair[1] is not None
+
+
 def thermal_strength(f: Facts, gpu: str) -> float:
+    """Thermal reason bits set more often with the temperature up (where temperature is
+    measured); without reported bits, the clock down while the temperature rose."""
     s = f.signals.gpus.get(gpu, {})
+    temp = s.get("temp")
+    hotter = clip01(delta(temp) / 5) if _measured(temp) else 1.0
+    if _reasons_known(s):
+        return clip01(delta(s.get("thermal_frac")) / 0.5) * hotter
     clock_drop = 1 - ratio(s.get("sm_clock"))
-    return max(clip01(delta(s.get("thermal_frac")) / 0.5),
-               clip01(clock_drop / 0.2) * clip01(delta(s.get("temp")) / 10))
+    return clip01(clock_drop / 0.2) * clip01(delta(temp) / 10)
 
 
 def power_strength(f: Facts, gpu: str) -> float:
+    """A lower power limit or the power-cap bits set more often; without reported bits, the
+    clock down while the power is held at the limit."""
     s = f.signals.gpus.get(gpu, {})
+    limit = clip01((1 - ratio(s.get("power_limit"))) / 0.2)
+    if _reasons_known(s):
+        return max(limit, clip01(delta(s.get("power_cap_frac")) / 0.5))
     clock_drop = 1 - ratio(s.get("sm_clock"))
     at_limit = 1.0 if value(s.get("power_vs_limit")) >= 0.95 else 0.0
-    return max(clip01(delta(s.get("power_cap_frac")) / 0.5),
-               clip01((1 - ratio(s.get("power_limit"))) / 0.2),
-               clip01(clock_drop / 0.2) * at_limit)
+    return max(limit, clip01(clock_drop / 0.2) * at_limit)
 
 
 def _gpu_candidate(f: Facts, cause: str, strength_of, describe) -> Candidate:
@@ -35,8 +68,8 @@ def _gpu_candidate(f: Facts, cause: str, strength_of, describe) -> Candidate:
     subject, strength, host = gpu_place(f, per_gpu)
     gpu = max(per_gpu, key=per_gpu.__getitem__) if per_gpu else ""
     s = f.signals.gpus.get(gpu, {})
-    share = f.share("prefill", "decode", "queue")
-    return Candidate(cause, subject, strength * (0.4 + 0.6 * share), share,
+    share = f.share("prefill_rate", "decode", "queue")
+    return Candidate(cause, subject, weigh(strength, share), share,
                      describe(f, subject, gpu, s, host),
                      {"gpu": gpu, "signals": s, "per_gpu_strength": per_gpu})
 
@@ -61,7 +94,13 @@ def power_cap(f: Facts) -> Candidate:
 
 
 def _slowdown(s: dict) -> float:
-    return max(ratio(s.get("tpot")), ratio(s.get("prefill_per_token")))
+    """How much slower each token is: decode time per token where measured (prefill per
+    uncached token only without it). Prefill per token also moves with the prompt mix
+    (less prefix reuse, longer prompts), decode does not; and a decode that got faster is
+    no evidence of a slower device, whatever prefill did."""
+    if _measured(s.get("tpot")):
+        return ratio(s.get("tpot"))
+    return ratio(s.get("prefill_per_token"))
 
 
 def _hw(f: Facts, gpu: str) -> float:
@@ -87,50 +126,87 @@ def _host_slow(f: Facts, host: str) -> float:
     return clip01((_slowdown(f.signals.hosts.get(host, {})) - 1.2) / 0.6)
 
 
-def slow_gpu_strength(f: Facts, gpu: str) -> float:
-    """A GPU slower at a normal clock. Alone (TP1) its requests decode slower while it stays
-    busy; in a tensor-parallel group it keeps its memory busy while its peers wait on it."""
+def _vs_peers(own: float, peers: list[float]) -> float:
+    """A slowdown relative to the median slowdown of the peers (itself without peers): a
+    straggler is slower than its siblings now, whatever the traffic does to all of them."""
+    return own / statistics.median(peers) if peers else own
+
+
+def _straggler_host(f: Facts, host: str) -> float:
+    """``host`` slower per token than the other hosts serving the same model."""
+    own = f.signals.hosts.get(host, {})
+    if "tpot" not in own:
+        return 0.0
+    peers = [_slowdown(v) for h, v in f.signals.hosts.items() if h != host and "tpot" in v]
+    return clip01((_vs_peers(_slowdown(own), peers) - 1.2) / 0.6)
+
+
+def slow_gpu_strength(f: Facts, gpu: str) -> float | None:
+    """A GPU slower at a normal clock than its peers. Alone (TP1) its requests decode
+    slower than its sibling GPUs' while it stays busy; in a tensor-parallel group it keeps
+    its memory busy while its peers wait on it (and its host is slower than the others).
+    ``None`` when the GPU cannot be judged on its own (no per-GPU requests, or a group
+    without memory activity figures): the host is judged instead."""
     s = f.signals.gpus.get(gpu, {})
     hw = _hw(f, gpu)
     host = f.signals.gpu_host.get(gpu, "")
     for group in _groups(f, host):
         if gpu in group:
+            if not all(_measured(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in group):
+                return None
             peers = [g for g in group if g != gpu]
             gap = ratio(s.get(c.UTIL_MEM)) - min(
                 ratio(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in peers)
-            return _host_slow(f, host) * clip01((gap - 0.1) / 0.3) * (1 - hw)
-    if "tpot" not in s:  # no per-GPU requests: judged at host level instead
-        return 0.0
+            return _straggler_host(f, host) * clip01((gap - 0.1) / 0.3) * (1 - hw)
+    if "tpot" not in s:
+        return None
     busy = clip01((ratio(s.get("util")) - 0.85) / 0.15)
-    return clip01((_slowdown(s) - 1.2) / 0.6) * (1 - hw) * busy
+    peers = [_slowdown(v) for g, v in f.signals.gpus.items() if g != gpu and "tpot" in v]
+    slower = _vs_peers(_slowdown(s), peers)
+    return clip01((slower - 1.2) / 0.6) * (1 - hw) * busy
+
+
+def _decode_faster(f: Facts) -> dict | None:
+    """The scope's decode time per token when it went down (a slow GPU is ruled out)."""
+    pairs = [f.signals.hosts.get(h, {}).get("tpot") for h in f.hosts()]
+    pairs = [p for p in pairs if p and p[0] is not None and p[1] is not None]
+    if not pairs:
+        return None
+    base, inc = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    if base <= 0 or inc >= base:
+        return None
+    return {"ruled_out": f"decode {base / len(pairs) * 1000:.1f} -> "
+                         f"{inc / len(pairs) * 1000:.1f} ms/token: faster, not slower"}
 
 
 def slow_gpu(f: Facts) -> Candidate:
-    per_gpu = {g: slow_gpu_strength(f, g) for g in f.gpus()}
-    if any(per_gpu.values()):
+    judged = {g: slow_gpu_strength(f, g) for g in f.gpus()}
+    per_gpu = {g: v for g, v in judged.items() if v is not None}
+    if per_gpu:
         subject, strength, _ = gpu_place(f, per_gpu)
         gpu = max(per_gpu, key=per_gpu.__getitem__)
         s = f.signals.gpus.get(gpu, {})
         if "tpot" not in s:
             s = {**s, **f.signals.hosts.get(f.signals.gpu_host.get(gpu, ""), {})}
-    else:  # no instance-to-GPU mapping: the host's requests, busy GPUs at normal clocks
+    else:  # GPUs not judged one by one: the host against its peers, busy GPUs, normal clocks
         per_host = {}
         for h in f.hosts():
             gpus = _host_gpus(f, h)
             hw = max([_hw(f, g) for g in gpus], default=0.0)
             busy = clip01((_mean_ratio(f, gpus, "util") - 0.85) / 0.15)
-            per_host[h] = _host_slow(f, h) * (1 - hw) * busy
+            per_host[h] = _straggler_host(f, h) * (1 - hw) * busy
         subject, strength = place(f, per_host)
         s = f.signals.hosts.get(max(per_host, key=per_host.__getitem__), {}) if per_host else {}
     kv = max((value(v.get("kv_max")) for v in f.signals.hosts.values()), default=0.0)
     damp = 1 - 0.5 * clip01((kv - 0.9) / 0.08)
-    share = f.share("decode", "prefill")
+    share = f.share("decode", "prefill_rate")
+    faster = _decode_faster(f) if f.ctx.host else None
     return Candidate(
-        Cause.SLOW_GPU, subject, strength * damp * (0.4 + 0.6 * share), share,
+        Cause.SLOW_GPU, subject, 0.0 if faster else weigh(strength * damp, share), share,
         f"decode {value(s.get('tpot'), 0) * 1000:.1f} -> {value(s.get('tpot')) * 1000:.1f} "
         f"ms/token on {_where(subject)} with normal clocks and no throttling "
         f"({share:.0%} of excess)",
-        {"signals": s, "per_gpu_strength": per_gpu},
+        {"signals": s, "per_gpu_strength": per_gpu, **(faster or {})},
     )
 
 
@@ -155,10 +231,10 @@ def collective_stall(f: Facts) -> Candidate:
     subject, strength = place(f, per_host)
     host = max(per_host, key=per_host.__getitem__) if per_host else ""
     s = f.signals.hosts.get(host, {})
-    share = f.share("decode", "prefill")
+    share = f.share("decode", "prefill_rate")
     mem = _mean_ratio(f, _host_gpus(f, host), c.UTIL_MEM)
     return Candidate(
-        Cause.COLLECTIVE_STALL, subject, strength * (0.4 + 0.6 * share), share,
+        Cause.COLLECTIVE_STALL, subject, weigh(strength, share), share,
         f"decode x{ratio(s.get('tpot')):.1f} on {_where(subject)} while its tensor-parallel "
         f"GPUs wait on each other (memory activity x{mem:.2f}, utilisation "
         f"x{_host_util(f, host):.2f}, clocks normal)",
@@ -207,10 +283,14 @@ def network_overhead(f: Facts) -> Candidate:
 
 
 def _idle_slow(f: Facts, host: str) -> float:
-    """Decode slower while the host's GPUs idle at normal clocks: the engine (CPU) is late."""
+    """Decode slower while the host's GPUs idle at normal clocks: the engine (CPU) is late.
+    Only with the running batch kept: a batch shrunk by a full KV cache (or preempted)
+    also idles the GPUs and slows tokens, and that is KV pressure's evidence, not this."""
     gpus = _host_gpus(f, host)
     hw = max([_hw(f, g) for g in gpus], default=0.0)
-    return _host_slow(f, host) * clip01((0.85 - _host_util(f, host)) / 0.25) * (1 - hw)
+    batch_kept = clip01((f.running_ratio([host]) - 0.5) / 0.3)
+    return (_host_slow(f, host) * clip01((0.85 - _host_util(f, host)) / 0.25) * (1 - hw)
+            * batch_kept * (1 - kv_strength(f, host)))
 
 
 def engine_overhead(f: Facts) -> Candidate:
@@ -219,9 +299,9 @@ def engine_overhead(f: Facts) -> Candidate:
     if max(idle.values(), default=0.0) > strength * (1 - net_frac):
         subject, top = place(f, idle)
         util = min((_host_util(f, h) for h in idle if idle[h] >= 0.5 * top), default=1.0)
-        share = f.share("decode", "prefill", "overhead")
+        share = f.share("decode", "prefill_rate", "overhead")
         return Candidate(
-            Cause.ENGINE_OVERHEAD, subject, top * (0.4 + 0.6 * share), share,
+            Cause.ENGINE_OVERHEAD, subject, weigh(top, share), share,
             f"decode {f.ms('decode'):+.0f} ms, overhead {f.ms('overhead'):+.0f} ms on "
             f"{_where(subject)} while its GPUs idle (utilisation x{util:.2f}, clocks "
             "normal): the engine spends longer per step outside the GPU",

@@ -104,6 +104,9 @@ def _gpus(frame: pl.DataFrame) -> dict[str, dict[str, Any]]:
         pl.col(c.UTIL_MEM).mean().alias(c.UTIL_MEM),
         ((reasons & THERMAL_BITS) > 0).mean().alias("thermal_frac"),
         ((reasons & POWER_BITS) > 0).mean().alias("power_cap_frac"),
+        # Whether the agent reports clock-event reasons at all: "no bit set" is evidence
+        # against a throttle only when the bits are reported.
+        pl.col(c.CLOCKS_EVENT_REASONS).is_not_null().mean().alias("reasons_known"),
     ])
 
 

@@ -1,0 +1,149 @@
+"""Issue 15's cases on the synthetic fleet: faults as they looked on fleets of other shapes.
+
+Each builder generates a fleet with :mod:`analytics.synthetic` and then reshapes the
+symptoms the way the reported fleet showed them (e.g. long prompts pushing the GPUs to their
+power limit), so a rule change can be checked against the case that went wrong.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from fleetlens.analytics.analyse import Analysis, analyse
+from fleetlens.analytics.attribution import Tables
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.synthetic import NS, FleetSpec, Injected, SynthData, generate
+from fleetlens.analytics.synthetic_windows import windows_from
+from fleetlens.pipeline.schema import columns as c
+
+H = 3600
+START = 1.5 * H
+DURATION = 600
+
+
+def gpu(host: int, index: int) -> str:
+    """The synthetic fleet's GPU uuid of ``h{host}`` GPU ``index``."""
+    return f"GPU-{host:04x}{index:04x}-0000-0000-0000-{host * 64 + index:012x}"
+
+
+def _during(data: SynthData, spec: FleetSpec, column: str, start_s: float = START,
+            duration_s: float = DURATION) -> pl.Expr:
+    lo = spec.start_ns + int(start_s * NS)
+    return pl.col(column).is_between(lo, lo + int(duration_s * NS), closed="left")
+
+
+def _scale(requests: pl.DataFrame, on: pl.Expr, factors: dict[str, float]) -> pl.DataFrame:
+    """Multiply request phase columns where ``on`` holds; TTFT and e2e follow."""
+    return requests.with_columns(
+        pl.when(on).then(pl.col(k) * v).otherwise(pl.col(k)).alias(k)
+        for k, v in factors.items()
+    ).with_columns(
+        (pl.col(c.QUEUE_S) + pl.col(c.PREFILL_S)).alias(c.TTFT_S),
+        (pl.col(c.QUEUE_S) + pl.col(c.PREFILL_S) + pl.col(c.DECODE_S)
+         + pl.col(c.OVERHEAD_S)).alias(c.E2E_S),
+    )
+
+
+def rewindow(data: SynthData, spec: FleetSpec) -> SynthData:
+    """Recompute `windows` after the requests or samples were reshaped."""
+    data.windows = windows_from(data.requests, data.engine_samples, data.gpu_samples,
+                                spec.window_s)
+    return data
+
+
+def run(data: SynthData, config: AnalyticsConfig | None = None) -> Analysis:
+    """Analyse a synthetic fleet like the runner would."""
+    tables = Tables.from_frames(data.requests, data.engine_samples, data.gpu_samples,
+                                data.windows, data.instance_gpus)
+    return analyse(tables, config or AnalyticsConfig())
+
+
+def incident_causes(res: Analysis, start_s: float = START, spec: FleetSpec | None = None
+                    ) -> tuple[dict, pl.DataFrame]:
+    """The incident overlapping the injected window and its ranked causes."""
+    spec = spec or FleetSpec()
+    lo = spec.start_ns + int(start_s * NS)
+    hits = res.incidents.filter((pl.col(c.END_NS) > lo)
+                                & (pl.col(c.START_NS) < lo + DURATION * NS)).sort(c.START_NS)
+    assert hits.height, f"no incident near {start_s} s: {res.incidents}"
+    incident = hits.row(0, named=True)
+    causes = res.causes.filter(pl.col(c.INCIDENT_ID) == incident[c.INCIDENT_ID]).sort(c.RANK)
+    return incident, causes
+
+
+def prefix_drop_busy(seed: int = 3) -> tuple[SynthData, FleetSpec]:
+    """Prefix reuse gone fleet-wide: prompts are prefilled in full, the GPUs get busier and
+    decode steps share them with the extra prefill (TPOT +30%), TTFT about x3.5."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("prefix_cache_drop", "service_name=chat", START,
+                                    DURATION)])
+    on = _during(data, spec, c.ARRIVAL_NS)
+    # Full prompts saturate the per-step token budget: each prefill spans more steps.
+    data.requests = _scale(data.requests, on, {c.PREFILL_S: 2.5, c.DECODE_S: 1.3,
+                                               c.TPOT_S: 1.3})
+    busy = _during(data, spec, c.TS_NS)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(busy).then((pl.col(c.UTIL_GPU) + 0.25).clip(upper_bound=1.0))
+        .otherwise(pl.col(c.UTIL_GPU)).alias(c.UTIL_GPU))
+    return rewindow(data, spec), spec
+
+
+def long_prompts_at_power_limit(seed: int = 4) -> tuple[SynthData, FleetSpec]:
+    """Prompts x4 fleet-wide: the GPUs run at their (unchanged) power limit and the clocks
+    drop 20%, with no power-cap reason bit set."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("long_prompts", "service_name=chat", START, DURATION,
+                                    magnitude=0.75)])
+    slower = _during(data, spec, c.ARRIVAL_NS)  # 20% lower clocks: tokens take 1.25x
+    data.requests = _scale(data.requests, slower, {c.PREFILL_S: 1.25, c.DECODE_S: 1.25,
+                                                   c.TPOT_S: 1.25})
+    on = _during(data, spec, c.TS_NS)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(pl.col(c.POWER_LIMIT_W) * 0.97).otherwise(pl.col(c.POWER_W))
+        .alias(c.POWER_W),
+        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * 0.8).otherwise(pl.col(c.SM_CLOCK_MHZ))
+        .alias(c.SM_CLOCK_MHZ),
+    )
+    return rewindow(data, spec), spec
+
+
+def kv_pressure_idle_gpus(seed: int = 5) -> tuple[SynthData, FleetSpec]:
+    """The demo's KV pressure: the cache runs out on h01, requests wait (queue up by
+    seconds), the few running ones decode a little slower and the GPUs idle; preemptions
+    are rare."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("kv_cache_pressure", "host_name=h01", START, DURATION,
+                                    magnitude=2.0)])
+    on = _during(data, spec, c.TS_NS) & (pl.col(c.HOST_NAME) == "h01")
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(pl.col(c.UTIL_GPU) * 0.2).otherwise(pl.col(c.UTIL_GPU))
+        .alias(c.UTIL_GPU),
+        pl.when(on).then(pl.col(c.UTIL_MEM) * 0.2).otherwise(pl.col(c.UTIL_MEM))
+        .alias(c.UTIL_MEM))
+    # Rare preemptions: one per minute instead of the generator's dozens.
+    eng = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
+    step = pl.col(c.PREEMPTIONS_TOTAL).diff().fill_null(0).over(c.INSTANCE_ID)
+    eng = eng.with_columns(pl.when(on).then(step.clip(upper_bound=0) + 1 / 6)
+                           .otherwise(step).alias("_step"))
+    data.engine_samples = eng.with_columns(
+        pl.col("_step").cum_sum().over(c.INSTANCE_ID).alias(c.PREEMPTIONS_TOTAL),
+        pl.when(on).then(pl.col(c.NUM_RUNNING) * 0.3).otherwise(pl.col(c.NUM_RUNNING))
+        .alias(c.NUM_RUNNING),
+    ).drop("_step")
+    return rewindow(data, spec), spec
+
+
+def kv_shrunk_decode_faster(seed: int = 6) -> tuple[SynthData, FleetSpec]:
+    """A vLLM server with a shrunken KV cache: requests queue and are recomputed (prefill
+    per uncached token up), while the smaller batches decode slightly *faster*."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("kv_cache_pressure", "host_name=h01", START, DURATION)])
+    on = _during(data, spec, c.ARRIVAL_NS) & (pl.col(c.HOST_NAME) == "h01")
+    faster = 0.985 / 1.4  # undo the generator's decode slowdown, then 1.5% faster
+    data.requests = _scale(data.requests, on, {c.DECODE_S: faster, c.TPOT_S: faster,
+                                               c.PREFILL_S: 1.8})
+    busy = _during(data, spec, c.TS_NS) & (pl.col(c.HOST_NAME) == "h01")
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(busy).then((pl.col(c.UTIL_GPU) + 0.25).clip(upper_bound=1.0))
+        .otherwise(pl.col(c.UTIL_GPU)).alias(c.UTIL_GPU))
+    return rewindow(data, spec), spec
