@@ -6,7 +6,8 @@ detector on such incidents would punish it for staying quiet. So the same scenar
 twice with the same seed, once as injected and once as a *control* without any incident
 (``run(..., export=False)``), and each incident is kept only when, over the requests that
 arrived at its target's engines during its window, the p50 or p90 of TTFT, time per output
-token, end-to-end latency or the client-side (gateway) latency is at least
+token, end-to-end latency or the client-side (through the gateway) TTFT or end-to-end
+latency is at least
 :data:`MIN_RATIO` x the control's (and :data:`MIN_DELTA_S` more). Overlapping incidents are
 drawn on engines they do not share (:mod:`simulator.randomfleet`), so each window compares
 one fault with none.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from fleetlens.pipeline.schema import columns as c
 from fleetlens.simulator.engine import Instance
 from fleetlens.simulator.workload import Request
 
@@ -26,18 +28,19 @@ MIN_RATIO = 1.25
 MIN_DELTA_S = 0.010
 #: fewest requests in the window, in each run, for a comparison to mean anything
 MIN_REQUESTS = 10
-METRICS = ("ttft", "tpot", "e2e", "client")
+METRICS = ("ttft", "tpot", "e2e", "client_e2e", "client_ttft")
 
 
 @dataclass
 class LatencyProbe:
     """Keeps each finished request's latencies per engine instance (pass as ``probe=``).
 
-    Rows are (arrival offset s, ttft, tpot, e2e, client e2e or -1), seconds.
+    Rows are (arrival offset s, ttft, tpot, e2e, client e2e or -1, client ttft or -1),
+    seconds; the client's figures add the gateway's network hops (request and response).
     """
 
     start_ns: int
-    rows: dict[str, list[tuple[float, float, float, float, float]]] = field(
+    rows: dict[str, list[tuple[float, ...]]] = field(
         default_factory=lambda: defaultdict(list))
 
     def __call__(self, inst: Instance, finished: list[Request]) -> None:
@@ -48,7 +51,8 @@ class LatencyProbe:
             tpot = (r.last_token_t - r.first_token_t) / max(r.generated - 1, 1)
             client = (r.finish_t + r.net_s - (r.client_ns - self.start_ns) / 1e9
                       if r.gateway_span_id else -1.0)
-            out.append((arrival, ttft, tpot, r.finish_t - arrival, client))
+            client_ttft = ttft + 2 * r.net_s if r.gateway_span_id else -1.0
+            out.append((arrival, ttft, tpot, r.finish_t - arrival, client, client_ttft))
 
 
 @dataclass
@@ -79,10 +83,10 @@ def _window(probe: LatencyProbe, instances: list[str], lo: float, hi: float) -> 
 
 def validate(truth: dict, treated: LatencyProbe, control: LatencyProbe) -> list[Verdict]:
     """A :class:`Verdict` per ground-truth incident of ``truth`` (the run's ground truth)."""
-    start_ns = truth["start_ns"]
+    start_ns = truth[c.START_NS]
     verdicts = []
     for n, gt in enumerate(truth["incidents"]):
-        lo, hi = (gt["start_ns"] - start_ns) / 1e9, (gt["end_ns"] - start_ns) / 1e9
+        lo, hi = (gt[c.START_NS] - start_ns) / 1e9, (gt[c.END_NS] - start_ns) / 1e9
         a = _window(treated, gt["instances"], lo, hi)
         b = _window(control, gt["instances"], lo, hi)
         best = Verdict(n, gt["cause"], False, "", 0.0, 0.0, len(a))

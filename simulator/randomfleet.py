@@ -52,7 +52,7 @@ class FleetSize:
     max_rate: float  # total requests per second over the fleet (bounds the cost)
 
 
-SMALL = FleetSize(hosts=(2, 3), incidents=(3, 4), max_rate=10.0)
+SMALL = FleetSize(hosts=(2, 3), incidents=(3, 4), max_rate=6.0)
 FULL = FleetSize(hosts=(3, 6), incidents=(10, 13), max_rate=24.0)
 
 

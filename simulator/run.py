@@ -7,12 +7,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from fleetlens.pipeline.schema import attributes as a
 from fleetlens.simulator.engine import Instance
 from fleetlens.simulator.fleet import Fleet
+from fleetlens.simulator.logs import StallLogger
 from fleetlens.simulator.metrics import Sampler
 from fleetlens.simulator.scenario import Scenario, load_scenario
 from fleetlens.simulator.telemetry import (
@@ -32,6 +35,9 @@ class NullExporter:
         pass
 
     def metrics(self, collections: list, points: int) -> None:
+        pass
+
+    def logs(self, records: list) -> None:
         pass
 
     def flush(self) -> None:
@@ -57,6 +63,7 @@ class Progress:
     finished: int = 0
     spans: int = 0
     points: int = 0
+    logs: int = 0
 
 
 @dataclass
@@ -74,11 +81,13 @@ class RunResult:
     points: int
     exported: ExportCounts
     ground_truth: dict = field(repr=False)
+    logs: int = 0  # engine log records (NCCL warnings, watchdog timeouts during stalls)
 
 
 def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317", *,
         seed: int | None = None, speed: float | None = None, start_ns: int | None = None,
-        exporters: tuple[SpanExporter, MetricExporter] | None = None,
+        exporters: tuple[SpanExporter, MetricExporter] | tuple[
+            SpanExporter, MetricExporter, Callable[[Any], int]] | None = None,
         ground_truth_path: str | Path | None = None, token: str | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         probe: Callable[[Instance, list[Request]], None] | None = None,
@@ -92,7 +101,9 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
         seed: random seed; default the scenario's ``[fleet].seed``.
         start_ns: virtual time zero (ns since the epoch) instead of ``[fleet].start``.
         speed: simulated seconds per wall second; ``None`` runs as fast as it can.
-        exporters: a (span exporter, metric exporter) pair to use instead, on a thread.
+        exporters: a (span exporter, metric exporter) pair to use instead, on a thread, and
+            optionally a third item: a callable taking each OTLP ExportLogsServiceRequest of
+            engine log records and returning how many it rejected (without it, no logs).
         ground_truth_path: where to write the ground-truth JSON.
         token: bearer token for a collector with ``auth_tokens`` (OTLP/gRPC only).
         on_progress: called after every tick with a :class:`Progress`.
@@ -116,12 +127,16 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
     if not export:
         exporter = NullExporter()
     elif exporters is not None:
-        exporter = ThreadExporter(*exporters, resources, scenario.start_ns)
+        log_export = exporters[2] if len(exporters) > 2 else None
+        exporter = ThreadExporter(exporters[0], exporters[1], resources, scenario.start_ns,
+                                  log_export=log_export)
     else:
         exporter = ProcessExporter(endpoint or "127.0.0.1:4317", resources, scenario.start_ns,
                                    token=token)
     try:
-        progress = _loop(scenario, fleet, exporter, speed, on_progress, probe)
+        logger = StallLogger(seed, scenario.start_ns, {
+            iid: int(r[a.VLLM_PROCESS_ID]) for iid, r in fleet.resources.items()})
+        progress = _loop(scenario, fleet, exporter, speed, on_progress, probe, logger)
     except BaseException:  # interrupted or failed: stop the exporter, drop what is queued
         if isinstance(exporter, ProcessExporter | NullExporter):
             exporter.abort()
@@ -133,7 +148,7 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
     unfinished = sum(len(i.pending) + len(i.waiting) + len(i.running) for i in fleet.instances)
     return RunResult(seed, progress.p.sim_s, wall, progress.p.requests, progress.p.finished,
                      unfinished, fleet.rejected, progress.p.spans, progress.p.points, counts,
-                     truth)
+                     truth, progress.p.logs)
 
 
 @dataclass
@@ -144,7 +159,8 @@ class _Outcome:
 
 def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
           on_progress: Callable[[Progress], None] | None,
-          probe: Callable[[Instance, list[Request]], None] | None = None) -> _Outcome:
+          probe: Callable[[Instance, list[Request]], None] | None = None,
+          logger: StallLogger | None = None) -> _Outcome:
     tick = sc.tick_s
     end = sc.duration_s + sc.drain_s
     ticks_per_sample = max(1, round(sc.sample_interval_s / tick))
@@ -157,6 +173,10 @@ def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
     while True:
         t0, t1 = i * tick, (i + 1) * tick
         fleet.injector.update(t0)
+        if logger is not None:
+            records = logger.tick(fleet.instances, t0, t1)
+            exporter.logs(records)
+            p.logs += len(records)
         p.requests += fleet.arrive(t0, t1)
         for inst in fleet.instances:
             inst.advance(t1)

@@ -32,6 +32,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from fleetlens.pipeline.schema import attributes as a
+from fleetlens.simulator.logs import GrpcLogSender, LogRecord, logs_request
 from fleetlens.simulator.metrics import metrics_data
 from fleetlens.simulator.workload import Request
 
@@ -56,6 +57,9 @@ class ExportCounts:
     points_rejected: int = 0
     exports_failed: int = 0
     last_rejection: str = ""
+    logs_sent: int = 0
+    logs_failed: int = 0
+    logs_rejected: int = 0
 
 
 class _PartialSuccess:
@@ -130,8 +134,11 @@ class _Worker:
     """Builds SDK objects from records and exports them; counts the outcome."""
 
     def __init__(self, span_exporter: SpanExporter, metric_exporter: MetricExporter,
-                 resources: dict[str, dict[str, str]], start_ns: int) -> None:
+                 resources: dict[str, dict[str, str]], start_ns: int,
+                 log_export: Callable[[Any], int] | None = None) -> None:
         self.span_exporter, self.metric_exporter = span_exporter, metric_exporter
+        self.log_export = log_export  # ExportLogsServiceRequest -> rejected count
+        self.resource_attrs = resources
         self.resources = {key: Resource(attrs) for key, attrs in resources.items()}
         self.start_ns = start_ns
         self.counts = ExportCounts()
@@ -145,7 +152,23 @@ class _Worker:
             self.resources[res], attributes, kind=SpanKind.SERVER,
             instrumentation_scope=scope, start_time=start, end_time=end)
 
+    def _logs(self, records: list) -> None:
+        counts = self.counts
+        if self.log_export is None:  # an in-memory run without a log sink: not asked for
+            return
+        try:
+            rejected = self.log_export(logs_request(records, self.resource_attrs))
+        except Exception:  # counted like a failed span export; the run goes on
+            counts.logs_failed += len(records)
+            counts.exports_failed += 1
+            return
+        counts.logs_sent += len(records) - rejected
+        counts.logs_rejected += rejected
+
     def handle(self, item: tuple) -> None:
+        if item[0] == "logs":
+            self._logs(item[1])
+            return
         counts = self.counts
         spans = item[0] == "spans"
         exporter = self.span_exporter if spans else self.metric_exporter
@@ -178,6 +201,9 @@ class _Worker:
     def shutdown(self) -> None:
         self.span_exporter.shutdown()
         self.metric_exporter.shutdown()
+        close = getattr(self.log_export, "close", None)
+        if close is not None:
+            close()
 
 
 class _Batcher:
@@ -199,6 +225,11 @@ class _Batcher:
         """Queue one sample's collections (``points`` data points)."""
         self._put(("metrics", collections, points))
 
+    def logs(self, records: list[LogRecord]) -> None:
+        """Queue engine log records (simulator.logs)."""
+        if records:
+            self._put(("logs", records))
+
     def flush(self) -> None:
         """Queue the buffered spans now (used when pacing to real time)."""
         if self.buffer:
@@ -211,10 +242,10 @@ class ThreadExporter(_Batcher):
 
     def __init__(self, span_exporter: SpanExporter, metric_exporter: MetricExporter,
                  resources: dict[str, dict[str, str]], start_ns: int, batch: int = 1024,
-                 max_queued: int = 8) -> None:
+                 max_queued: int = 8, log_export: Callable[[Any], int] | None = None) -> None:
         self._queue: queue.Queue = queue.Queue(max_queued)
         super().__init__(batch, self._queue.put)
-        self._worker = _Worker(span_exporter, metric_exporter, resources, start_ns)
+        self._worker = _Worker(span_exporter, metric_exporter, resources, start_ns, log_export)
         self._thread = threading.Thread(target=self._work, name="simulator-export", daemon=True)
         self._thread.start()
 
@@ -241,7 +272,7 @@ def serve(endpoint: str, insecure: bool, timeout_s: float, stream: BinaryIO) -> 
     resources, start_ns, headers = pickle.load(stream)
     options = dict(endpoint=endpoint, insecure=insecure, timeout=timeout_s, headers=headers)
     worker = _Worker(OTLPSpanExporter(**options), OTLPMetricExporter(**options), resources,
-                     start_ns)
+                     start_ns, GrpcLogSender(endpoint, insecure, timeout_s, headers))
     while (item := pickle.load(stream)) is not None:
         worker.handle(item)
     worker.shutdown()

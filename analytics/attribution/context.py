@@ -13,6 +13,7 @@ from typing import Any
 
 import polars as pl
 
+from fleetlens.pipeline.logsignal import scan_log_events
 from fleetlens.pipeline.schema import FLEET_WIDE, attributes, validate
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -31,6 +32,8 @@ class Tables:
     windows: pl.LazyFrame
     #: (instance_id, gpu_uuid) pairs from the agent/simulator mapping gauge; may be empty.
     instance_gpus: pl.DataFrame
+    #: the log signal (pipeline.logsignal): NCCL warnings and collective timeouts; optional
+    log_events: pl.LazyFrame | None = None
 
     @classmethod
     def from_frames(cls, requests: pl.DataFrame, engine_samples: pl.DataFrame,
@@ -56,6 +59,7 @@ class Tables:
         return cls(
             scan(data_dir, t.REQUESTS), scan(data_dir, t.ENGINE_SAMPLES),
             scan(data_dir, t.GPU_SAMPLES), scan(data_dir, t.WINDOWS), mapping,
+            scan_log_events(data_dir),
         )
 
 
@@ -99,6 +103,8 @@ class IncidentContext:
     gpu_inc: pl.DataFrame
     gpu_base: pl.DataFrame
     instance_gpus: pl.DataFrame
+    #: the scope's log_events rows from the baseline start to the incident end (or None)
+    log_events: pl.DataFrame | None = None
 
     @property
     def host(self) -> str | None:
@@ -170,5 +176,13 @@ def load_context(tables: Tables, incident: dict[str, Any], window_s: int,
     on_gpu = pl.col(c.GPU_UUID).is_in(gpus.to_list()) if len(gpus) else pl.col(
         c.HOST_NAME).is_in(hosts)
     gpu_inc, gpu_base = samples(tables.gpu_samples, on_gpu)
+    logs = None
+    if tables.log_events is not None:  # the scope's engines' log lines (issue 15)
+        keep = pl.col(c.HOST_NAME).is_in(hosts)
+        if incident[c.SERVICE_NAME] != FLEET_WIDE:
+            keep &= pl.col(c.SERVICE_NAME) == incident[c.SERVICE_NAME]
+        logs = tables.log_events.filter(
+            pl.col(c.TS_NS).is_between(base_start, end, closed="left") & keep).collect()
     return IncidentContext(dict(incident), window_s, start, end, base_start, base_end, inc,
-                           base, eng_inc, eng_base, gpu_inc, gpu_base, tables.instance_gpus)
+                           base, eng_inc, eng_base, gpu_inc, gpu_base, tables.instance_gpus,
+                           logs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 
+from fleetlens.analytics.attribution.logs import collective_log_strength
 from fleetlens.analytics.attribution.rules import (
     Candidate,
     Facts,
@@ -227,7 +228,12 @@ def collective_stall(f: Facts) -> Candidate:
             hw = max(_hw(f, g) for g in group)
             best = max(best, _host_slow(f, h) * waiting * busy * (1 - hw))
             detail[h] = {"util_mem_ratio": mem, "util_ratio": _mean_ratio(f, group, "util")}
-        per_host[h] = best
+        # --- issue 15 hook (analytics/attribution/logs.py): NCCL warnings and watchdog
+        # collective timeouts from the host's engines are direct evidence of the stall.
+        log, log_counts = collective_log_strength(f.ctx, h)
+        if log_counts:
+            detail.setdefault(h, {})["logs"] = log_counts
+        per_host[h] = max(best, log * max(_host_slow(f, h), 0.5))
     subject, strength = place(f, per_host)
     host = max(per_host, key=per_host.__getitem__) if per_host else ""
     s = f.signals.hosts.get(host, {})

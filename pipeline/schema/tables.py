@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 SPANS = "spans"
 METRIC_POINTS = "metric_points"
 LOG_RECORDS = "log_records"
+LOG_EVENTS = "log_events"
 REQUESTS = "requests"
 GPU_SAMPLES = "gpu_samples"
 ENGINE_SAMPLES = "engine_samples"
@@ -138,6 +139,18 @@ _LOG_RECORDS = Table(
         c.DROPPED_ATTRIBUTES_COUNT: I64, c.RECEIVED_NS: I64,
     },
     raw_signal="logs",
+)
+
+#: The log signal: one row per NCCL ``WARN`` line or PyTorch watchdog collective timeout found
+#: in ``log_records``. Derived when read (pipeline.logsignal), never stored, so it is not in
+#: :data:`TABLES` (which the SQL console would show as an empty table).
+LOG_EVENTS_TABLE = _LOG_EVENTS = Table(
+    LOG_EVENTS,
+    {
+        c.TS_NS: I64, c.SERVICE_NAME: STR, c.HOST_NAME: STR, c.INSTANCE_ID: STR,
+        c.LOG_EVENT: STR, c.OP_TYPE: STR, c.SEQ_NUM: I64, c.RAN_MS: I64, c.TIMEOUT_MS: I64,
+        c.PG_RANK: I64, c.CUDA_DEVICE: I64, c.BODY: STR,
+    },
 )
 
 _REQUESTS = Table(
