@@ -53,7 +53,7 @@ class FleetSize:
 
 
 SMALL = FleetSize(hosts=(2, 3), incidents=(3, 4), max_rate=6.0)
-FULL = FleetSize(hosts=(3, 6), incidents=(10, 13), max_rate=24.0)
+FULL = FleetSize(hosts=(3, 5), incidents=(11, 13), max_rate=14.0)
 
 
 def _kv_blocks(model: Any, gpu: Any, tp: int) -> int:
