@@ -13,8 +13,13 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from fleetlens.analytics.attribution.context import IncidentContext, Tables, load_context
+from fleetlens.analytics.attribution.dimensions import compare_dimensions
+from fleetlens.analytics.attribution.phases import PHASES as PHASE_NAMES
+from fleetlens.analytics.attribution.phases import phase_split
 from fleetlens.dashboard.filters import table_columns
 from fleetlens.dashboard.queries import OVERVIEW_METHOD, baseline_rows, run
+from fleetlens.dashboard.ranking import analytics_config
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -75,65 +80,58 @@ def _window_columns(con: duckdb.DuckDBPyConnection) -> set[str]:
     return table_columns(con, t.WINDOWS)
 
 
+def attribution_context(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]
+                        ) -> IncidentContext:
+    """The requests analytics' attribution compared for ``inc``: its own
+    :func:`~analytics.attribution.context.load_context` over the slice of ``requests`` it
+    reads (the configured lookback before the incident, the incident itself)."""
+    config = analytics_config()
+    sizes = [r[0] for r in con.cursor().execute(
+        f"SELECT DISTINCT {c.WINDOW_S} FROM {t.WINDOWS}").fetchall()]
+    # As analytics picks it (series.pick_window_s): the configured size if present.
+    window_s = config.window_s if config.window_s in sizes or not sizes else min(sizes)
+    start, end = int(inc[c.START_NS]), int(inc[c.END_NS] or inc[c.START_NS])
+    lo = start - (2 * window_s + config.attribution_lookback_s) * NS
+    requests = run(con, f"SELECT * FROM {t.REQUESTS} WHERE {c.ARRIVAL_NS} >= $lo "
+                        f"AND {c.ARRIVAL_NS} < $hi", {"lo": lo, "hi": end})
+    mapping = run(con, f"SELECT DISTINCT {c.INSTANCE_ID}, {c.GPU_UUID} FROM {t.INSTANCE_GPUS}"
+                       f" WHERE coalesce({c.GPU_UUID}, '') <> '' ORDER BY 1, 2", {})
+    # Only the requests are compared here: the samples stay empty (signals are charted apart).
+    tables = Tables(requests.lazy(), t.table(t.ENGINE_SAMPLES).empty().lazy(),
+                    t.table(t.GPU_SAMPLES).empty().lazy(), t.table(t.WINDOWS).empty().lazy(),
+                    mapping)
+    return load_context(tables, inc, window_s, config.attribution_lookback_s)
+
+
 def phase_breakdown(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
-    """Mean time per phase during the incident and before it; excess and its share."""
-    p = periods(inc)
-    scope, params = _scope(inc)
-    params.update({"b0": p["base_start"], "s": p["start"], "e": p["end"]})
-    means = ", ".join(f"avg({ph}) AS {ph}" for ph in PHASES)
-    sql = f"""SELECT {c.ARRIVAL_NS} >= $s AS during, count(*) AS n, {means} FROM {t.REQUESTS}
-              WHERE {scope} AND {c.ARRIVAL_NS} >= $b0 AND {c.ARRIVAL_NS} < $e GROUP BY 1"""
-    frame = run(con, sql, params)
-    rows = {r["during"]: r for r in frame.iter_rows(named=True)}
-    if True not in rows:
-        return pl.DataFrame(schema={"phase": pl.String, "baseline_s": pl.Float64,
-                                    "incident_s": pl.Float64, "excess_s": pl.Float64,
+    """Excess time per phase (ms per request, signed) and its share of the positive excess,
+    as analytics' ``phase_split`` computes it for the incident's causes (decode per output
+    token, so longer answers are not slower decoding)."""
+    ctx = attribution_context(con, inc)
+    if ctx.requests_inc.is_empty():
+        return pl.DataFrame(schema={"phase": pl.String, "excess_ms": pl.Float64,
                                     "share": pl.Float64})
-    base = rows.get(False, {ph: 0.0 for ph in PHASES})
-    out = pl.DataFrame({
-        "phase": [ph.removesuffix("_s") for ph in PHASES],
-        "baseline_s": [base[ph] or 0.0 for ph in PHASES],
-        "incident_s": [rows[True][ph] or 0.0 for ph in PHASES],
-    }).with_columns((pl.col("incident_s") - pl.col("baseline_s")).alias("excess_s"))
-    positive = out["excess_s"].clip(lower_bound=0).sum()
-    return out.with_columns(
-        (pl.col("excess_s").clip(lower_bound=0) / (positive or 1.0)).alias("share"))
+    scoped_inc, scoped_base = ctx.requests_inc, ctx.requests_base
+    if ctx.host:  # a host's incident is split on its own requests, as analytics does
+        scoped_inc = scoped_inc.filter(pl.col(c.HOST_NAME) == ctx.host)
+        scoped_base = scoped_base.filter(pl.col(c.HOST_NAME) == ctx.host)
+    split = phase_split(scoped_inc, scoped_base)
+    return pl.DataFrame({"phase": list(PHASE_NAMES),
+                         "excess_ms": [split.excess_s[p] * 1000 for p in PHASE_NAMES],
+                         "share": [split.share[p] for p in PHASE_NAMES]})
 
 
 def dimension_compare(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
-    """Share of each dimension value among slow incident requests versus the baseline.
-
-    A request is slow when its e2e exceeds the baseline period's p90. ``lift`` > 1 means the
-    value is over-represented among slow requests (BubbleUp-style).
-    """
-    p = periods(inc)
-    scope, params = _scope(inc, with_host=False)
-    params.update({"b0": p["base_start"], "s": p["start"], "e": p["end"]})
-    present = table_columns(con, t.REQUESTS)
-    dims = [d for d in (c.HOST_NAME, c.INSTANCE_ID, c.REGION, c.GPU_MODEL) if d in present]
-    bucket = (f"CASE WHEN {c.INPUT_TOKENS} < 256 THEN '<256' WHEN {c.INPUT_TOKENS} < 1024 "
-              f"THEN '256-1k' WHEN {c.INPUT_TOKENS} < 4096 THEN '1k-4k' ELSE '4k+' END")
-    parts = [f"SELECT '{d}' AS dimension, {d}::VARCHAR AS value, slow, during FROM r"
-             for d in dims]
-    parts.append(f"SELECT 'prompt_tokens' AS dimension, {bucket} AS value, slow, during FROM r")
-    sql = f"""
-        WITH base AS (SELECT quantile_cont({c.E2E_S}, 0.9) AS p90 FROM {t.REQUESTS}
-                      WHERE {scope} AND {c.ARRIVAL_NS} >= $b0 AND {c.ARRIVAL_NS} < $s),
-             r AS (SELECT *, {c.ARRIVAL_NS} >= $s AS during,
-                          {c.E2E_S} > (SELECT p90 FROM base) AS slow FROM {t.REQUESTS}
-                   WHERE {scope} AND {c.ARRIVAL_NS} >= $b0 AND {c.ARRIVAL_NS} < $e),
-             d AS ({' UNION ALL '.join(parts)}),
-             n AS (SELECT dimension, value,
-                          count(*) FILTER (WHERE during AND slow) AS slow_incident,
-                          count(*) FILTER (WHERE NOT during) AS baseline
-                   FROM d GROUP BY ALL),
-             s AS (SELECT *, slow_incident / nullif(sum(slow_incident)
-                                 OVER (PARTITION BY dimension), 0) AS share_slow,
-                          baseline / nullif(sum(baseline) OVER (PARTITION BY dimension), 0)
-                              AS share_base FROM n)
-        SELECT *, share_slow / nullif(share_base, 0) AS lift FROM s
-        ORDER BY lift DESC NULLS LAST, slow_incident DESC"""
-    return run(con, sql, params)
+    """Dimension values over-represented among the incident's slow requests, as analytics'
+    ``compare_dimensions`` ranks them (slow: above the baseline p90 of the incident's own
+    latency metric; the configured dimensions and buckets)."""
+    ctx = attribution_context(con, inc)
+    findings = compare_dimensions(ctx.requests_inc, ctx.requests_base, str(inc[c.METRIC]),
+                                  list(analytics_config().dimensions))
+    return pl.DataFrame([vars(f) for f in findings], schema={
+        "dimension": pl.String, "value": pl.String, "lift": pl.Float64,
+        c.SHARE_OF_EXCESS: pl.Float64, "slow_share": pl.Float64, "baseline_share": pl.Float64,
+        c.SCORE: pl.Float64})
 
 
 def signals(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
@@ -194,11 +192,10 @@ def report_markdown(inc: dict[str, Any], causes: pl.DataFrame, phases: pl.DataFr
                      f"(score {row[c.SCORE]:.2f}, {100 * (row[c.SHARE_OF_EXCESS] or 0):.0f}% "
                      f"of excess): {row[c.SUMMARY]}")
         lines.append(f"   evidence: `{json.dumps(_evidence(row[c.EVIDENCE]))}`")
-    lines += ["", "## Phase breakdown", "", "| phase | baseline s | incident s | excess s |",
-              "|---|---|---|---|"]
+    lines += ["", "## Phase breakdown", "", "| phase | excess ms per request | share |",
+              "|---|---|---|"]
     for row in phases.iter_rows(named=True):
-        lines.append(f"| {row['phase']} | {row['baseline_s']:.4f} | {row['incident_s']:.4f} "
-                     f"| {row['excess_s']:+.4f} |")
+        lines.append(f"| {row['phase']} | {row['excess_ms']:+.1f} | {row['share']:.0%} |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,11 +3,10 @@
 import html
 import json
 
-import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from fleetlens.dashboard import data, ui
+from fleetlens.dashboard import charts, data, ui
 from fleetlens.dashboard.incident import periods, report_markdown
 from fleetlens.pipeline.schema import columns as c
 
@@ -64,34 +63,36 @@ else:
     left.info("No causes computed for this incident yet.")
 right.subheader("Where the excess latency went")
 if phases.height:
-    fig = go.Figure(go.Bar(
-        x=phases["phase"].to_list(), y=(phases["excess_s"] * 1000).to_list(),
-        marker={"color": [ui.PHASE_COLOURS.get(ph, "#999") for ph in phases["phase"]]},
-        text=[f"{100 * share:.0f}%" for share in phases["share"]], textposition="outside"))
-    fig.update_layout(height=280, yaxis_title="excess ms per request (during - before)",
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10})
-    right.plotly_chart(fig, key="detail_phases")
-    right.dataframe(phases, hide_index=True, key="detail_phase_table")
+    right.plotly_chart(charts.phase_excess_chart(phases), key="detail_phases")
+    right.dataframe(phases, hide_index=True, key="detail_phase_table", column_config={
+        "excess_ms": st.column_config.NumberColumn("excess ms per request", format="%+.1f"),
+        "share": st.column_config.NumberColumn("share of the excess", format="percent")})
 else:
     right.info("No requests in the incident window.")
 
 st.subheader("Dimensions: incident versus baseline")
-st.caption("Share of slow requests (e2e above the baseline p90) during the incident against "
-           "the share of all requests before it; lift > 1 means over-represented.")
+st.caption(f"As analytics ranks them for the causes: requests slower than the baseline p90 of "
+           f"{inc[c.METRIC]}'s request latency during the incident, against all requests "
+           "before it; lift > 1 means over-represented, share_of_excess is the part of the "
+           "excess they carry.")
 dims = data.load("dimension_compare", inc)
 st.dataframe(dims.head(30), hide_index=True, key="detail_dims")
 
 st.subheader("Correlated signals")
 signals = ui.with_time(data.load("signals", inc), c.TS_NS)
 names = [col for col in ("arrivals_rps", "kv_usage_max", c.PREEMPTIONS, c.PREFIX_HIT_RATE,
-                         c.SM_CLOCK_MHZ, "throttle_reasons", c.POWER_W, c.POWER_LIMIT_W)
+                         c.SM_CLOCK_MHZ, c.POWER_W, c.POWER_LIMIT_W)
          if col in signals.columns and signals[col].null_count() < signals.height]
-for i in range(0, len(names), 4):
-    cols = st.columns(4)
-    for slot, name in zip(cols, names[i:i + 4], strict=False):
-        slot.plotly_chart(ui.band_chart(signals.drop_nulls(name), name, name,
-                                        shade=(p["start"], p["end"]), height=220),
+# Two per row: four were too narrow for their time axes (rotated, overlapping ticks).
+for i in range(0, len(names), 2):
+    cols = st.columns(2)
+    for slot, name in zip(cols, names[i:i + 2], strict=False):
+        slot.plotly_chart(charts.small_multiple(signals.drop_nulls(name), name,
+                                            shade=(p["start"], p["end"])),
                           key=f"signal_{name}")
+if "throttle_reasons" in signals.columns and signals["throttle_reasons"].drop_nulls().len():
+    st.plotly_chart(charts.throttle_chart(signals.drop_nulls("throttle_reasons"),
+                                      shade=(p["start"], p["end"])), key="signal_throttle")
 
 st.subheader("Slowest requests")
 slow = data.load("slowest_requests", inc)

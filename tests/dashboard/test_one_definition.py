@@ -62,3 +62,48 @@ def test_headline_p99_is_the_p99_of_the_recent_requests(app, demo_data) -> None:
     number, unit = shown.split()
     assert float(number.replace(",", "")) * (1e-3 if unit == "ms" else 1.0) == pytest.approx(
         p99, rel=0.01)
+
+
+def _analytics_context(root, incident_id: str):  # noqa: ANN001, ANN202
+    from fleetlens.analytics.attribution.context import Tables, load_context
+    from fleetlens.analytics.series import pick_window_s
+
+    config = AnalyticsConfig()
+    tables = Tables.from_data_dir(root)
+    inc = scan(root, t.INCIDENTS).filter(pl.col(c.INCIDENT_ID) == incident_id).collect()
+    window_s = pick_window_s(tables.windows, config.window_s)
+    return load_context(tables, inc.row(0, named=True), window_s,
+                        config.attribution_lookback_s), config
+
+
+def test_incident_phases_and_dimensions_are_analytics_attribution(app, demo_data) -> None:
+    from fleetlens.analytics.attribution.dimensions import compare_dimensions
+    from fleetlens.analytics.attribution.phases import PHASES, phase_split
+
+    incident_id = scan(demo_data[0], t.INCIDENTS).collect()[c.INCIDENT_ID][0]
+    ctx, config = _analytics_context(demo_data[0], incident_id)
+    host = pl.col(c.HOST_NAME) == ctx.host
+    split = phase_split(ctx.requests_inc.filter(host), ctx.requests_base.filter(host))
+    findings = compare_dimensions(ctx.requests_inc, ctx.requests_base,
+                                  ctx.incident[c.METRIC], list(config.dimensions))
+    open_page(app, "incident_detail", id=incident_id)
+    _, phases, dims, _ = frames(app)
+    assert phases["phase"].to_list() == list(PHASES)
+    assert phases["excess_ms"].to_list() == pytest.approx(
+        [split.excess_s[p] * 1000 for p in PHASES])
+    assert phases["share"].to_list() == pytest.approx([split.share[p] for p in PHASES])
+    assert findings, "the injected incident stands out on some dimension"
+    assert dims.select("dimension", "value").rows() == [
+        (f.dimension, f.value) for f in findings[:30]]
+    assert dims["lift"].to_list() == pytest.approx([f.lift for f in findings[:30]])
+
+
+def test_a_phase_that_got_faster_does_not_dwarf_the_excess() -> None:
+    from fleetlens.dashboard.charts import phase_excess_chart
+
+    phases = pl.DataFrame({"phase": ["queue", "prefill", "decode", "overhead"],
+                           "excess_ms": [-1.2, 6.0, -177.0, 0.0], "share": [0.0, 1.0, 0.0, 0.0]})
+    fig = phase_excess_chart(phases)
+    lo, hi = fig.layout.yaxis.range
+    assert hi > 6.0 and -0.5 * hi < lo < 0  # scaled to the +6 ms that explains the spike
+    assert "-177.0 ms" in fig.data[0].text[2]  # the faster phase still says by how much
