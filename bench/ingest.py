@@ -16,6 +16,7 @@ stalled server cannot hide its stall by slowing the clients down (no coordinated
     .venv/bin/python bench/ingest.py --cpu [--runs 7]   # CPU per span, in process, no servers
     .venv/bin/python bench/ingest.py --storage [--runs 5]   # raw span Parquet bytes per span
     .venv/bin/python bench/ingest.py --stages --rate 25000   # where an Export's time goes
+    .venv/bin/python bench/ingest.py --http [--runs 3] [--seconds 6]   # OTLP/HTTP front ends
 
 Prints the median over runs. Peer: Arize Phoenix is measured when ``--phoenix PYTHON`` points
 at a Python with ``arize-phoenix`` installed (its own venv); otherwise it is reported as not
@@ -254,6 +255,29 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
+def http_front_ends(runs: int, seconds: float, clients: int) -> None:
+    """OTLP/HTTP front ends in alternation (so load on a shared machine hits all alike):
+    requests/s and collector CPU per span, small (16-span) and large (512-span) requests."""
+    from bench.ingest_http import KINDS, run_kind
+
+    print(f"load average before: {_load()} on {os.cpu_count()} CPUs; {clients} clients, "
+          f"closed loop, kept-alive connections, {seconds:.0f} s per run, durable")
+    for spans in (16, SPANS_PER_REQUEST):
+        figures: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
+        for _ in range(runs):
+            for kind in KINDS:
+                figures[kind].append(run_kind(kind, spans, clients, seconds))
+        for kind in KINDS:
+            m = _median(figures[kind])
+            print(f"{spans:3d}-span requests, {kind:8s} (median of {runs}): "
+                  f"{m['requests_per_s']:,.0f} requests/s, {m['spans_per_s']:,.0f} spans/s, "
+                  f"{m['cpu_us_per_span']:.1f} us CPU per span "
+                  f"({m['cpu_us_per_request']:,.0f} us per request), errors "
+                  f"{m['errors']:.0f}, stored == acked: "
+                  f"{all(r['stored_equals_acked'] for r in figures[kind])}")
+    print(f"load average after: {_load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -268,6 +292,8 @@ def main() -> None:
                         help="only the in-process per-stage timing at --rate (default 25,000)")
     parser.add_argument("--storage", action="store_true",
                         help="only the raw span Parquet size/CPU benchmark (no servers)")
+    parser.add_argument("--http", action="store_true",
+                        help="only OTLP/HTTP: http.server (391c3f5) vs h11 vs uvicorn, same run")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="also run open loop at this offered load, spans/s (all clients)")
     parser.add_argument("--no-saturation", action="store_true",
@@ -295,6 +321,9 @@ def main() -> None:
                   f"max {values[-1] * 1000:6.1f} ms")
         print(f"(one worker's path in process at {args.rate or 25_000:,.0f} spans/s, one "
               f"thread, no gRPC; load average after: {_load()})")
+        return
+    if args.http:
+        http_front_ends(args.runs, args.seconds, args.clients)
         return
     if args.storage:
         figures = {k: statistics.median(v) for k, v in storage_per_span(args.runs).items()}
