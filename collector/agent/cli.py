@@ -1,4 +1,5 @@
-"""``fleetlens agent``: the host agent (NVML sampler + vLLM /metrics scraper -> OTLP)."""
+"""``fleetlens agent``: the host agent (NVML sampler or dcgm-exporter + vLLM /metrics scraper
+-> OTLP)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import click
 from fleetlens.collector.agent.config import AgentConfig, VllmTarget
 from fleetlens.collector.agent.gpu import GpuBackend, NoGpu, open_nvml
 from fleetlens.collector.agent.runner import Agent
+from fleetlens.pipeline.schema.logsetup import configure_logging
 from fleetlens.pipeline.schema.settings import ConfigError, load_section
 
 SECTION = "agent"
@@ -27,7 +29,10 @@ def parse_vllm_option(value: str) -> VllmTarget:
 
 
 def open_backend(config: AgentConfig, echo=click.echo) -> GpuBackend | None:
-    """Fake GPUs when asked, else NVML; without NVML say so in one line and return ``None``."""
+    """Fake GPUs when asked, else NVML; without NVML say so in one line and return ``None``.
+    ``None`` too with ``dcgm``: dcgm-exporter is then the GPU source, NVML is not opened."""
+    if config.dcgm:
+        return None
     if config.fake_gpus:
         from fleetlens.collector.agent.fake_gpu import FakeGpuBackend
 
@@ -48,20 +53,22 @@ def open_backend(config: AgentConfig, echo=click.echo) -> GpuBackend | None:
               help="Simulate N GPUs instead of NVML (demos) [agent.fake_gpus].")
 @click.option("--vllm", "vllm", multiple=True, metavar="[INSTANCE_ID=]URL",
               help="A local vLLM to scrape (repeatable); replaces [[agent.vllm]].")
+@click.option("--dcgm", metavar="URL",
+              help="Read GPUs from NVIDIA dcgm-exporter at URL instead of NVML [agent.dcgm].")
 @click.option("--host-name", help="Resource host.name [agent.host_name].")
 @click.option("--gpu-interval", type=float, help="Seconds between GPU samples (default 0.1).")
 @click.option("--scrape-interval", type=float, help="Seconds between scrapes (default 1).")
 @click.option("-v", "--verbose", is_flag=True, help="Log mapping changes and exports.")
 def agent(config_file: str | None, collector: str | None, fake_gpus: int | None,
-          vllm: tuple[str, ...], host_name: str | None, gpu_interval: float | None,
+          vllm: tuple[str, ...], dcgm: str | None, host_name: str | None,
+          gpu_interval: float | None,
           scrape_interval: float | None, verbose: bool) -> None:
     """Sample GPUs (NVML) and local vLLM /metrics; export them as OTLP metrics.
 
     Without a GPU or driver it says so once and keeps scraping vLLM.
     """
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    given = dict(collector=collector, fake_gpus=fake_gpus, host_name=host_name,
+    configure_logging(logging.INFO if verbose else logging.WARNING)
+    given = dict(collector=collector, fake_gpus=fake_gpus, host_name=host_name, dcgm=dcgm,
                  gpu_interval_s=gpu_interval, scrape_interval_s=scrape_interval)
     overrides: dict[str, object] = {k: v for k, v in given.items() if v is not None}
     if vllm:
@@ -76,8 +83,9 @@ def agent(config_file: str | None, collector: str | None, fake_gpus: int | None,
     backend = open_backend(config)
     # Without NVML now, keep trying: the driver may load after the agent (boot, upgrade).
     runner = Agent(config, backend, reopen_gpus=None if config.fake_gpus else open_nvml)
-    gpus = backend.device_count() if backend is not None else 0
-    click.echo(f"fleetlens agent: {gpus} GPU(s), {len(config.vllm)} vLLM target(s) -> "
+    gpus = (f"GPUs from dcgm-exporter {config.dcgm_metrics_url}" if config.dcgm else
+            f"{backend.device_count() if backend is not None else 0} GPU(s)")
+    click.echo(f"fleetlens agent: {gpus}, {len(config.vllm)} vLLM target(s) -> "
                f"{config.collector}", err=True)
 
     def on_signal(signum: int, frame: object) -> None:

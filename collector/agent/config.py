@@ -13,6 +13,10 @@ Example::
     url = "http://127.0.0.1:8000"
     instance_id = "gpu-07/llama-70b-0"   # = the vLLM's service.instance.id
     gpus = ["0", "1"]                    # indices or UUIDs; empty: found from NVML PIDs
+
+With NVIDIA's dcgm-exporter already on the host, ``dcgm = "http://127.0.0.1:9400/metrics"``
+makes it the GPU source instead of NVML, and ``pod = "namespace/name"`` on a target maps it to
+the GPUs that pod uses.
 """
 
 from __future__ import annotations
@@ -48,6 +52,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def metrics_url(url: str) -> str:
+    """``url`` if it ends in ``/metrics``, else ``url`` + ``/metrics``."""
+    return url if urlsplit(url).path.endswith("/metrics") else url.rstrip("/") + "/metrics"
+
+
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http(s) URL with a host."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 @dataclass(frozen=True)
 class VllmTarget:
     """One local vLLM instance whose ``/metrics`` the agent scrapes."""
@@ -61,12 +76,14 @@ class VllmTarget:
     service_name: str = DEFAULT_VLLM_SERVICE
     #: GPUs serving it (NVML indices or UUIDs); empty means: find them from NVML's PIDs.
     gpus: tuple[str, ...] = ()
+    #: Its Kubernetes pod, ``namespace/name`` or ``name``: with ``dcgm``, its GPUs are those
+    #: dcgm-exporter labels with that pod.
+    pod: str = ""
 
     @property
     def metrics_url(self) -> str:
         """The URL to scrape."""
-        return self.url if urlsplit(self.url).path.endswith("/metrics") else (
-            self.url.rstrip("/") + "/metrics")
+        return metrics_url(self.url)
 
     def resolved_instance_id(self, host_name: str) -> str:
         """``instance_id``, else ``"{host_name}/{service_name}"``."""
@@ -113,7 +130,15 @@ class AgentConfig:
     max_pending_collections: int = 600
     #: Simulated GPUs (demos); 0 uses NVML.
     fake_gpus: int = 0
+    #: dcgm-exporter URL (base or ``/metrics``): GPU samples from it instead of NVML, every
+    #: ``scrape_interval_s`` (it refreshes its own fields every 30 s by default).
+    dcgm: str = ""
     vllm: tuple[VllmTarget, ...] = ()
+
+    @property
+    def dcgm_metrics_url(self) -> str:
+        """The dcgm-exporter URL to scrape (``/metrics`` added to a base URL)."""
+        return metrics_url(self.dcgm)
 
     @property
     def uses_tls(self) -> bool:
@@ -140,6 +165,10 @@ class AgentConfig:
             require(getattr(self, name) > 0, name, "must be positive")
         require(self.max_pending_collections > 0, "max_pending_collections", "must be positive")
         require(0 <= self.fake_gpus <= 64, "fake_gpus", "must be between 0 and 64")
+        require(not self.dcgm or is_http_url(self.dcgm), "dcgm", "expected an http(s) URL "
+                f"such as http://127.0.0.1:9400/metrics, got {self.dcgm!r}")
+        require(not (self.dcgm and self.fake_gpus), "dcgm",
+                "dcgm and fake_gpus are two GPU sources: set one")
         require(bool(self.service_name), "service_name", "must not be empty")
         host = self.resolved_host_name()
         ids = [t.resolved_instance_id(host) for t in self.vllm]

@@ -5,6 +5,9 @@ A vLLM server is found by the port of its URL: the process listening on that loc
 the engine, the process that holds the GPU, as a child). A GPU serves the instance when one of
 those PIDs is among the GPU's compute processes. In a container this needs the host PID
 namespace (``hostPID: true``), because NVML reports host PIDs.
+
+With dcgm-exporter as the GPU source there are no PIDs, but there are pods: a target with
+``pod`` set is served by the GPUs whose ``namespace``/``pod`` labels name that pod.
 """
 
 from __future__ import annotations
@@ -111,3 +114,11 @@ def gpus_from_config(entries: Iterable[str], samples: list[GpuSample]) -> tuple[
 def gpus_from_pids(pids: set[int], samples: list[GpuSample]) -> tuple[str, ...]:
     """UUIDs of the GPUs running any of ``pids``."""
     return tuple(sorted({s.uuid for s in samples if pids & set(s.pids)}))
+
+
+def gpus_from_pod(pod: str, samples: list[GpuSample]) -> tuple[str, ...]:
+    """UUIDs of the GPUs dcgm-exporter shows in use by ``pod``: ``namespace/name``, or a bare
+    ``name`` (any namespace)."""
+    def matches(seen: str) -> bool:
+        return seen == pod or ("/" not in pod and seen.rpartition("/")[2] == pod)
+    return tuple(sorted({s.uuid for s in samples if any(matches(p) for p in s.pods)}))

@@ -5,10 +5,15 @@ Only samples are needed: ``name{label="value",...} value [timestamp]``, with the
 ``+Inf``/``NaN`` and the Prometheus 3 quoted names (``{"name.with.dots", label="v"}``) the
 reference parser knows. A malformed text raises :class:`ExpositionError` naming the first
 bad line.
+
+Sample names are kept as written: the parser appends ``_total`` to every sample of a counter
+whose ``# TYPE`` name lacks it (its OpenMetrics munging), e.g. dcgm-exporter's
+``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``; that suffix is taken off again here.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,8 +32,15 @@ class Sample:
     value: float
 
 
+_COUNTER_TYPE = re.compile(r'^#\s*TYPE\s+"?([^"\s]+)"?\s+counter\s*$', re.MULTILINE)
+_SUFFIX = "_total"
+
+
 def _families(text: str) -> list[Sample]:
-    return [Sample(s.name, dict(s.labels), float(s.value))
+    # Counters declared without "_total": the parser renamed their samples (see above).
+    munged = {name for name in _COUNTER_TYPE.findall(text) if not name.endswith(_SUFFIX)}
+    return [Sample(s.name.removesuffix(_SUFFIX) if family.type == "counter"
+                   and family.name in munged else s.name, dict(s.labels), float(s.value))
             for family in text_string_to_metric_families(text) for s in family.samples]
 
 

@@ -1,4 +1,5 @@
-"""The agent's loops: sample GPUs, scrape vLLM, keep the instance -> GPU mapping, export."""
+"""The agent's loops: sample GPUs (NVML, or dcgm-exporter with ``dcgm``), scrape vLLM, keep the
+instance -> GPU mapping, export."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import Resource
 
 from fleetlens.collector.agent.config import AgentConfig, VllmTarget, is_loopback
+from fleetlens.collector.agent.dcgm import EXTRA_GAUGES, DcgmSource
 from fleetlens.collector.agent.export import MetricGroup, Outbox
 from fleetlens.collector.agent.gpu import GpuBackend, NoGpu
 from fleetlens.collector.agent.instruments import (
@@ -25,6 +27,7 @@ from fleetlens.collector.agent.instruments import (
 from fleetlens.collector.agent.mapping import (
     gpus_from_config,
     gpus_from_pids,
+    gpus_from_pod,
     listening_pids,
     url_port,
     with_descendants,
@@ -60,7 +63,8 @@ def otlp_exporter(config: AgentConfig) -> MetricExporter:
 
 
 class Agent:
-    """One host's agent. ``backend`` is ``None`` when there is no GPU (scraping only)."""
+    """One host's agent. ``backend`` is ``None`` when there is no GPU (scraping only) or when
+    ``config.dcgm`` makes dcgm-exporter the GPU source."""
 
     def __init__(self, config: AgentConfig, backend: GpuBackend | None,
                  exporter_factory: Callable[[AgentConfig], MetricExporter] = otlp_exporter,
@@ -75,20 +79,26 @@ class Agent:
         self.gpu_state, self.engine_state = GpuState(), EngineState()
         self.gpu_group = MetricGroup(resource, "fleetlens.agent.gpu")
         self.engine_group = MetricGroup(resource, "fleetlens.agent.engine")
-        register_gpu(self.gpu_group, self.gpu_state)
+        register_gpu(self.gpu_group, self.gpu_state, EXTRA_GAUGES)
         register_engine(self.engine_group, self.engine_state)
         box = dict(interval_s=config.export_interval_s, timeout_s=config.export_timeout_s,
                    max_pending=config.max_pending_collections)
         self.gpu_outbox = Outbox(exporter_factory(config), name="gpu", **box)
         self.engine_outbox = Outbox(exporter_factory(config), name="engine", **box)
-        self.sampler = GpuSampler(backend) if backend is not None else None
+        self.sampler: GpuSampler | DcgmSource | None = (
+            GpuSampler(backend) if backend is not None else None)
+        self.gpu_interval_s = config.gpu_interval_s
+        if config.dcgm:
+            # dcgm-exporter refreshes its fields every 30 s by default: 10 Hz would re-read them.
+            self.sampler = DcgmSource(config.dcgm_metrics_url, timeout_s=config.scrape_timeout_s)
+            self.gpu_interval_s = config.scrape_interval_s
         self.targets: dict[str, VllmTarget] = {
             t.resolved_instance_id(self.host_name): t for t in config.vllm}
         self.scraper = VllmScraper([(i, t.metrics_url) for i, t in self.targets.items()],
                                    timeout_s=config.scrape_timeout_s)
         self._stop = threading.Event()
         self._next_mapping = 0.0
-        self._reopen_gpus = reopen_gpus if backend is None else None
+        self._reopen_gpus = reopen_gpus if self.sampler is None else None
         self._next_gpu_try = time.monotonic() + GPU_RETRY_S
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()
@@ -113,6 +123,8 @@ class Agent:
         for instance, target in self.targets.items():
             if target.gpus:
                 mapping[instance] = gpus_from_config(target.gpus, gpus)
+            elif target.pod:
+                mapping[instance] = gpus_from_pod(target.pod, gpus)
             elif gpus and _is_local(target.url):
                 pids = with_descendants(listening_pids(url_port(target.url)))
                 mapping[instance] = gpus_from_pids(pids, gpus)
@@ -129,7 +141,7 @@ class Agent:
         self.engine_outbox.start()
         self._start_loop("engine", self.engine_tick_with_mapping, self.config.scrape_interval_s)
         if self.sampler is not None:
-            self._start_loop("gpu", self.gpu_tick, self.config.gpu_interval_s)
+            self._start_loop("gpu", self.gpu_tick, self.gpu_interval_s)
         self._stop.wait()
         with self._threads_lock:
             threads = list(self._threads)

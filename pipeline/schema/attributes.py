@@ -174,3 +174,28 @@ VLLM_FINISHED_REASON_LABEL = "finished_reason"
 VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"
 VLLM_NUM_GPU_BLOCKS_LABEL = "num_gpu_blocks"
 VLLM_BLOCK_SIZE_LABEL = "block_size"
+
+# --- NVIDIA dcgm-exporter /metrics (scraped by the agent with --dcgm) -----------------------
+# Field names as in dcgm-exporter's etc/default-counters.csv and dcp-metrics-included.csv.
+DCGM_POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
+DCGM_TOTAL_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since boot (counter)
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # %
+DCGM_MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"  # % (NVML's memory utilisation)
+DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
+DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
+DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"  # MiB
+DCGM_FB_TOTAL = "DCGM_FI_DEV_FB_TOTAL"  # MiB
+DCGM_GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"  # C
+DCGM_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"  # MHz
+#: NVML's clocks event (throttle) reasons bitmask: the DCGM 3.3+ name first.
+DCGM_CLOCKS_EVENT_REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+                             "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+DCGM_POWER_LIMIT = ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT")  # W
+DCGM_XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"  # gauge: the last XID code
+DCGM_PROF_PREFIX = "DCGM_FI_PROF_"
+# labels dcgm-exporter puts on every series
+DCGM_GPU_LABEL = "gpu"  # index
+DCGM_UUID_LABEL = "UUID"
+DCGM_MODEL_LABEL = "modelName"
+DCGM_POD_LABEL = "pod"
+DCGM_NAMESPACE_LABEL = "namespace"

@@ -100,4 +100,19 @@ def test_config_check_prints_agent_targets_as_tables(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     printed = tomllib.loads(result.output[result.output.index("data_dir"):])
     assert printed["agent"]["vllm"] == [{"url": "http://127.0.0.1:8000", "instance_id": "",
-                                         "service_name": "vllm", "gpus": ["0"]}]
+                                         "service_name": "vllm", "gpus": ["0"], "pod": ""}]
+
+
+def test_dcgm_source_and_pod_targets(tmp_path: Path) -> None:
+    path = tmp_path / "fleetlens.toml"
+    path.write_text('[agent]\ndcgm = "http://127.0.0.1:9400"\n[[agent.vllm]]\n'
+                    'url = "http://127.0.0.1:8000"\npod = "inference/vllm-0"\n')
+    cfg = load_agent_config(str(path), environ={})
+    assert cfg.dcgm_metrics_url == "http://127.0.0.1:9400/metrics"
+    assert cfg.vllm[0].pod == "inference/vllm-0"
+    assert load_agent_config(None, environ={}, overrides={"dcgm": "http://h:9400/metrics"}
+                             ).dcgm_metrics_url == "http://h:9400/metrics"
+    with pytest.raises(ConfigError, match="agent.dcgm"):
+        load_agent_config(None, environ={}, overrides={"dcgm": "127.0.0.1:9400"})
+    with pytest.raises(ConfigError, match="agent.dcgm"):
+        load_agent_config(None, environ={}, overrides={"dcgm": "http://h:9400", "fake_gpus": 2})

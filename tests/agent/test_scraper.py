@@ -142,6 +142,16 @@ def test_parser_handles_escapes_specials_and_timestamps() -> None:
     assert z.labels == {}
 
 
+def test_counters_keep_the_names_they_were_written_with() -> None:
+    # prometheus_client appends _total to a counter declared without it; the agent undoes it
+    text = ("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"
+            'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0"} 5\n'
+            "# TYPE vllm:num_preemptions_total counter\n"
+            'vllm:num_preemptions_total{model_name="m"} 2\n')
+    assert [s.name for s in parse_samples(text)] == [
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "vllm:num_preemptions_total"]
+
+
 @pytest.mark.parametrize("bad", ['x{a=1} 2', "x 1.2.3", '{a="b"} 1', 'x{a="b" 1'])
 def test_parser_rejects_malformed_lines_with_the_line_number(bad: str) -> None:
     with pytest.raises(ExpositionError, match="line 2"):
