@@ -1,13 +1,11 @@
 """The SQL console: one read-only statement over the data directory, results capped.
 
-Defences, each on its own enough to stop the common abuse:
-
-- a fresh sandboxed DuckDB per query (:func:`pipeline.storage.connect` with
-  ``read_only_sandbox=True``: external access off, configuration locked), so no file outside
-  the views can be read or written and nothing one user does is seen by the next;
-- exactly one statement, and it must be a ``SELECT`` (which includes ``WITH`` and
-  ``VALUES``): no ``ATTACH``, ``COPY``, ``INSTALL``, ``SET`` or DDL;
-- at most ``row_cap`` rows come back, and a timer interrupts queries that run too long.
+The query runs in :mod:`pipeline.sandbox`, the same sandbox as ``fleetlens sql``: a fresh
+DuckDB per query with external access off and the configuration locked, exactly one
+``SELECT`` (no ``ATTACH``, ``COPY``, ``INSTALL``, ``SET`` or DDL), bounded memory, threads
+and temp space (one query once reached 5 GB RSS in the dashboard process), at most
+``row_cap`` rows *and* at most ``limits.result_mb`` bytes back, and a timer that interrupts
+queries that run too long.
 
 The sidebar filters are offered as bound parameters (``$from_ns``, ``$to_ns``,
 ``$services``, ``$models``, ``$hosts``): a query uses them by name and their values never
@@ -16,30 +14,37 @@ become SQL text.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
 import polars as pl
 
 from fleetlens.dashboard.filters import Filters
-from fleetlens.pipeline.storage import DataDir, connect, retry_vanished, tables_named_in
+from fleetlens.pipeline.sandbox import QueryRejected, SandboxLimits, fetch, sandbox
+from fleetlens.pipeline.storage import DataDir
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-class SqlRejected(ValueError):
-    """The statement is not a single read-only query, or it failed; the message says why."""
+#: The statement is not a single read-only query, broke a limit, or failed (the message
+#: says which); the sandbox's error under the console's historical name.
+SqlRejected = QueryRejected
+#: The dashboard's share of a 2-core machine: one query may not starve the pages.
+CONSOLE_LIMITS = SandboxLimits(memory_mb=512, threads=1, temp_mb=1024, result_mb=64,
+                               timeout_s=30.0)
 
 
 @dataclass(frozen=True)
 class SqlResult:
-    """Rows of a console query; ``truncated`` when more than ``row_cap`` rows matched."""
+    """Rows of a console query; ``truncated`` when a cap cut it, ``cut`` says which one
+    (``"rows"``: more than ``row_cap`` rows matched; ``"bytes"``: the result passed
+    ``result_mb``)."""
 
     frame: pl.DataFrame
     truncated: bool
+    cut: str | None = None
 
 
 def filter_params(f: Filters) -> dict[str, Any]:
@@ -56,27 +61,26 @@ def run_query(
     *,
     row_cap: int,
     params: dict[str, Any] | None = None,
-    timeout_s: float = 30.0,
+    timeout_s: float | None = None,
+    limits: SandboxLimits = CONSOLE_LIMITS,
 ) -> SqlResult:
     """Run one read-only ``query``; only the parameters it names are bound.
 
+    Args:
+        root: the data directory.
+        query: one SELECT.
+        row_cap: most rows returned.
+        params: parameters the query may name (:func:`filter_params`).
+        timeout_s: overrides ``limits.timeout_s``.
+        limits: memory, threads, temp space, result bytes and timeout.
+
     Raises:
-        SqlRejected: for anything but one ``SELECT``, for unknown parameters, on SQL errors
-            and on timeout.
+        SqlRejected: for anything but one ``SELECT``, for unknown parameters, on SQL errors,
+            on the memory and temp limits and on timeout.
     """
-    if not query.strip():
-        raise SqlRejected("enter a query")
-    con = connect(root, read_only_sandbox=True, tables=tables_named_in(query) or None)
-    timer = threading.Timer(timeout_s, con.interrupt)
-    try:
-        try:
-            statements = con.extract_statements(query)
-        except duckdb.Error as exc:
-            raise SqlRejected(f"syntax error: {exc}") from None
-        if len(statements) != 1:
-            raise SqlRejected(f"expected exactly one statement, got {len(statements)}")
-        if statements[0].type != duckdb.StatementType.SELECT:
-            raise SqlRejected(f"only SELECT queries are allowed (got {statements[0].type.name})")
+    if timeout_s is not None:
+        limits = dataclasses.replace(limits, timeout_s=timeout_s)
+    with sandbox(root, query, limits) as con:
         available = params or {}
         wanted = dict.fromkeys(_PARAM.findall(query))
         unknown = [name for name in wanted if name not in available]
@@ -84,15 +88,5 @@ def run_query(
             raise SqlRejected(f"unknown parameter(s) {', '.join('$' + n for n in unknown)}; "
                               f"available: {', '.join('$' + n for n in available) or 'none'}")
         bound = {name: available[name] for name in wanted}
-        timer.start()
-        try:
-            frame = retry_vanished(  # compaction may delete a file the query listed
-                lambda: con.sql(query, params=bound or None).limit(row_cap + 1).pl())
-        except duckdb.InterruptException:
-            raise SqlRejected(f"query stopped after {timeout_s:.0f} s") from None
-        except duckdb.Error as exc:
-            raise SqlRejected(f"query failed: {exc}") from None
-    finally:
-        timer.cancel()
-        con.close()
-    return SqlResult(frame.head(row_cap), frame.height > row_cap)
+        got = fetch(con, query, limits, row_cap=row_cap, params=bound)
+    return SqlResult(pl.from_arrow(got.table), got.cut is not None, got.cut)

@@ -1,20 +1,22 @@
-"""``fleetlens sql``: ad-hoc SQL over every table in a data directory."""
+"""``fleetlens sql``: ad-hoc SQL over every table in a data directory.
+
+The query runs in :mod:`pipeline.sandbox`, the same read-only, resource-bounded DuckDB as
+the dashboard's SQL console; values reach the terminal through :mod:`pipeline.terminal`
+(never markup, control characters escaped).
+"""
 
 from __future__ import annotations
 
 import re
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
 from fleetlens.pipeline.schema import TABLES
 from fleetlens.pipeline.schema.settings import DATA_DIR_HELP
 
-if TYPE_CHECKING:
-    import polars as pl
-
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
+_SAVE_HINT = "to save a result, use --format csv or json and redirect it to a file"
 
 
 @click.command()
@@ -25,7 +27,18 @@ _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECA
               show_default=True, help="Output format.")
 @click.option("--max-rows", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Rows printed in table format (csv and json print all).")
-def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
+@click.option("--max-result-mb", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Largest result (Arrow bytes); csv and json fail past it, a table is cut.")
+@click.option("--memory-mb", type=click.IntRange(min=16), default=2048, show_default=True,
+              help="DuckDB memory limit; past it the query spills to its temp directory.")
+@click.option("--temp-mb", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Most the query may spill to its private temp directory.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="DuckDB worker threads.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=None, help="Stop the query after this many seconds [default: never].")
+def sql(query: str, data_dir: str | None, fmt: str, max_rows: int, max_result_mb: int,
+        memory_mb: int, temp_mb: int, threads: int, timeout_s: float | None) -> None:
     """Run one read-only QUERY with DuckDB over the data directory.
 
     Every fleetlens table is a view (empty until it has data): raw spans,
@@ -36,77 +49,72 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int) -> None:
         fleetlens sql "select service_name, count(*) from spans group by 1"
 
     QUERY is one SELECT (WITH, FROM, DESCRIBE, SHOW and SUMMARIZE are SELECTs too)
-    or EXPLAIN; nothing that writes (COPY, ATTACH, CREATE, ...) runs, so a query
-    cannot change the data directory. To export, use --format csv or json and
-    redirect the output.
+    or EXPLAIN [ANALYZE] of one; nothing that writes (COPY, ATTACH, CREATE, ...) runs,
+    and no file outside the data directory can be read. Memory, threads, temp space and
+    the result's size are bounded (the options below). To export, use --format csv or
+    json and redirect the output.
     """
-    import duckdb
+    import polars as pl
 
     from fleetlens.pipeline.cli import resolve_data_dir
-    from fleetlens.pipeline.storage import (
-        connect,
-        existing_tables,
-        retry_vanished,
-        tables_named_in,
+    from fleetlens.pipeline.sandbox import (
+        NotReadOnly,
+        QueryRejected,
+        SandboxLimits,
+        run_read_only,
     )
+    from fleetlens.pipeline.storage import existing_tables
 
-    _refuse_writes(query)
     root = resolve_data_dir(data_dir, None)
-
-    def run() -> pl.DataFrame:
-        # Views of the tables the query names only (making them reads the files' footers);
-        # a query that names none (SHOW TABLES, information_schema) gets them all.
-        con = connect(root, tables=tables_named_in(query) or None)
-        return con.sql(query).pl()
-
+    limits = SandboxLimits(memory_mb=memory_mb, threads=threads, temp_mb=temp_mb,
+                           result_mb=max_result_mb, timeout_s=timeout_s)
+    table = fmt == "table"
     try:
-        frame = retry_vanished(run)  # compaction may delete a segment the query listed
-    except duckdb.CatalogException as exc:
+        got = run_read_only(root, query, limits, row_cap=max_rows if table else None,
+                            allow_explain=True, count_all=table)
+    except NotReadOnly as exc:
+        raise click.UsageError(f"{exc}; {_SAVE_HINT}") from None
+    except QueryRejected as exc:
         if not _MISSING_TABLE.search(str(exc)):
-            raise click.ClickException(f"query failed: {exc}") from None
+            raise click.ClickException(str(exc)) from None
         present = existing_tables(root)
         raise click.ClickException(
             f"{exc}\nfleetlens tables: {', '.join(TABLES)}"
             f"\ntables with data in {root.root}: {', '.join(present) or 'none yet'}"
         ) from None
-    except duckdb.Error as exc:
-        raise click.ClickException(f"query failed: {exc}") from None
+    if got.cut == "bytes" and not table:
+        # An export cut short would look complete: refuse it whole instead.
+        raise click.ClickException(
+            f"the result passed --max-result-mb {max_result_mb} after {got.table.num_rows} "
+            "rows; nothing was written. Narrow the query or raise the limit")
+    frame = pl.from_arrow(got.table)
+    assert isinstance(frame, pl.DataFrame)
     if fmt == "csv":
         frame.write_csv(sys.stdout)
     elif fmt == "json":
         click.echo(frame.write_json())
     else:
-        _print_table(frame, max_rows)
+        _print_table(frame, got.total_rows, got.cut, max_result_mb)
 
 
-def _refuse_writes(query: str) -> None:
-    """Raise a usage error unless ``query`` is exactly one SELECT or EXPLAIN statement."""
-    import duckdb
-
-    try:
-        statements = duckdb.connect(":memory:").extract_statements(query)
-    except duckdb.Error as exc:
-        raise click.ClickException(f"query failed: {exc}") from None
-    if len(statements) != 1:
-        raise click.UsageError(f"expected one query, got {len(statements)} statements")
-    kind = statements[0].type
-    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-        raise click.UsageError(
-            f"only read-only queries run here (got {kind.name}); to save a result, use "
-            "--format csv or json and redirect it to a file")
-
-
-def _print_table(frame, max_rows: int) -> None:  # noqa: ANN001 - polars DataFrame
+def _print_table(frame, total: int, cut: str | None,  # noqa: ANN001 - polars DataFrame
+                 max_result_mb: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from fleetlens.pipeline.terminal import cell
+
     table = Table(show_edge=False, header_style="bold")
-    for name in frame.columns:
-        table.add_column(name, overflow="fold")
-    for row in frame.head(max_rows).iter_rows():
-        table.add_row(*("" if v is None else str(v) for v in row))
+    for name in frame.columns:  # column names come from the query (and its data): plain too
+        table.add_column(cell(name), overflow="fold")
+    for row in frame.iter_rows():
+        table.add_row(*(cell(v) for v in row))
     console = Console()
     console.print(table)
-    shown = min(frame.height, max_rows)
-    console.print(f"({frame.height} row{'s' if frame.height != 1 else ''}"
-                  f"{f', first {shown} shown' if shown < frame.height else ''})")
+    shown = frame.height
+    note = ""
+    if cut == "bytes":
+        note = f", first {shown} shown: the rest passed --max-result-mb {max_result_mb}"
+    elif shown < total:
+        note = f", first {shown} shown"
+    console.print(f"({total} row{'s' if total != 1 else ''}{note})", markup=False)

@@ -6,7 +6,13 @@ import polars as pl
 import pytest
 
 from fleetlens.dashboard.filters import Filters
-from fleetlens.dashboard.sql_console import SqlRejected, filter_params, run_query
+from fleetlens.dashboard.sql_console import (
+    CONSOLE_LIMITS,
+    SqlRejected,
+    filter_params,
+    run_query,
+)
+from fleetlens.pipeline.sandbox import SandboxLimits
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import scan
@@ -80,3 +86,24 @@ def test_the_region_filter_is_a_parameter_too(demo_data) -> None:
     ref = scan(root, t.REQUESTS).filter(pl.col(c.REGION) == "us-east").select(
         c.HOST_NAME).unique().sort(c.HOST_NAME).collect()
     assert got[c.HOST_NAME].to_list() == ref[c.HOST_NAME].to_list() and got.height > 0
+
+
+def test_a_few_huge_rows_do_not_pass_the_row_cap(demo_data) -> None:
+    # 1,000 rows of 100 kB: under the row cap, far over the console's result bytes
+    query = "SELECT repeat('x', 100000) AS s FROM range(1000)"
+    result = run_query(demo_data[0], query, row_cap=10_000,
+                       limits=SandboxLimits(result_mb=2, timeout_s=30))
+    assert result.truncated and result.cut == "bytes"
+    assert 0 < result.frame.height < 1000 and result.frame.estimated_size() <= 2 << 20
+
+
+def test_the_console_runs_with_bounded_memory_and_threads(demo_data) -> None:
+    query = ("SELECT current_setting('memory_limit') AS m, current_setting('threads') AS t, "
+             "current_setting('lock_configuration') AS l")
+    row = run_query(demo_data[0], query, row_cap=1).frame.row(0, named=True)
+    assert row == {"m": "488.2 MiB", "t": CONSOLE_LIMITS.threads, "l": True}
+    heavy = ("SELECT count(*) FROM (SELECT md5(range::varchar) h FROM range(6000000) "
+             "ORDER BY h)")
+    with pytest.raises(SqlRejected, match="memory or temp-space limit"):
+        run_query(demo_data[0], heavy, row_cap=1,
+                  limits=SandboxLimits(memory_mb=32, temp_mb=8, threads=1, timeout_s=60))

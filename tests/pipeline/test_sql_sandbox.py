@@ -1,0 +1,121 @@
+"""``fleetlens sql`` runs in the read-only, bounded sandbox; its output is never markup.
+
+Each test drives the real command (click's CliRunner over the installed ``fleetlens`` group)
+against a real data directory on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from fleetlens.cli import cli
+from fleetlens.pipeline.sandbox import NotReadOnly, QueryRejected, SandboxLimits, run_read_only
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> DataDir:
+    data = DataDir(tmp_path / "data")
+    frame = pl.DataFrame({c.TRACE_ID: ["0af7651916cd43dd8448eb211c80319c"],
+                          c.SPAN_ID: ["b7ad6b7169203331"], c.NAME: ["llm_request"]})
+    write_parquet_atomic(frame, data.raw_segment_path("spans", 10**18, "w", 1))
+    return data
+
+
+def sql(root: DataDir, *args: str):  # noqa: ANN201 - click Result
+    # A wide terminal, so that a cell is not folded across lines.
+    return CliRunner().invoke(cli, ["sql", "--data-dir", str(root.root), *args],
+                              env={"COLUMNS": "400"})
+
+
+def test_files_outside_the_data_dir_cannot_be_read(root: DataDir, tmp_path: Path) -> None:
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for query in (f"select * from read_csv('{secret}')", f"select * from read_text('{secret}')",
+                  "select * from glob('/etc/*')"):
+        out = sql(root, query, "--format", "csv")
+        assert out.exit_code == 1, (query, out.output)
+        assert "Permission" in out.output and "root:x" not in out.output
+
+
+def test_explain_analyze_cannot_write_a_file(root: DataDir, tmp_path: Path) -> None:
+    # Inside the data dir too: DuckDB's allow-list for the views would let COPY write there.
+    targets = [tmp_path / "out.csv", root.root / "raw" / "out.csv"]
+    for target in targets:
+        for query in (f"EXPLAIN ANALYZE COPY (SELECT 1) TO '{target}'",
+                      f"/* hi */ explain analyze copy (select 1) to '{target}' (format csv)",
+                      f"EXPLAIN (FORMAT json) COPY (SELECT 1) TO '{target}'"):
+            out = sql(root, query)
+            assert out.exit_code == 2, (query, out.output)
+            assert "read-only" in out.output and "COPY" in out.output
+    assert not any(t.exists() for t in targets)
+    explained = sql(root, "EXPLAIN ANALYZE SELECT count(*) FROM spans", "--format", "csv")
+    assert explained.exit_code == 0 and "analyzed_plan" in explained.output, explained.output
+
+
+def test_limits_are_applied_and_locked(root: DataDir) -> None:
+    query = ("select current_setting('memory_limit') m, current_setting('threads') t, "
+             "current_setting('max_temp_directory_size') d, "
+             "current_setting('enable_external_access') e")
+    out = sql(root, query, "--memory-mb", "300", "--threads", "1", "--temp-mb", "50",
+              "--format", "json")
+    assert out.exit_code == 0, out.output
+    got = pl.read_json(out.output.encode()).row(0, named=True)
+    # DuckDB prints MB (10^6 bytes) as MiB
+    assert got == {"m": "286.1 MiB", "t": 1, "d": "47.6 MiB", "e": False}
+    out = sql(root, "SET memory_limit = '10GB'")
+    assert out.exit_code == 2 and "got SET" in out.output
+    locked = run_read_only(root, "select current_setting('lock_configuration') l")
+    assert locked.table.to_pylist() == [{"l": True}]
+
+
+def test_a_query_past_its_memory_and_temp_space_fails_cleanly(root: DataDir) -> None:
+    query = ("select count(*) from (select md5(range::varchar) h from range(6000000) "
+             "order by h)")
+    out = sql(root, query, "--memory-mb", "32", "--temp-mb", "8", "--threads", "1")
+    assert out.exit_code == 1, out.output
+    assert "memory or temp-space limit (32 MB memory, 8 MB temp)" in out.output
+
+
+def test_result_bytes_are_capped(root: DataDir) -> None:
+    query = "select repeat('x', 10000) as s from range(1000)"  # 10 MB in 1,000 rows
+    out = sql(root, query, "--format", "csv", "--max-result-mb", "1")
+    assert out.exit_code == 1 and "--max-result-mb 1" in out.output
+    assert "xxxx" not in out.output  # refused whole: no partial export
+    table = sql(root, query, "--max-result-mb", "1", "--max-rows", "1000")
+    assert table.exit_code == 0, table.output
+    assert "(1000 rows, first" in table.output and "passed --max-result-mb 1" in table.output
+    got = run_read_only(root, query, SandboxLimits(result_mb=1), row_cap=1000)
+    assert got.cut == "bytes" and 0 < got.table.num_rows < 1000
+    assert got.table.nbytes <= 1 << 20
+    whole = sql(root, query, "--format", "csv", "--max-result-mb", "20")
+    assert whole.exit_code == 0 and whole.output.count("\n") == 1001
+
+
+def test_telemetry_values_are_never_markup(root: DataDir) -> None:
+    query = ("select 'markup-[/]' as service, '[link=http://evil.example]ok[/link]' as link, "
+             "'a' || chr(27) || ']0;owned' || chr(7) || chr(27) || '[2J' || 'b' as esc, "
+             "'x' || chr(155) || '31m' as csi, '[bold]h' as \"[red]col\"")
+    out = sql(root, query)
+    assert out.exit_code == 0, out.output
+    assert "markup-[/]" in out.output
+    assert "[link=http://evil.example]ok[/link]" in out.output
+    assert "[red]col" in out.output and "[bold]h" in out.output
+    assert "\x1b" not in out.output and "\x9b" not in out.output and "\x07" not in out.output
+    assert "a\\x1b]0;owned\\x07\\x1b[2Jb" in out.output and "x\\x9b31m" in out.output
+
+
+def test_statement_check_of_the_shared_sandbox(root: DataDir) -> None:
+    with pytest.raises(NotReadOnly, match="got EXPLAIN"):
+        run_read_only(root, "EXPLAIN SELECT 1")  # the dashboard does not allow EXPLAIN
+    assert run_read_only(root, "EXPLAIN SELECT 1", allow_explain=True).table.num_rows == 1
+    with pytest.raises(NotReadOnly, match="got CREATE"):
+        run_read_only(root, "EXPLAIN ANALYZE CREATE TABLE x AS SELECT 1", allow_explain=True)
+    with pytest.raises(QueryRejected, match="stopped after 0.3 s"):
+        run_read_only(root, "select count(*) from range(100000000000) a, range(10) b",
+                      SandboxLimits(timeout_s=0.3))
