@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from fleetlens.collector.config import CollectorConfig
+from fleetlens.pipeline.schema.logsetup import configure_logging
 from fleetlens.pipeline.schema.settings import (
     DATA_DIR_HELP,
     DEFAULT_DATA_DIR,
@@ -56,7 +57,7 @@ def collector(data_dir: str | None, config_file: str | None, grpc_address: str |
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration: {exc}") from None
     root = data_dir or os.environ.get(ENV_DATA_DIR) or file_data_dir or DEFAULT_DATA_DIR
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(logging.INFO)
     try:
         run(config, root)
     except RuntimeError as exc:

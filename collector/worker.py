@@ -29,6 +29,7 @@ from fleetlens.collector.signals import BY_CODE
 from fleetlens.collector.sink import Segments, Sink
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import Wal, orphan_dirs, read_segment, remove_dir, segments
+from fleetlens.pipeline.schema.logsetup import configure_logging
 from fleetlens.pipeline.storage import TMP_SUFFIX, DataDir, safe_component
 
 #: Seconds gRPC waits for in-flight Exports at shutdown.
@@ -147,9 +148,8 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     limit_malloc_arenas()  # before gRPC starts its threads
     if parent_pid is not None:
         _die_with_parent(parent_pid)
-        # force: a forked worker inherits the supervisor's handler; tag lines with the slot
-        logging.basicConfig(level=logging.INFO, force=True,
-                            format=f"%(asctime)s worker{slot} %(levelname)s %(message)s")
+        # a forked worker inherits the supervisor's handler: replace it, tag lines with the slot
+        configure_logging(logging.INFO, process_tag=f"worker{slot}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -11,6 +11,7 @@ To add a subcommand, write it as a click command in its component and add one li
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -122,7 +123,12 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fleetlens")
-def cli() -> None:
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default=None, help="Log level of the services [env FLEETLENS_LOG_LEVEL].")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="Service logs as text or one JSON object per line "
+                   "[env FLEETLENS_LOG_FORMAT].")
+def cli(log_level: str | None, log_format: str | None) -> None:
     """fleetlens: find out why your LLM inference fleet got slow.
 
     Ingests OpenTelemetry spans (vLLM, any OTel server) and GPU/engine telemetry, computes
@@ -133,6 +139,13 @@ def cli() -> None:
     Configuration: fleetlens.toml (--config, else $FLEETLENS_CONFIG) with FLEETLENS_*
     environment overrides; see `fleetlens config check --help`.
     """
+    # Through the environment, so forked collector workers and child processes inherit it;
+    # pipeline.schema.logsetup reads it (the names are defined there).
+    from fleetlens.pipeline.schema import logsetup
+
+    for value, variable in ((log_level, logsetup.LEVEL_ENV), (log_format, logsetup.FORMAT_ENV)):
+        if value is not None:
+            os.environ[variable] = value
 
 
 def main() -> None:
