@@ -1,4 +1,9 @@
-"""Terminal tables for the analytics commands (rich, plain when not a terminal)."""
+"""Terminal tables for the analytics commands (rich, plain when not a terminal).
+
+Every cell goes through :func:`pipeline.terminal.cell`: service, host, model and cause
+subjects come from telemetry and are never parsed as Rich markup nor passed raw control
+characters to the terminal.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,13 @@ from rich.table import Table
 
 from fleetlens.analytics.report import iso
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.terminal import cell, plain
 
 NS = 1_000_000_000
+
+
+def _row(table: Table, *values: object) -> None:
+    table.add_row(*(cell(v) for v in values))
 
 
 def _render(table: Table) -> str:
@@ -27,7 +37,8 @@ def incidents_table(frame: pl.DataFrame) -> str:
     for row in frame.iter_rows(named=True):
         scope = "/".join(v for v in (row[c.SERVICE_NAME], row[c.HOST_NAME]) if v != "*")
         ratio = row[c.PEAK] / row[c.EXPECTED] if row[c.EXPECTED] else float("nan")
-        table.add_row(
+        _row(
+            table,
             row[c.INCIDENT_ID], iso(row[c.START_NS]),
             f"{(row[c.END_NS] - row[c.START_NS]) / NS / 60:.0f}", row[c.SEVERITY],
             scope or "fleet", row[c.METRIC], f"x{ratio:.2f}", row.get(c.CAUSE) or "-",
@@ -41,7 +52,8 @@ def baselines_table(frame: pl.DataFrame) -> str:
     table = Table("series", "method", "at (UTC)", "value", "expected", "band")
     for row in frame.iter_rows(named=True):
         value = row.get(c.VALUE)
-        table.add_row(
+        _row(
+            table,
             row[c.SERIES], row[c.METHOD], iso(row[c.TS_NS]),
             "-" if value is None else f"{value:.4g}", f"{row[c.EXPECTED]:.4g}",
             f"{row[c.LOWER]:.4g} .. {row[c.UPPER]:.4g}",
@@ -57,7 +69,8 @@ def leaderboard_table(board: pl.DataFrame, best: dict | None, sla: dict[str, flo
     table = Table("rank (95% CI)", "model", "gpu", "config", "bucket", "ttft p99", "tpot p99",
                   "tok/s/GPU", "J/token", "HBM util", "score", "entropy", "pareto")
     for row in board.iter_rows(named=True):
-        table.add_row(
+        _row(
+            table,
             f"{row[c.RANK]} ({row[c.RANK_LO]}-{row[c.RANK_HI]})", row[c.MODEL],
             row[c.GPU_MODEL], row[c.CONFIG], row.get(c.PROMPT_BUCKET) or "all",
             num(row[c.percentile_column("ttft", "p99")], ".3f"),
@@ -70,4 +83,4 @@ def leaderboard_table(board: pl.DataFrame, best: dict | None, sla: dict[str, flo
     verdict = (f"best under SLA ({limits}): {best[c.MODEL]} on {best[c.GPU_MODEL]} "
                f"{best[c.CONFIG]} at {num(best[c.J_PER_TOKEN], '.3f')} J/token"
                if best else f"no configuration meets the SLA ({limits})")
-    return _render(table) + verdict + "\n"
+    return _render(table) + plain(verdict) + "\n"
