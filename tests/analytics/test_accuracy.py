@@ -28,3 +28,31 @@ def test_accuracy_targets_end_to_end(tmp_path) -> None:
     assert summary["top1_accuracy"] >= 0.90, notes
     assert summary["false_incidents_per_clean_day"] <= 1.0, notes
     assert summary["false_incidents_in_incident_runs"] == 0, notes
+
+
+#: The small random suite: fleets drawn from this seed (never chosen for its figures).
+RANDOM_FLEETS, RANDOM_SEED = 3, 1
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.xfail(strict=False, reason=(
+    "today's rules miss the targets on this draw (measured 2026-12-01, seed 1, 3 fleets, 10 "
+    "injected, 9 validated, 1 dropped): recall 0.78, top-1 0.57, top-3 1.00, subject 0.86, 0 "
+    "false incidents per clean day. Misses: two overlapping faults on different hosts of one "
+    "service become one incident ranked for one cause; a prefix-cache drop on one host and a "
+    "power cap on one GPU not detected; a long-prompt surge ranked as a power cap"))
+def test_random_suite_targets(tmp_path) -> None:
+    """A few random fleets (simulator.randomfleet SMALL), incidents validated against paired
+    control runs, scored end to end: the acceptance targets of the random suite."""
+    from bench.accuracy_random import report, run_random
+    from fleetlens.simulator.randomfleet import SMALL
+
+    result = run_random(RANDOM_FLEETS, RANDOM_SEED, SMALL, tmp_path, log=lambda _line: None)
+    summary = result.score.summary()
+    notes = report(result) + "\n" + "\n".join(result.score.misses)
+    assert summary["injected"] >= 6, notes  # validation kept enough incidents to mean something
+    assert summary["recall"] >= 0.95, notes
+    assert summary["top1_accuracy"] >= 0.90, notes
+    assert summary["subject_accuracy"] >= 0.85, notes
+    assert summary["false_incidents_per_clean_day"] <= 1.0, notes
