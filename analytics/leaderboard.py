@@ -149,7 +149,9 @@ def leaderboard(prepared: pl.DataFrame, config: AnalyticsConfig | None = None, *
     """
     config = config or AnalyticsConfig()
     keys = [*KEY, c.PROMPT_BUCKET] if by_bucket else list(KEY)
-    base = _metrics(prepared, keys)
+    # Sorted: group_by's order varies run to run, and the bootstrap draws its resamples
+    # configuration by configuration in this order (otherwise the same data gave other CIs).
+    base = _metrics(prepared, keys).sort(keys, nulls_last=True)
     if base.is_empty():
         return base
     base = base.with_columns(pl.Series(c.MEM_BW_UTIL, bandwidth_util(base, config),
@@ -173,7 +175,11 @@ def _bootstrap(prepared: pl.DataFrame, scored: pl.DataFrame, keys: list[str],
     samples = []
     for row in rows:
         mask = pl.all_horizontal([pl.col(k) == v for k, v in row.items()])
-        part = prepared.filter(mask)
+        # Resampled by position: a fixed order makes the intervals independent of the order
+        # the rows were read in (a DuckDB scan and a Polars scan order them differently).
+        order = [k for k in (c.ARRIVAL_NS, c.TRACE_ID, c.SPAN_ID, c.REQUEST_ID)
+                 if k in prepared.columns]
+        part = prepared.filter(mask).sort(order) if order else prepared.filter(mask)
         if part.height > 20000:
             part = part.sample(20000, seed=seed)
         samples.append(part)

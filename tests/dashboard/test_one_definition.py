@@ -107,3 +107,55 @@ def test_a_phase_that_got_faster_does_not_dwarf_the_excess() -> None:
     lo, hi = fig.layout.yaxis.range
     assert hi > 6.0 and -0.5 * hi < lo < 0  # scaled to the +6 ms that explains the spike
     assert "-177.0 ms" in fig.data[0].text[2]  # the faster phase still says by how much
+
+
+def test_kv_page_shows_analytics_kv_summary(app, demo_data) -> None:
+    """Headroom is analytics' 1 - p95 of usage, not 1 - the peak."""
+    from fleetlens.analytics.kvcache import kv_summary
+
+    root = demo_data[0]
+    gpus = scan(root, t.GPU_SAMPLES).group_by(c.HOST_NAME).agg(pl.col(c.GPU_MODEL).first())
+    expected = kv_summary(scan(root, t.ENGINE_SAMPLES).collect(),
+                          scan(root, t.INSTANCE_GPUS).collect(),
+                          dict(gpus.collect().iter_rows()), AnalyticsConfig())
+    open_page(app, "kv_cache")
+    shown = frames(app)[-1].sort(c.INSTANCE_ID)
+    expected = expected.sort(c.INSTANCE_ID)
+    assert shown[c.INSTANCE_ID].to_list() == expected[c.INSTANCE_ID].to_list()
+    for col in (c.KV_HEADROOM, "kv_usage_p95", c.PREEMPTIONS, c.PREFIX_HIT_RATE):
+        assert shown[col].to_list() == pytest.approx(expected[col].to_list()), col
+    least = next(m for m in app.metric if m.label == "Least headroom").value
+    assert least == f"{100 * expected[c.KV_HEADROOM].min():.0f}%"
+
+
+def _close_configs(n: int = 40) -> pl.DataFrame:
+    """Requests of three configurations with overlapping latencies: uncertain ranks."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for i, gpu in enumerate(("A100", "H100", "L40S")):
+        for k in range(n):
+            ttft = float(rng.lognormal(-2 + 0.05 * i, 0.6))
+            rows.append({c.REQUEST_ID: f"{gpu}-{k}", c.TRACE_ID: f"{i:016x}{k:016x}",
+                         c.SPAN_ID: f"{k:016x}", c.MODEL: "m", c.GPU_MODEL: gpu,
+                         c.HOST_NAME: f"h{i}", c.INSTANCE_ID: f"h{i}/m/0",
+                         c.ARRIVAL_NS: k * 10**9, c.END_NS: k * 10**9 + 2 * 10**9,
+                         c.TTFT_S: ttft, c.TPOT_S: float(rng.lognormal(-4, 0.3)),
+                         c.E2E_S: ttft + 1.0, c.INPUT_TOKENS: 100, c.OUTPUT_TOKENS: 50,
+                         c.CACHED_TOKENS: 0})
+    return pl.DataFrame(rows)
+
+
+def test_leaderboard_intervals_do_not_depend_on_row_order() -> None:
+    """The page reads requests through DuckDB, the CLI through Polars: other row orders."""
+    empty = pl.DataFrame(schema={c.INSTANCE_ID: pl.String, c.GPU_UUID: pl.String})
+    gpus = pl.DataFrame(schema={c.HOST_NAME: pl.String, c.GPU_MODEL: pl.String})
+    prepared = prepare(_close_configs(), empty, gpus)
+    config = AnalyticsConfig(bootstrap_samples=50)
+    boards = [leaderboard(prepared.sample(fraction=1.0, shuffle=True, seed=seed), config)
+              for seed in range(6)]
+    assert (boards[0][c.RANK_HI] > boards[0][c.RANK_LO]).any()  # the ranks are uncertain
+    for board in boards[1:]:
+        assert board.select(c.RANK, c.RANK_LO, c.RANK_HI).equals(
+            boards[0].select(c.RANK, c.RANK_LO, c.RANK_HI))
