@@ -38,6 +38,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "signals": incident.signals,
     "slowest_requests": incident.slowest_requests,
     "kv_instances": explore.kv_instances,
+    "kv_summary": explore.kv_summary,
     "kv_vs_latency": explore.kv_vs_latency,
     "energy_by": explore.energy_by,
     "power_vs_limit": explore.power_vs_limit,

@@ -41,15 +41,22 @@ def kv_instances(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
     return run(con, sql, params)
 
 
-def kv_summary(frame: pl.DataFrame) -> pl.DataFrame:
-    """Per instance: mean and peak usage, headroom, preemptions and prefix hit rate."""
-    return frame.group_by(c.INSTANCE_ID, c.HOST_NAME, c.MODEL).agg(
-        pl.col("kv_usage").mean().alias("kv_usage_mean"),
-        pl.col("kv_max").max().alias("kv_usage_peak"),
-        (1 - pl.col("kv_max").max()).alias("headroom_at_peak"),
-        pl.col("preemptions").sum().alias("preemptions"),
-        pl.col(c.PREFIX_HIT_RATE).mean().alias(c.PREFIX_HIT_RATE),
-    ).sort("kv_usage_peak", descending=True)
+def kv_summary(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Per instance, as ``analytics.kvcache.kv_summary`` computes it: usage mean/p95/max,
+    headroom (1 - p95), preemptions (reset-aware), prefix hit rate and KV capacity."""
+    from fleetlens.analytics.kvcache import kv_summary as analytics_kv_summary
+    from fleetlens.dashboard.ranking import analytics_config
+
+    clause, params = where(con, f, time_col=c.TS_NS)
+    engine = run(con, f"SELECT * FROM {t.ENGINE_SAMPLES} WHERE {clause}", params)
+    if engine.is_empty():
+        return engine
+    mapping = run(con, f"SELECT DISTINCT {c.INSTANCE_ID}, {c.GPU_UUID} FROM {t.INSTANCE_GPUS}",
+                  {})
+    gpus = run(con, f"SELECT {c.HOST_NAME}, any_value({c.GPU_MODEL}) AS {c.GPU_MODEL} "
+                    f"FROM {t.GPU_SAMPLES} GROUP BY 1", {})
+    return analytics_kv_summary(engine, mapping, dict(gpus.iter_rows()),
+                                analytics_config()).sort("kv_usage_max", descending=True)
 
 
 def kv_vs_latency(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:

@@ -5,7 +5,6 @@ import polars as pl
 import streamlit as st
 
 from fleetlens.dashboard import data, ui
-from fleetlens.dashboard.explore import kv_summary
 from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
@@ -15,15 +14,18 @@ if frame.is_empty():
     ui.empty_note("engine samples")
     st.stop()
 frame = ui.with_time(frame, c.TS_NS)
-summary = kv_summary(frame)
-cols = st.columns(4)
+summary = data.load("kv_summary", f)  # analytics' definitions (fleetlens analyze's)
+cols = st.columns(5)
 cols[0].metric("Instances", summary.height)
-cols[1].metric("Peak KV usage", f"{100 * summary['kv_usage_peak'].max():.0f}%")
-cols[2].metric("Preemptions", f"{int(summary['preemptions'].sum()):,}")
+cols[1].metric("Peak KV usage", f"{100 * summary['kv_usage_max'].max():.0f}%")
+cols[2].metric("Least headroom", f"{100 * summary[c.KV_HEADROOM].min():.0f}%",
+               help="1 - the 95th percentile of KV usage, of the fullest instance.")
+cols[3].metric("Preemptions", f"{int(summary[c.PREEMPTIONS].sum()):,}")
 hit = summary[c.PREFIX_HIT_RATE].mean()
-cols[3].metric("Prefix hit rate", "n/a" if hit is None else f"{100 * hit:.0f}%")
+cols[4].metric("Prefix hit rate", "n/a" if hit is None else f"{100 * hit:.0f}%",
+               help="Mean over instances of each one's token-level hit rate.")
 
-top = summary.head(8)[c.INSTANCE_ID].to_list()
+top = summary.head(8)[c.INSTANCE_ID].to_list()  # the fullest eight
 busy = frame.filter(pl.col(c.INSTANCE_ID).is_in(top))
 left, right = st.columns(2)
 left.plotly_chart(ui.lines(busy, "kv_usage", c.INSTANCE_ID,
@@ -41,4 +43,7 @@ fig.update_layout(title="Queue time p99 against KV usage (host windows)", height
                   margin={"l": 10, "r": 10, "t": 40, "b": 10})
 right.plotly_chart(fig, key="kv_scatter")
 st.subheader("Per instance")
-st.dataframe(summary, hide_index=True, key="kv_table")
+st.dataframe(summary, hide_index=True, key="kv_table", column_config={
+    col: st.column_config.NumberColumn(col, format="percent")
+    for col in ("kv_usage_mean", "kv_usage_p95", "kv_usage_max", c.KV_HEADROOM,
+                c.PREFIX_HIT_RATE)})
