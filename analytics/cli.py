@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -36,32 +35,15 @@ def _root(data_dir: str | None, config_file: str | None = None, *,  # noqa: ANN2
     return resolve_data_dir(data_dir, config_file, must_exist=must_exist)
 
 
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
-
-
 def parse_since(text: str, now_ns: int | None = None) -> int:
-    """``2h`` / ``30m`` / ``1d`` ago, an ISO-8601 time (UTC if no zone), or a Unix time in
-    seconds, ms, µs or ns (told apart by size, as a date in years 1973-5138 needs)."""
-    import datetime as dt
+    """``2h`` / ``30m`` / ``1d`` ago, ``now-2h``, an ISO-8601 time (UTC if no zone), or a
+    Unix time in s, ms, µs or ns: the one time grammar (:mod:`pipeline.schema.timegrammar`)."""
+    from fleetlens.pipeline.schema.timegrammar import parse_time
 
-    now_ns = now_ns if now_ns is not None else time.time_ns()
-    match = _RELATIVE.match(text.strip())
-    if match:
-        scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-        return now_ns - int(float(match[1]) * scale * NS)
-    if text.strip().isdigit():
-        value = int(text)
-        for scale in (NS, 10**6, 10**3):  # seconds, ms, µs since the epoch
-            if value < 10**11 * NS // scale:
-                return value * scale
-        return value
     try:
-        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use e.g. 2h, 30m, 2026-01-01T10:00Z or ns") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return int(moment.timestamp() * NS)
+        return parse_time(text, now_ns)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command()

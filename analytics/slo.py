@@ -11,12 +11,12 @@ import re
 from dataclasses import dataclass
 
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.timegrammar import DURATION_PATTERN, duration_seconds
 
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
+# Threshold and duration are durations of the one grammar (850ms, 10 s, 2m, ...).
 _RULE = re.compile(
     r"^\s*(?P<pct>p\d{2})\s*\(\s*(?P<metric>[a-z0-9]+)\s*\)\s*(?P<op>>=|>)\s*"
-    r"(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>us|ms|s|min|m)"
-    r"(?:\s+for\s+(?P<dur>\d+(?:\.\d+)?)\s*(?P<dunit>us|ms|s|min|m))?\s*$"
+    rf"{DURATION_PATTERN}(?:\s+for\s+{DURATION_PATTERN})?\s*$"  # groups 4-5, 6-7
 )
 
 
@@ -60,11 +60,11 @@ def parse_rule(text: str) -> SloRule:
         column = c.percentile_column(metric, pct)
     except ValueError as exc:
         raise ValueError(f"SLO rule {text!r}: {exc}") from None
-    duration = float(match["dur"]) * _UNITS[match["dunit"]] if match["dur"] else 0.0
+    duration = duration_seconds(match[6], match[7]) if match[6] else 0.0
     return SloRule(
         text=" ".join(text.split()),
         column=column,
-        threshold_s=float(match["value"]) * _UNITS[match["unit"]],
+        threshold_s=duration_seconds(match[4], match[5]),
         inclusive=match["op"] == ">=",
         for_s=duration,
     )

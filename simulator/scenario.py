@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import time
 import tomllib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from typing import Any
 
 from fleetlens.pipeline.schema import CAUSES
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.timegrammar import parse_time
 from fleetlens.simulator.specs import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelSpec, from_preset
 
 
@@ -236,12 +238,13 @@ def _positive(value: Any, where: str) -> float:
     return float(value)
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+NS_PER_S = 1_000_000_000
 
 
 def parse_start(value: Any) -> int:
     """A start time in ns: an ISO time (UTC unless it says otherwise), ``now``, or ``now-6h``
-    (units s, m, h, d; relative starts are rounded down to the minute and not reproducible).
+    (the one time grammar of :mod:`pipeline.schema.timegrammar`; relative starts are rounded
+    down to the minute and not reproducible).
 
     Raises:
         ScenarioError: not a time.
@@ -250,27 +253,19 @@ def parse_start(value: Any) -> int:
 
 
 def _start_ns(value: Any) -> int:
-    text = str(value).strip()
-    if text.startswith("now"):
-        back = text[3:].replace(" ", "")
-        seconds = 0
-        if back:
-            number = back[1:-1].replace(".", "", 1)
-            if back[0] != "-" or back[-1] not in _UNITS or not number.isdigit():
-                raise ScenarioError(
-                    f"[fleet].start: expected now or now-<N>(s|m|h|d), got {text!r}")
-            seconds = float(back[1:-1]) * _UNITS[back[-1]]
-        now = int(datetime.now(UTC).timestamp()) // 60 * 60
-        return int(now - seconds) * 1_000_000_000
-    if isinstance(value, datetime):
+    if isinstance(value, datetime):  # a TOML datetime
         moment = value if value.tzinfo else value.replace(tzinfo=UTC)
-    else:
-        try:
-            moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
-            raise ScenarioError(f"[fleet].start: not an ISO time: {value!r}") from None
-        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+        return int(moment.timestamp()) * NS_PER_S + moment.microsecond * 1000
+    text = str(value).strip()
+    try:
+        ns = parse_time(text)
+    except ValueError as exc:
+        raise ScenarioError(f"[fleet].start: {exc}") from None
+    if ns > time.time_ns() + 60 * NS_PER_S:  # collectors refuse data from the future
+        raise ScenarioError(f"[fleet].start: {text!r} is in the future")
+    if text.startswith("now"):
+        return ns // (60 * NS_PER_S) * 60 * NS_PER_S
+    return ns
 
 
 def _hosts(entry: dict[str, Any], where: str) -> list[Host]:
