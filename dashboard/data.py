@@ -23,6 +23,7 @@ from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_
 QUERIES: dict[str, Callable[..., Any]] = {
     "extent": queries.extent,
     "options": queries.options,
+    "scope_hosts": queries.scope_hosts,
     "fleet_series": queries.fleet_series,
     "fleet_band": queries.fleet_band,
     "host_ranking": queries.host_ranking,

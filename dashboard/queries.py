@@ -66,6 +66,15 @@ def options(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     return out
 
 
+def scope_hosts(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str]]:
+    """Distinct (service, model, host) served in the data: the hosts a scope offers."""
+    rows = con.cursor().execute(
+        f"SELECT DISTINCT {c.SERVICE_NAME}, {c.MODEL}, {c.HOST_NAME} FROM {t.WINDOWS} "
+        f"WHERE {c.HOST_NAME} <> $fleet AND {c.SERVICE_NAME} <> $fleet AND {c.MODEL} <> $fleet "
+        "ORDER BY 1, 2, 3", {"fleet": t.FLEET_WIDE}).fetchall()
+    return [tuple(r) for r in rows]
+
+
 def _window_rows(con: duckdb.DuckDBPyConnection, f: Filters) -> tuple[str, dict[str, Any]]:
     """WHERE clause for the ``windows`` rows matching ``f`` at the finest window size.
 

@@ -11,7 +11,7 @@ import polars as pl
 import streamlit as st
 
 from fleetlens.analytics.units import duration, versus  # noqa: F401 - the pages use them as ui.*
-from fleetlens.dashboard import data
+from fleetlens.dashboard import data, url_state
 from fleetlens.dashboard.filters import Filters
 from fleetlens.pipeline.schema import columns as c
 
@@ -60,30 +60,62 @@ def ys(frame: pl.DataFrame, column: str) -> np.ndarray:
     return frame[column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
 
 
+def narrowed(options: dict[str, list[str]], scope: list[tuple[str, str, str]],
+             services: list[str], models: list[str]) -> dict[str, list[str]]:
+    """The filter options once services (and models) are picked: only the models those
+    services serve and the hosts serving them."""
+    rows = [r for r in scope if (not services or r[0] in services)]
+    out = dict(options)
+    if services:
+        out[c.MODEL] = [m for m in options.get(c.MODEL, []) if any(r[1] == m for r in rows)]
+    rows = [r for r in rows if not models or r[1] in models]
+    if services or models:
+        out[c.HOST_NAME] = [h for h in options.get(c.HOST_NAME, [])
+                            if any(r[2] == h for r in rows)]
+    return out
+
+
 def sidebar() -> Filters:
-    """Render the time range picker, dimension filters and refresh controls; return filters."""
+    """Render the time range picker, dimension filters and refresh controls; return filters.
+
+    The picks live in the URL too (:mod:`dashboard.url_state`): a shared link opens the
+    same range and scope.
+    """
     lo, hi = data.load("extent")
     opts = data.load("options")
+    state = st.session_state
+    bounds = (to_datetime(lo), to_datetime(hi)) if lo is not None and hi is not None else None
+    url_state.seed(state, {k: st.query_params.get_all(k) for k in st.query_params},
+                   {name: opts.get(col, []) for name, col in FILTER_KEYS.items()}, bounds)
+    state.setdefault("f_range", list(RANGES)[DEFAULT_RANGE])
     with st.sidebar:
         st.caption(f"Data: `{data.data_dir().root}`")
-        choice = st.selectbox("Time range", [*RANGES, "Custom"], index=DEFAULT_RANGE,
-                              key="f_range", help="Relative to the newest data.")
+        choice = st.selectbox("Time range", [*RANGES, "Custom"], key="f_range",
+                              help="Relative to the newest data.")
         start = end = None
-        if lo is not None and hi is not None:
+        if bounds is not None:
             if choice == "Custom":
-                picked = st.slider("From / to (UTC)", min_value=to_datetime(lo),
-                                   max_value=to_datetime(hi),
-                                   value=(to_datetime(lo), to_datetime(hi)), key="f_custom",
-                                   format="MM-DD HH:mm", step=dt.timedelta(minutes=1))
+                state.setdefault("f_custom", bounds)
+                picked = st.slider("From / to (UTC)", min_value=bounds[0], max_value=bounds[1],
+                                   key="f_custom", format="MM-DD HH:mm",
+                                   step=dt.timedelta(minutes=1))
                 start, end = int(picked[0].timestamp() * NS), int(picked[1].timestamp() * NS)
             elif RANGES[choice] is not None:
                 start, end = max(lo, hi - RANGES[choice] * NS), hi
-        picks = {}
+        picks: dict[str, tuple[str, ...]] = {}
         for name, column in FILTER_KEYS.items():
+            if name in ("models", "hosts"):
+                opts = narrowed(opts, data.load("scope_hosts"), list(picks.get("services", ())),
+                                list(picks.get("models", ())))
             values = opts.get(column, [])
-            picks[name] = tuple(st.multiselect(name.capitalize(), values, key=f"f_{name}",
+            key = f"f_{name}"
+            # A pick the narrowed list no longer offers would make the widget fail.
+            if key in state:
+                state[key] = [v for v in state[key] if v in values]
+            picks[name] = tuple(st.multiselect(name.capitalize(), values, key=key,
                                                disabled=not values))
         _refresh_controls()
+    url_state.write(st.query_params, state)
     return Filters(start, end, **picks)
 
 
