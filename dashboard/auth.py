@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import secrets
 
 import streamlit as st
 
 from fleetlens.dashboard.config import ENV_PASSWORD, DashboardConfig
+from fleetlens.dashboard.throttle import Throttle
 
 _N, _R, _P = 2**14, 8, 1
 
@@ -62,12 +64,39 @@ def require_login(cfg: DashboardConfig) -> None:
     with st.form("login"):
         password = st.text_input("Password", type="password", key="password")
         submitted = st.form_submit_button("Log in")
-    if submitted and verify_password(password, cfg):
+    if submitted:
+        _check(password, cfg)
+    st.stop()
+
+
+@st.cache_resource(show_spinner=False)
+def throttle() -> Throttle:
+    """The server's failed-login record (shared by every session)."""
+    return Throttle()
+
+
+def _client() -> str:
+    """The browser's address as the server saw it (one record for all when unknown)."""
+    try:
+        address = st.context.ip_address
+    except Exception:  # noqa: BLE001 - no request context (bare runs)
+        address = None
+    return address if isinstance(address, str) and address else "unknown"
+
+
+def _check(password: str, cfg: DashboardConfig) -> None:
+    """Sign the session in, or say why not; a throttled client's try is not checked."""
+    client, record = _client(), throttle()
+    wait = record.wait_s(client)
+    if wait > 0:
+        st.error(f"Too many failed logins: try again in {math.ceil(wait)} s.")
+        return
+    if verify_password(password, cfg):
+        record.succeeded(client)
         st.session_state["_authenticated"] = True
         st.rerun()
-    if submitted:
-        st.error("Wrong password.")
-    st.stop()
+    wait = record.failed(client)
+    st.error("Wrong password." + (f" Next try in {math.ceil(wait)} s." if wait else ""))
 
 
 def _oidc_configured() -> bool:
