@@ -66,7 +66,7 @@ def analyze(data_dir: str | None, config_file: str | None, follow: bool, interva
     while True:
         result = run(root, config, echo=click.echo, refit_prophet=refit)
         for error in result.post_errors:
-            click.echo(f"webhook failed (will retry): {error}", err=True)
+            click.echo(f"webhook failed: {error}", err=True)
         click.echo(f"analytics: {result.analysis.incidents.height} incidents "
                    f"({len(result.new_incidents)} new) in {result.seconds:.2f} s", err=True)
         if not follow:

@@ -28,6 +28,41 @@ def _default_sla() -> dict[str, float]:
     return {"ttft_p99_s": 0.5, "tpot_p99_s": 0.05}
 
 
+#: Webhook payload formats (analytics/webhook_formats.py).
+WEBHOOK_FORMATS = ("native", "slack", "pagerduty", "alertmanager")
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """One webhook as a table: ``{url = "...", format = "slack"}``.
+
+    A plain string in ``webhooks`` is ``{url = "...", format = "native"}``.
+    """
+
+    #: http(s) URL posted to (Alertmanager: ``.../api/v2/alerts``; PagerDuty:
+    #: ``https://events.pagerduty.com/v2/enqueue``).
+    url: str = ""
+    #: native (fleetlens JSON), slack, pagerduty (Events v2) or alertmanager (v2 alerts API).
+    format: str = "native"
+    #: native only: HMAC-SHA256 key; posts carry X-Fleetlens-Timestamp and
+    #: X-Fleetlens-Signature: sha256=HMAC(secret, timestamp + "." + body).
+    secret: str | None = None
+    #: pagerduty only: the integration's routing key.
+    routing_key: str | None = None
+
+    def validate(self) -> None:
+        from fleetlens.analytics.webhook_http import redact_url
+
+        require(self.url.startswith(("http://", "https://")), "url",
+                f"{redact_url(self.url)!r} is not an http(s) URL")
+        require(self.format in WEBHOOK_FORMATS, "format",
+                f"{self.format!r} is not one of {', '.join(WEBHOOK_FORMATS)}")
+        require(self.format != "pagerduty" or bool(self.routing_key), "routing_key",
+                "a pagerduty webhook needs its routing_key")
+        require(self.secret is None or self.format == "native", "secret",
+                "only native webhooks are signed")
+
+
 @dataclass(frozen=True)
 class AnalyticsConfig:
     """Baselines, detection, attribution, webhooks and leaderboard settings."""
@@ -86,9 +121,15 @@ class AnalyticsConfig:
     prophet_levels: tuple[str, ...] = ("service", "fleet")
     prophet_interval_width: float = 0.99
     prophet_workers: int = 2
-    #: POST each new incident as JSON to these http(s) URLs.
-    webhooks: tuple[str, ...] = ()
+    #: Where new incidents are posted: URLs (native JSON) or tables with a format
+    #: ({url = "...", format = "slack" | "pagerduty" | "alertmanager", secret, routing_key}).
+    webhooks: tuple[str | WebhookConfig, ...] = ()
+    #: Deadline of one post, all of it (connect, send, answer): a dribbling server cannot
+    #: hold a post longer.
     webhook_timeout_s: float = 5.0
+    #: The dashboard's address as receivers reach it (e.g. https://fleetlens.example:8501):
+    #: alerts then link to the incident's page.
+    dashboard_url: str | None = None
     #: Leaderboard: score weights per column, SLA (column -> max), bootstrap resamples.
     leaderboard_weights: dict[str, float] = field(default_factory=_default_weights)
     sla: dict[str, float] = field(default_factory=_default_sla)
@@ -127,9 +168,14 @@ class AnalyticsConfig:
                 "must be in (0, 1)")
         require(self.webhook_timeout_s > 0, "webhook_timeout_s", "must be positive")
         require(self.bootstrap_samples >= 10, "bootstrap_samples", "must be at least 10")
-        for url in self.webhooks:
-            require(url.startswith(("http://", "https://")), "webhooks",
-                    f"{url!r} is not an http(s) URL")
+        for i, hook in enumerate(self.hooks()):
+            try:
+                hook.validate()
+            except ConfigError as exc:
+                raise ConfigError(f"webhooks[{i}].{exc}") from None
+        require(self.dashboard_url is None
+                or self.dashboard_url.startswith(("http://", "https://")), "dashboard_url",
+                "must be an http(s) URL")
         for name in self.detect_metrics:
             base = name.split("_")[0]
             require(base in _WINDOW_METRICS and name.endswith("_s"), "detect_metrics",
@@ -145,6 +191,10 @@ class AnalyticsConfig:
             parts = str(shape).split(",")
             require(len(parts) == 5, "model_shapes",
                     f"{model}: expected 'params_b,layers,kv_heads,head_dim,dtype_bytes'")
+
+    def hooks(self) -> tuple[WebhookConfig, ...]:
+        """Every webhook as a :class:`WebhookConfig` (plain URLs are native hooks)."""
+        return tuple(WebhookConfig(url=h) if isinstance(h, str) else h for h in self.webhooks)
 
 
 SEVERITIES = _SEVERITIES

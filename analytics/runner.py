@@ -45,7 +45,7 @@ class RunResult:
 
 
 def state_dir(data_dir: DataDir) -> Path:
-    """Where analytics keeps its state (notified incidents, provenance, Prophet schedule)."""
+    """Where analytics keeps its state (webhook deliveries, provenance, Prophet schedule)."""
     return data_dir.state / "analytics"
 
 
@@ -103,13 +103,20 @@ def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
     a consistent set of the pipeline's partitions, and retention deletes none under it.
     """
     root = data_dir if isinstance(data_dir, DataDir) else DataDir(data_dir)
-    with exclusive(root, "analytics"):
-        return _run(root, config or AnalyticsConfig(), notify, echo, refit_prophet)
-
-
-def _run(root: DataDir, config: AnalyticsConfig, notify: bool,
-         echo: Callable[[str], None] | None, refit_prophet: bool) -> RunResult:
+    config = config or AnalyticsConfig()
     started = time.perf_counter()
+    with exclusive(root, "analytics"):
+        result = _run(root, config, refit_prophet)
+    if notify:
+        # Outside the job lock: a slow webhook must not hold up the pipeline or compaction
+        # (webhook.py takes its own lock against a second analyze posting the same).
+        result.new_incidents, result.posted, result.post_errors = notify_new(
+            state_dir(root), result.analysis, config, echo)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool) -> RunResult:
     tables = _limit(Tables.from_data_dir(root), config.history_s)
     analysis = analyse(tables, config)
     since = None
@@ -127,11 +134,6 @@ def _run(root: DataDir, config: AnalyticsConfig, notify: bool,
         result.prophet_series = refresh_prophet(root, analysis.banded, config,
                                                 force=refit_prophet)
     write_json_atomic(state_dir(root) / "provenance.json", provenance(root, analysis))
-    if notify:
-        result.new_incidents, result.posted, result.post_errors = notify_new(
-            state_dir(root) / "notified.json", analysis.incidents, analysis.causes, config,
-            echo)
-    result.seconds = time.perf_counter() - started
     return result
 
 

@@ -1,75 +1,144 @@
-"""Post new incidents as JSON to webhooks (and a line to stdout).
+"""Deliver incidents to webhooks, each webhook with its own delivery state.
 
-An incident is *new* until it has been delivered: its id is added to the ``notified`` state
-file only after every webhook answered 2xx, so a webhook that is down gets the incident on
-a later run (at least once; receivers deduplicate on ``incident_id``).
+State (``state/analytics/deliveries.json``): the incidents ever seen, and per webhook (keyed
+by its URL and format) a queue of pending events (``trigger``, and ``resolve`` for formats
+that take it) and the incidents it has open. An incident seen for the first time is queued
+for every configured webhook; each webhook then works through its own queue, so a failing
+hook retries only its own events instead of re-posting every incident to all the others.
+
+- A retryable failure (network, deadline, 5xx, 429) stops that hook's queue for this run;
+  the events stay queued, in order, for the next run (at least once: receivers deduplicate
+  on the incident id).
+- A permanent failure (other 4xx, a refused redirect) drops that event with an error: it
+  would fail the same way again.
+- A webhook added later gets incidents seen from then on; a removed one's queue is dropped.
+- An incident *ends* when ``merge_gap_s`` of data has passed its last anomalous window
+  without it growing (a later anomaly would be a new incident), or when it is no longer
+  among the analysed incidents.
+
+:func:`notify_new` runs outside the data directory's job lock (a slow webhook must not hold
+the pipeline up) and under its own lock, so two ``analyze`` processes do not both post.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
-from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.analyse import Analysis
+from fleetlens.analytics.config import AnalyticsConfig, WebhookConfig
 from fleetlens.analytics.provenance import read_json, write_json_atomic
+from fleetlens.analytics.webhook_formats import RESOLVING, native_body
+from fleetlens.analytics.webhook_http import redact_url
+from fleetlens.analytics.webhook_send import send
 from fleetlens.pipeline.schema import columns as c
 
-#: Causes included in a webhook payload.
-TOP_CAUSES = 3
+NS = 1_000_000_000
+STATE_FILE = "deliveries.json"
+LOCK_FILE = "deliveries.lock"
+#: Before per-webhook state: the ids of incidents delivered to every webhook.
+LEGACY_FILE = "notified.json"
+TRIGGER, RESOLVE = "trigger", "resolve"
 
 
-def payload(incident: dict[str, Any], causes: pl.DataFrame) -> dict[str, Any]:
-    """The JSON body posted for one incident: its row plus its top causes."""
-    mine = causes.filter(pl.col(c.INCIDENT_ID) == incident[c.INCIDENT_ID]).sort(c.RANK)
-    top = []
-    for row in mine.head(TOP_CAUSES).iter_rows(named=True):
-        row[c.EVIDENCE] = json.loads(row[c.EVIDENCE])
-        top.append(row)
-    return {"type": "fleetlens.incident", "incident": incident, "causes": top}
+def hook_key(hook: WebhookConfig) -> str:
+    """A webhook's state key: stable across restarts and secret rotation, not the URL."""
+    return hashlib.sha256(f"{hook.format}\n{hook.url}".encode()).hexdigest()[:16]
 
 
-def post_json(url: str, body: dict[str, Any], timeout_s: float) -> None:
-    """POST ``body`` as JSON; raises ``OSError`` (URLError/HTTPError) unless 2xx."""
-    data = json.dumps(body, sort_keys=True).encode()
-    request = urllib.request.Request(url, data=data, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": "fleetlens-analytics"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-        if not 200 <= response.status < 300:
-            raise urllib.error.HTTPError(url, response.status, "not 2xx", response.headers,
-                                         None)
+@contextlib.contextmanager
+def _delivery_lock(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        yield
+    finally:
+        os.close(fd)
 
 
-def notify_new(state_file: Path, incidents: pl.DataFrame, causes: pl.DataFrame,
-               config: AnalyticsConfig, echo: Callable[[str], None] | None = None
+def _load(folder: Path) -> dict[str, Any]:
+    state = read_json(folder / STATE_FILE, None)
+    if state is None:  # first run with per-webhook state: what was delivered stays delivered
+        state = {"seen": read_json(folder / LEGACY_FILE, []), "hooks": {}}
+    return state
+
+
+def data_end_ns(analysis: Analysis) -> int | None:
+    """The end of the analysed data (the last window's end), or ``None`` without windows."""
+    if not analysis.banded.height or not analysis.window_s:
+        return None
+    return int(analysis.banded[c.TS_NS].max()) + analysis.window_s * NS
+
+
+def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
+               echo: Callable[[str], None] | None = None
                ) -> tuple[list[str], int, list[str]]:
-    """Deliver incidents not delivered before.
+    """Queue incidents seen for the first time and work through every webhook's queue.
+
+    Args:
+        folder: the analytics state folder.
+        analysis: this run's incidents and causes.
+        config: the webhooks, their deadline, ``merge_gap_s`` and ``dashboard_url``.
+        echo: called with the native JSON of each incident seen for the first time.
 
     Returns:
-        (ids of new incidents, number of successful posts, error messages).
+        (ids of incidents new or still undelivered somewhere, successful posts, errors).
     """
-    done = set(read_json(state_file, []))
-    new = [row for row in incidents.iter_rows(named=True) if row[c.INCIDENT_ID] not in done]
-    posted, errors = 0, []
-    for row in new:
-        body = payload(row, causes)
-        if echo is not None:
-            echo(json.dumps(body, sort_keys=True))
-        ok = True
-        for url in config.webhooks:
-            try:
-                post_json(url, body, config.webhook_timeout_s)
-                posted += 1
-            except (OSError, ValueError) as exc:
-                ok = False
-                errors.append(f"{url}: {exc}")
-        if ok:
-            done.add(row[c.INCIDENT_ID])
-    if new:
-        write_json_atomic(state_file, sorted(done))
-    return [r[c.INCIDENT_ID] for r in new], posted, errors
+    with _delivery_lock(folder):
+        state = _load(folder)
+        current = {row[c.INCIDENT_ID]: row for row in analysis.incidents.iter_rows(named=True)}
+        seen = set(state["seen"])
+        first = [i for i in current if i not in seen]
+        hooks = {hook_key(h): h for h in config.hooks()}
+        queues = {k: state["hooks"].get(k, {"pending": [], "open": {}}) for k in hooks}
+        snapshots = {i: native_body(current[i], analysis.causes) for i in first}
+        for ident in first:
+            if echo is not None:
+                echo(json.dumps(snapshots[ident], sort_keys=True))
+            for queue in queues.values():
+                queue["pending"].append([TRIGGER, ident])
+        ended = _ended(current, data_end_ns(analysis), config.merge_gap_s)
+        for key, queue in queues.items():
+            if hooks[key].format in RESOLVING:
+                _queue_resolves(queue, ended)
+        undelivered = {i for q in queues.values() for a, i in q["pending"] if a == TRIGGER}
+        state = {"seen": sorted(seen | set(first)), "hooks": queues}
+        write_json_atomic(folder / STATE_FILE, state)  # queued before any post
+        posted, errors = 0, []
+        for key, queue in queues.items():
+            ok, failed = send(hooks[key], queue, current, analysis.causes, config)
+            posted += ok
+            errors += [f"{redact_url(hooks[key].url)} ({hooks[key].format}): {e}"
+                       for e in failed]
+            write_json_atomic(folder / STATE_FILE, state)
+    return [i for i in current if i in undelivered or i in first], posted, errors
+
+
+def _ended(current: dict[str, dict[str, Any]], end_ns: int | None, gap_s: int
+           ) -> Callable[[str], bool]:
+    def ended(ident: str) -> bool:
+        row = current.get(ident)
+        if row is None:
+            return True  # recomputed away or older than the analysed history
+        return end_ns is not None and row[c.END_NS] + gap_s * NS <= end_ns
+    return ended
+
+
+def _queue_resolves(queue: dict[str, Any], ended: Callable[[str], bool]) -> None:
+    """Queue a resolve for each open or to-be-triggered incident that has ended."""
+    queued = {(a, i) for a, i in queue["pending"]}
+    candidates = list(queue["open"]) + [i for a, i in queue["pending"] if a == TRIGGER]
+    for ident in candidates:
+        if ended(ident) and (RESOLVE, ident) not in queued:
+            queue["pending"].append([RESOLVE, ident])
+            queued.add((RESOLVE, ident))
+
+
+__all__ = ["data_end_ns", "hook_key", "notify_new"]

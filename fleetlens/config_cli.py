@@ -26,7 +26,9 @@ def config() -> None:
 def check(file: str | None, fmt: str) -> None:
     """Validate FILE (default: $FLEETLENS_CONFIG or ./fleetlens.toml if present) and print
     the effective configuration: defaults, then the file, then environment overrides.
-    Secrets (auth tokens, password hashes) are printed as <redacted>.
+    Secrets (auth tokens, password hashes, webhook secrets and routing keys) are printed as
+    <redacted>, and webhook URLs without their path and query (a Slack webhook's path is
+    its secret).
 
     Exits with status 1 and names the bad field when the configuration is invalid.
     """
@@ -38,10 +40,23 @@ def check(file: str | None, fmt: str) -> None:
         raise click.ClickException(f"invalid configuration: {exc}") from None
     source = resolve_config_file(file)
     if fmt == "json":  # tokens and password hashes never reach a terminal
-        click.echo(json.dumps(to_dict(cfg, redact=True), indent=2, sort_keys=True))
+        click.echo(json.dumps(_redact_urls(to_dict(cfg, redact=True)), indent=2,
+                              sort_keys=True))
         return
     click.echo(f"# effective configuration ({source or 'defaults'} + environment); valid")
-    click.echo(_to_toml(to_dict(cfg, redact=True, unset=True)))
+    click.echo(_to_toml(_redact_urls(to_dict(cfg, redact=True, unset=True))))
+
+
+def _redact_urls(data: dict) -> dict:
+    """``data`` with each [analytics] webhook URL reduced to its scheme, host and port."""
+    from fleetlens.analytics.webhook_http import redact_url
+
+    hooks = data.get("analytics", {}).get("webhooks")
+    if hooks:
+        data["analytics"]["webhooks"] = [
+            redact_url(h) if isinstance(h, str) else {**h, "url": redact_url(h["url"])}
+            for h in hooks]
+    return data
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")

@@ -21,7 +21,7 @@ def analyze_after_run(root: DataDir, config_file: str | None, summary: RunSummar
 
     result = run(root, load_analytics_config(config_file), echo=click.echo)
     for error in result.post_errors:
-        click.echo(f"webhook failed (will retry): {error}", err=True)
+        click.echo(f"webhook failed: {error}", err=True)
     click.echo(f"analytics: {result.analysis.incidents.height} incidents "
                f"({len(result.new_incidents)} new) in {result.seconds:.2f} s", err=True)
 

@@ -141,7 +141,10 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arg in (a for a in args if a is not type(None)):
+        candidates = [a for a in args if a is not type(None)]
+        if isinstance(value, Mapping):  # a table: its dataclass's error names the bad key
+            candidates.sort(key=lambda a: not dataclasses.is_dataclass(a))
+        for arg in candidates:
             try:
                 return _coerce(arg, value, where)
             except ConfigError as exc:
@@ -171,7 +174,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
 
 
 #: Config fields whose values are secrets: printed as :data:`REDACTED`, never in clear.
-SECRET_FIELDS = frozenset({"auth_tokens", "auth_token", "password_hash"})
+SECRET_FIELDS = frozenset({"auth_tokens", "auth_token", "password_hash", "secret",
+                           "routing_key"})
 REDACTED = "<redacted>"
 
 

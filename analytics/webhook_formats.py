@@ -1,0 +1,161 @@
+"""What a webhook receives, per format: native JSON, Slack, PagerDuty Events v2, Alertmanager.
+
+Every builder works from a *snapshot*, the native body of an incident taken when it was
+first seen (:func:`native_body`), so that a resolve carries the same labels and dedup key as
+its trigger even when a later run ranks the causes differently.
+
+- ``native``: the snapshot as JSON, signed with HMAC-SHA256 when the hook has a ``secret``
+  (:func:`signature_headers`); triggers only.
+- ``slack``: ``{"text", "blocks"}`` for an incoming webhook; telemetry values are escaped
+  for Slack's mrkdwn (``<``, ``>``, ``&``) so a service name cannot forge a link; triggers
+  only.
+- ``pagerduty``: an Events API v2 event, ``trigger`` then ``resolve`` with the incident id as
+  ``dedup_key``.
+- ``alertmanager``: the v2 ``POST /api/v2/alerts`` list; firing alerts have no ``endsAt`` and
+  are re-posted every run while open (Alertmanager resolves an alert that is not refreshed
+  within its ``resolve_timeout``); resolved ones carry ``endsAt``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+import time
+from typing import Any
+
+import polars as pl
+
+from fleetlens.analytics.config import WEBHOOK_FORMATS
+from fleetlens.pipeline.schema import columns as c
+
+NS = 1_000_000_000
+#: Causes included in a native payload.
+TOP_CAUSES = 3
+FORMATS = WEBHOOK_FORMATS
+#: Formats that are told when an incident ends.
+RESOLVING = frozenset({"pagerduty", "alertmanager"})
+SIGNATURE_HEADER = "X-Fleetlens-Signature"
+TIMESTAMP_HEADER = "X-Fleetlens-Timestamp"
+ALERT_NAME = "FleetlensIncident"
+_PD_SEVERITY = {"minor": "warning", "major": "error", "critical": "critical"}
+_ANY = "*"
+
+
+def native_body(incident: dict[str, Any], causes: pl.DataFrame) -> dict[str, Any]:
+    """The native JSON body of one incident: its row plus its top causes (evidence parsed)."""
+    mine = causes.filter(pl.col(c.INCIDENT_ID) == incident[c.INCIDENT_ID]).sort(c.RANK)
+    top = []
+    for row in mine.head(TOP_CAUSES).iter_rows(named=True):
+        row[c.EVIDENCE] = json.loads(row[c.EVIDENCE])
+        top.append(row)
+    return {"type": "fleetlens.incident", "incident": dict(incident), "causes": top}
+
+
+def signature_headers(secret: str, body: bytes, now_s: int | None = None) -> dict[str, str]:
+    """HMAC-SHA256 headers for ``body``: the signature covers ``"{timestamp}." + body``, so a
+    receiver that checks the timestamp's age also refuses replays."""
+    stamp = str(int(time.time()) if now_s is None else now_s)
+    mac = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return {TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: f"sha256={mac}"}
+
+
+def rfc3339(ns: int) -> str:
+    """A UTC RFC 3339 timestamp (what Alertmanager and PagerDuty parse)."""
+    moment = dt.datetime.fromtimestamp(ns / NS, tz=dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def incident_link(dashboard_url: str | None, incident_id: str) -> str | None:
+    """The dashboard's page of the incident, when ``dashboard_url`` is configured."""
+    if not dashboard_url:
+        return None
+    return f"{dashboard_url.rstrip('/')}/incident?id={incident_id}"
+
+
+def summary(snapshot: dict[str, Any]) -> str:
+    """One line: severity, metric, scope, peak against expected, top cause."""
+    inc = snapshot["incident"]
+    scope = "/".join(v for v in (inc[c.SERVICE_NAME], inc[c.HOST_NAME]) if v != _ANY) or "fleet"
+    ratio = inc[c.PEAK] / inc[c.EXPECTED] if inc[c.EXPECTED] else float("nan")
+    line = (f"{inc[c.SEVERITY]} {inc[c.METRIC]} incident on {scope}: x{ratio:,.1f} the "
+            f"expected value")
+    top = snapshot["causes"][0] if snapshot["causes"] else None
+    if top:
+        line += f"; top cause {top[c.CAUSE]} ({top[c.SUBJECT]}): {top[c.SUMMARY]}"
+    return line
+
+
+def _top_cause(snapshot: dict[str, Any]) -> str:
+    return snapshot["causes"][0][c.CAUSE] if snapshot["causes"] else "unknown"
+
+
+def slack_body(snapshot: dict[str, Any], link: str | None) -> dict[str, Any]:
+    """A Slack incoming-webhook message: plain ``text`` (notifications) and ``blocks``."""
+    inc = snapshot["incident"]
+    text = _slack_escape(f"fleetlens: {summary(snapshot)}")
+    lines = [f"*fleetlens incident* `{_slack_escape(inc[c.INCIDENT_ID])}`",
+             _slack_escape(summary(snapshot)),
+             f"since {rfc3339(inc[c.START_NS])}"]
+    if link:
+        lines.append(f"<{link}|Open in the dashboard>")
+    return {"text": text, "blocks": [
+        {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}}]}
+
+
+def _slack_escape(text: str) -> str:
+    # Slack's three control characters; without this "<http://x|y>" in a name is a link.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def pagerduty_event(snapshot: dict[str, Any], action: str, routing_key: str,
+                    link: str | None) -> dict[str, Any]:
+    """A PagerDuty Events v2 ``trigger`` or ``resolve`` event, deduplicated on the id."""
+    inc = snapshot["incident"]
+    event: dict[str, Any] = {"routing_key": routing_key, "event_action": action,
+                             "dedup_key": inc[c.INCIDENT_ID]}
+    if action == "resolve":
+        return event
+    host, service = inc[c.HOST_NAME], inc[c.SERVICE_NAME]
+    event["payload"] = {
+        "summary": summary(snapshot)[:1024],  # the API's limit
+        "source": host if host != _ANY else (service if service != _ANY else "fleet"),
+        "severity": _PD_SEVERITY.get(inc[c.SEVERITY], "error"),
+        "timestamp": rfc3339(inc[c.START_NS]),
+        "component": service, "group": inc[c.MODEL], "class": _top_cause(snapshot),
+        "custom_details": {"incident": inc, "causes": [
+            {k: cause[k] for k in (c.CAUSE, c.SUBJECT, c.SUMMARY, c.SHARE_OF_EXCESS)}
+            for cause in snapshot["causes"]]},
+    }
+    event["client"] = "fleetlens"
+    if link:
+        event["client_url"] = link
+        event["links"] = [{"href": link, "text": "fleetlens incident"}]
+    return event
+
+
+def alertmanager_alert(snapshot: dict[str, Any], resolved_ns: int | None,
+                       link: str | None) -> dict[str, Any]:
+    """One Alertmanager v2 alert; ``resolved_ns`` (the incident's end) sets ``endsAt``."""
+    inc = snapshot["incident"]
+    alert: dict[str, Any] = {
+        "labels": {
+            "alertname": ALERT_NAME, c.INCIDENT_ID: inc[c.INCIDENT_ID],
+            "cause": _top_cause(snapshot), "service": inc[c.SERVICE_NAME],
+            "host": inc[c.HOST_NAME], "severity": inc[c.SEVERITY], "metric": inc[c.METRIC],
+        },
+        "annotations": {"summary": summary(snapshot)},
+        "startsAt": rfc3339(inc[c.START_NS]),
+    }
+    if link:
+        alert["annotations"]["dashboard"] = link
+        alert["generatorURL"] = link
+    if resolved_ns is not None:
+        alert["endsAt"] = rfc3339(resolved_ns)
+    return alert
+
+
+__all__ = ["FORMATS", "RESOLVING", "SIGNATURE_HEADER", "TIMESTAMP_HEADER", "alertmanager_alert",
+           "incident_link", "native_body", "pagerduty_event", "rfc3339", "signature_headers",
+           "slack_body", "summary"]

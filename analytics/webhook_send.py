@@ -1,0 +1,115 @@
+"""Work through one webhook's queue of events (see :mod:`analytics.webhook`).
+
+``native``, ``slack`` and ``pagerduty`` get one post per event, in order; the first
+retryable failure stops the queue for this run (a hook that is down costs one deadline per
+run, not one per incident). ``alertmanager`` gets one post per run with every queued and
+every still-open alert (firing alerts must be refreshed or Alertmanager resolves them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import polars as pl
+
+from fleetlens.analytics.config import AnalyticsConfig, WebhookConfig
+from fleetlens.analytics.webhook_formats import (
+    alertmanager_alert,
+    incident_link,
+    native_body,
+    pagerduty_event,
+    signature_headers,
+    slack_body,
+)
+from fleetlens.analytics.webhook_http import DeliveryError, post
+from fleetlens.pipeline.schema import columns as c
+
+TRIGGER, RESOLVE = "trigger", "resolve"
+_HEADERS = {"Content-Type": "application/json", "User-Agent": "fleetlens-analytics"}
+
+
+def send(hook: WebhookConfig, queue: dict[str, Any], current: dict[str, dict[str, Any]],
+         causes: pl.DataFrame, config: AnalyticsConfig) -> tuple[int, list[str]]:
+    """Post ``queue["pending"]`` to ``hook``, updating ``queue`` in place.
+
+    Returns:
+        (successful posts, error messages without the URL).
+    """
+    if hook.format == "alertmanager":
+        return _send_alertmanager(hook, queue, current, causes, config)
+    posted, errors = 0, []
+    while queue["pending"]:
+        action, ident = queue["pending"][0]
+        snapshot = (native_body(current[ident], causes) if action == TRIGGER and
+                    ident in current else queue["open"].get(ident))
+        if snapshot is None:  # gone from the data before it was posted, or never opened
+            queue["pending"].pop(0)
+            continue
+        link = incident_link(config.dashboard_url, ident)
+        if hook.format == "slack":
+            body: Any = slack_body(snapshot, link)
+        elif hook.format == "pagerduty":
+            body = pagerduty_event(snapshot, action, hook.routing_key or "", link)
+        else:
+            body = snapshot
+        try:
+            _post(hook, body, config.webhook_timeout_s)
+        except DeliveryError as exc:
+            if exc.retryable:
+                errors.append(f"{exc} (will retry)")
+                break
+            errors.append(f"{exc}; incident {ident} {action} dropped, not retried")
+            if action == RESOLVE:  # or the next run would queue the same resolve again
+                queue["open"].pop(ident, None)
+        else:
+            posted += 1
+            if hook.format == "pagerduty":
+                if action == TRIGGER:
+                    queue["open"][ident] = snapshot
+                else:
+                    queue["open"].pop(ident, None)
+        queue["pending"].pop(0)
+    return posted, errors
+
+
+def _send_alertmanager(hook: WebhookConfig, queue: dict[str, Any],
+                       current: dict[str, dict[str, Any]], causes: pl.DataFrame,
+                       config: AnalyticsConfig) -> tuple[int, list[str]]:
+    resolving = {i for a, i in queue["pending"] if a == RESOLVE}
+    snapshots: dict[str, dict[str, Any]] = dict(queue["open"])
+    for action, ident in queue["pending"]:
+        if action == TRIGGER and ident in current:
+            snapshots[ident] = native_body(current[ident], causes)
+    if not snapshots:
+        queue["pending"].clear()
+        return 0, []
+    alerts = []
+    for ident, snapshot in snapshots.items():
+        end_ns = None
+        if ident in resolving:
+            row = current.get(ident, snapshot["incident"])
+            end_ns = row[c.END_NS]
+        alerts.append(alertmanager_alert(snapshot, end_ns,
+                                         incident_link(config.dashboard_url, ident)))
+    try:
+        _post(hook, alerts, config.webhook_timeout_s)
+    except DeliveryError as exc:
+        if exc.retryable:
+            return 0, [f"{exc} (will retry)"]
+        queue["pending"].clear()
+        return 0, [f"{exc}; {len(alerts)} alert(s) dropped, not retried"]
+    queue["open"] = {i: s for i, s in snapshots.items() if i not in resolving}
+    queue["pending"].clear()
+    return 1, []
+
+
+def _post(hook: WebhookConfig, body: Any, deadline_s: float) -> None:
+    data = json.dumps(body, sort_keys=True).encode()
+    headers = dict(_HEADERS)
+    if hook.secret:
+        headers.update(signature_headers(hook.secret, data))
+    post(hook.url, data, headers, deadline_s)
+
+
+__all__ = ["send"]
