@@ -80,6 +80,9 @@ class Limits:
     max_name_bytes: int = 1024
     max_resource_bytes: int = 16 * 1024
     truncated: int = 0
+    #: Set by a decoder that found protobuf fields the schema does not know (or a
+    #: non-canonical encoding): the WAL then stores the request re-encoded without them.
+    unknown_fields: bool = False
 
     def __post_init__(self) -> None:
         if self.future_ns is None:
@@ -337,6 +340,8 @@ class Outcome:
     truncated: int = 0
     #: Characters of resource and scope text over all rows (each row carries a copy).
     shared_chars: int = 0
+    #: The request holds unknown fields the decoder noticed (see ``Limits.unknown_fields``).
+    unknown_fields: bool = False
 
     def reject(self, where: str, error: Reject) -> None:
         """Count one rejected item, keeping the first few reasons for the response."""

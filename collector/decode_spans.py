@@ -141,6 +141,20 @@ def _plain_value(kvb: bytes, head: tuple, limits: Limits) -> Any:
     return number if tag == TAG_INT else number != 0
 
 
+def _full_kv(kvb: bytes, limits: Limits) -> Any:
+    """A KeyValue that is not in the plain shape, parsed with the real type.
+
+    Only these can hide unknown protobuf fields (the plain shape is exact, byte for byte), so
+    this is where the decoder notices them for span attributes, for the price of a ByteSize on
+    the rare non-plain attribute instead of walking every attribute of every request.
+    """
+    kv = KeyValue.FromString(kvb)
+    kv.DiscardUnknownFields()
+    if kv.ByteSize() != len(kvb):
+        limits.unknown_fields = True
+    return kv
+
+
 def _attributes_json(rest: list[Any], only_bytes: bool, limits: Limits) -> tuple[str, int, int]:
     """The ``attributes`` JSON of the non-promoted attributes, with (dropped, truncated).
 
@@ -165,7 +179,8 @@ def _attributes_json(rest: list[Any], only_bytes: bool, limits: Limits) -> tuple
             head = _HEADERS.get(entry[:entry[1] + 5]) or _header(entry)
             key, value = head[0], _plain_value(entry, head, limits)
             if value is _NOT_PLAIN:
-                value = any_value(KeyValue.FromString(entry).value, limits)
+                value = any_value(_full_kv(entry, limits).value, limits)
+                cache_key = None  # the cache is for plain encodings only (see _full_kv)
             elif head[1] == TAG_DOUBLE and value - value != 0.0:
                 value = json.dumps(value)  # inf or nan: the string any_value gives them
         else:
@@ -256,7 +271,7 @@ def _span_row(span: Any, limits: Limits) -> tuple:
                     only_bytes = False
                 continue
         # Any other encoding: exactly what the real schema reads, with the general rule.
-        kv = KeyValue.FromString(kvb)
+        kv = _full_kv(kvb, limits)
         key, value, slot = limits.key(kv.key), any_value(kv.value, limits), \
             _PROMOTED_SLOT.get(kv.key)
         if slot and isinstance(value, slot[1]) and value is not True and value is not False:
@@ -309,7 +324,13 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
     index = 0
     # The same request with span attributes as bytes (collector.lite_spans): the real parse
     # above already validated it, this view only reads it faster.
-    lite = LiteRequest.FromString(request.SerializeToString() if payload is None else payload)
+    raw = request.SerializeToString() if payload is None else payload
+    lite = LiteRequest.FromString(raw)
+    # Unknown fields anywhere but in span attributes (bytes in this view, see _full_kv):
+    # dropping them changes the view's size. A few times cheaper than walking the real tree.
+    lite.DiscardUnknownFields()
+    if lite.ByteSize() != len(raw):
+        limits.unknown_fields = True
     for resource_spans in lite.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
@@ -347,4 +368,5 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
             out.rows += len(rows)
             out.shared_chars += len(rows) * shared_chars(shared)
     out.truncated = limits.truncated
+    out.unknown_fields = limits.unknown_fields
     return out

@@ -76,15 +76,16 @@ class Ingest:
             self.telemetry.add("invalid_requests")
             raise InvalidRequest(f"undecodable {signal.folder} request: {exc}") from None
 
-    def known_fields(self, request: Any, payload: bytes) -> bytes:
+    def known_fields(self, request: Any, payload: bytes, *, known_dirty: bool = False) -> bytes:
         """``payload`` without fields the OTLP schema does not know (what the WAL stores).
 
         Unknown fields are never decoded, so storing them would only spend WAL and replay
         work on bytes a client chose freely. When the size is unchanged after dropping them
-        there were none (the common case: no re-encoding).
+        there were none (the common case: no re-encoding). ``known_dirty``: the decoder
+        already found some (spans, whose decoder checks more cheaply; see decode_spans).
         """
         request.DiscardUnknownFields()
-        if request.ByteSize() == len(payload):
+        if not known_dirty and request.ByteSize() == len(payload):
             return payload
         self.telemetry.add("unknown_field_requests")
         return request.SerializeToString()
@@ -145,11 +146,15 @@ class Ingest:
 
     def _export(self, signal: Signal, payload: bytes, request: Any, peer: str | None) -> Any:
         started = time.perf_counter()
-        if request is None:
+        parsed_here = request is None  # OTLP/JSON requests are encoded from known fields
+        if parsed_here:
             request = self.parse(signal, payload)
-            payload = self.known_fields(request, payload)
+            if not signal.reads_payload:
+                payload = self.known_fields(request, payload)
         received_ns = time.time_ns()
         outcome = self.decode(signal, request, received_ns, payload, peer)
+        if parsed_here and outcome.unknown_fields:
+            payload = self.known_fields(request, payload, known_dirty=True)
         self._check_fits(outcome.shared_chars, "resource and scope text")
         table = to_table(signal, outcome)
         self._check_fits(table.nbytes, "rows")

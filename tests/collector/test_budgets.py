@@ -13,10 +13,12 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from fleetlens.collector.decode_common import OVERFLOW_NAME
+from fleetlens.collector.lite_spans import LiteRequest
 from fleetlens.collector.otlp_json import to_json
-from fleetlens.collector.signals import SPANS
+from fleetlens.collector.signals import METRICS, SPANS
 from fleetlens.collector.testing import (
     any_value,
+    gauge_request,
     resource,
     running_collector,
     trace_request,
@@ -130,15 +132,28 @@ def _with_unknown_field(payload: bytes, size: int) -> bytes:
 
 def test_unknown_protobuf_fields_do_not_reach_the_wal(tmp_path) -> None:
     data = tmp_path / "data"
-    request = trace_request([vllm_span()])
-    payload = _with_unknown_field(request.SerializeToString(), 1_000_000)
+    # at the top of a span request
+    on_top = _with_unknown_field(trace_request([vllm_span()]).SerializeToString(), 1_000_000)
+    # inside one span attribute (the decoder reads those as raw bytes)
+    lite = LiteRequest.FromString(trace_request([vllm_span()]).SerializeToString())
+    attribute = common_pb2.KeyValue(key="x", value=any_value("y")).SerializeToString()
+    lite.resource_spans[0].scope_spans[0].spans[0].attributes.append(
+        _with_unknown_field(attribute, 500_000))
+    in_attribute = lite.SerializeToString()
+    # inside a metric data point
+    points = gauge_request("g", [(time.time_ns(), 1.0, {})])
+    in_point = points.SerializeToString()
     with running_collector(data) as col:
-        assert not col.export_bytes(SPANS, payload).HasField("partial_success")
+        for sig, payload in ((SPANS, on_top), (SPANS, in_attribute), (METRICS, in_point),
+                             (METRICS, _with_unknown_field(in_point, 500_000))):
+            assert not col.export_bytes(sig, payload).HasField("partial_success")
         metrics = _metrics(col)
-        assert metrics["fleetlens_collector_wal_bytes_total"] < 10_000  # not the 1 MB
-        assert metrics["fleetlens_collector_unknown_field_requests_total"] == 1
+        assert metrics["fleetlens_collector_wal_bytes_total"] < 20_000  # not the 2 MB
+        assert metrics["fleetlens_collector_unknown_field_requests_total"] == 3
         assert col.stop() == 0
-    assert _spans(data).height == 1
+    spans = _spans(data)
+    assert spans.height == 2
+    assert sorted(json.loads(a).get("x", "") for a in spans[c.ATTRIBUTES]) == ["", "y"]
 
 
 def test_otlp_json_attributes_are_cut_while_parsing(tmp_path) -> None:
