@@ -28,7 +28,7 @@ class Faults:
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path
-        self._stamp: float | None = None
+        self._stamp: tuple[int, int] | None = None
         self._rules: dict[str, str] = {}
 
     @classmethod
@@ -39,7 +39,8 @@ class Faults:
     def _load(self) -> dict[str, str]:
         assert self.path is not None
         try:
-            stamp = os.stat(self.path).st_mtime_ns
+            info = os.stat(self.path)
+            stamp = (info.st_mtime_ns, info.st_size)  # the size too: coarse clocks
         except FileNotFoundError:
             self._stamp, self._rules = None, {}
             return self._rules

@@ -19,6 +19,7 @@ import pytest
 from fleetlens.collector import wal as wal_module
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.errors import StorageFailure
+from fleetlens.collector.faults import Faults
 from fleetlens.collector.ingest import Ingest
 from fleetlens.collector.signals import SPANS
 from fleetlens.collector.sink import Segments, Sink
@@ -214,3 +215,19 @@ def test_random_faults_lose_nothing_acknowledged(data_dir, faulty, monkeypatch, 
         sink.close()
     assert len(acked) > 0
     assert acked - _stored(data_dir) == set()
+
+
+def test_the_faults_file_starts_and_stops_faults(tmp_path) -> None:
+    rules = tmp_path / "faults"
+    faults = Faults(str(rules))
+    faults.check("wal.write")  # no file: no fault
+    rules.write_text("wal.write ENOSPC\npublish EIO\n")
+    with pytest.raises(OSError) as raised:
+        faults.check("wal.write")
+    assert raised.value.errno == errno.ENOSPC
+    faults.check("wal.fsync")  # not named
+    rules.unlink()
+    faults.check("wal.write")
+    rules.write_text("wal.open ENOTANERRNO\n")
+    with pytest.raises(ValueError, match="unknown fault 'ENOTANERRNO' for wal.open"):
+        faults.check("wal.open")
