@@ -133,7 +133,10 @@ def explain(ident: str, data_dir: str | None, fmt: str, output: str | None) -> N
         Path(output).write_text(text)
         click.echo(f"wrote {output}", err=True)
     else:
-        click.echo(text, nl=False)
+        from fleetlens.pipeline.terminal import plain
+
+        # Hosts, services and subjects come from telemetry: no raw ESC/OSC to the terminal.
+        click.echo(plain(text), nl=False)
 
 
 @click.command()

@@ -42,3 +42,19 @@ def test_incidents_table_shows_hostile_names_as_text(tmp_path) -> None:
     assert f"{HOSTILE_SERVICE}/{HOSTILE_HOST}" in out.output
     assert "[i]h01[/i]\\x1b[2J" in out.output
     assert "\x1b" not in out.output and "\x07" not in out.output
+
+
+def test_explain_escapes_control_characters(tmp_path) -> None:
+    root = DataDir(tmp_path / "data")
+    start = 1_760_000_000 * NS
+    incidents = pl.DataFrame({
+        c.INCIDENT_ID: ["abc123"], c.METRIC: ["e2e_p99_s"], c.SERVICE_NAME: ["chat"],
+        c.MODEL: ["m"], c.HOST_NAME: ["h01\x1b]8;;http://evil.example\x07x"], c.START_NS: [start],
+        c.END_NS: [start + 600 * NS], c.PEAK: [2.0], c.EXPECTED: [1.0],
+        c.SEVERITY: ["major"], c.DETECTOR: ["rolling"],
+    }).cast(t.table(t.INCIDENTS).empty().schema)
+    publish(root, t.INCIDENTS, incidents, c.START_NS)
+    out = CliRunner().invoke(cli, ["explain", "abc123", "--data-dir", str(root.root)])
+    assert out.exit_code == 0, out.output
+    assert "h01\\x1b]8;;http://evil.example\\x07x" in out.output
+    assert "\x1b" not in out.output and "\x07" not in out.output
