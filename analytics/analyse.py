@@ -14,7 +14,7 @@ import polars as pl
 from fleetlens.analytics.attribution import Tables, attribute_all
 from fleetlens.analytics.baselines import rolling_baseline, to_baselines_table
 from fleetlens.analytics.config import AnalyticsConfig
-from fleetlens.analytics.detect import detect
+from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
 from fleetlens.analytics.series import LEVEL_HOST, pick_window_s, request_series, window_series
 from fleetlens.pipeline.schema import columns as c
@@ -57,9 +57,8 @@ def network_series(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame | None
     return pl.concat([per_host, per_service])
 
 
-def banded_series(tables: Tables, config: AnalyticsConfig,
-                  window_s: int) -> pl.DataFrame:
-    """Every series of the windows (and network series) with its rolling band."""
+def all_series(tables: Tables, config: AnalyticsConfig, window_s: int) -> pl.DataFrame:
+    """Every series of the windows (and network and grouped request series), unbanded."""
     metrics = list(dict.fromkeys([*config.detect_metrics, *config.signal_metrics]))
     parts = [window_series(tables.windows, metrics, window_s)]
     net = network_series(tables.requests, window_s)
@@ -69,29 +68,51 @@ def banded_series(tables: Tables, config: AnalyticsConfig,
         parts.append(request_series(tables.requests, list(config.group_by), window_s,
                                     [m for m in config.detect_metrics
                                      if not m.startswith("network")]))
-    return rolling_baseline(pl.concat(parts, how="vertical_relaxed"), config).collect()
+    return pl.concat(parts, how="vertical_relaxed").collect()
 
 
-def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) -> Analysis:
-    """Baselines, detection and attribution over ``tables``.
-
-    Detection looks at ``config.detect_metrics`` plus the network series; every other series
-    only gets a baseline.
-    """
-    window_s = pick_window_s(tables.windows, config.window_s)
-    if window_s is None:
-        empty = t.table(t.BASELINES).empty()
-        return Analysis(None, empty, empty, pl.DataFrame(), incidents_frame([]),
-                        t.table(t.CAUSES).empty())
-    banded = banded_series(tables, config, window_s)
+def _detect(banded: pl.DataFrame, config: AnalyticsConfig, window_s: int) -> pl.DataFrame:
     detect_cfg = config
     if NETWORK_METRICS[0] not in config.detect_metrics:
         detect_cfg = dataclasses.replace(
             config, detect_metrics=(*config.detect_metrics, *NETWORK_METRICS))
     anomalies = detect(banded, detect_cfg, window_s)
     # Grouped request series (config.group_by) are baselined, not merged into incidents.
-    anomalies = anomalies.filter(
-        pl.col(c.SERIES).str.contains(c.SERVICE_NAME + "=", literal=True))
+    return anomalies.filter(pl.col(c.SERIES).str.contains(c.SERVICE_NAME + "=", literal=True))
+
+
+def detect_unpoisoned(series: pl.DataFrame, config: AnalyticsConfig,
+                      window_s: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Bands and anomalies where windows inside detected incidents feed no baseline.
+
+    A first pass finds the incidents; their windows (every series of the incident's scope)
+    are then left out of the rolling statistics and the series are banded and judged again,
+    so an earlier incident in the look-back cannot widen the band a later one is judged
+    against. Returns (banded series, anomalies).
+    """
+    banded = rolling_baseline(series, config).collect()
+    anomalies = _detect(banded, config, window_s)
+    excluded = incident_windows(anomalies, banded, config, window_s)
+    if excluded.is_empty():
+        return banded, anomalies
+    banded = rolling_baseline(series, config, exclude=excluded).collect()
+    return banded, _detect(banded, config, window_s)
+
+
+def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) -> Analysis:
+    """Baselines, detection and attribution over ``tables``.
+
+    Detection looks at ``config.detect_metrics`` plus the network series; every other series
+    only gets a baseline. Windows inside detected incidents feed no baseline
+    (:func:`detect_unpoisoned`).
+    """
+    window_s = pick_window_s(tables.windows, config.window_s)
+    if window_s is None:
+        empty = t.table(t.BASELINES).empty()
+        return Analysis(None, empty, empty, pl.DataFrame(), incidents_frame([]),
+                        t.table(t.CAUSES).empty())
+    banded, anomalies = detect_unpoisoned(all_series(tables, config, window_s), config,
+                                          window_s)
     incidents = merge_anomalies(anomalies, hosts_by_service(banded), config)
     causes = (attribute_all(tables, incidents, config, window_s) if attribute
               else t.table(t.CAUSES).empty())

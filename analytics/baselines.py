@@ -22,41 +22,70 @@ MAD_TO_SIGMA = 1.4826
 IQR_TO_SIGMA = 1.349
 
 
-def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig) -> pl.LazyFrame:
+#: Marks windows left out of the statistics (inside a detected incident).
+EXCLUDED = "_excluded"
+
+
+def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
+                     exclude: pl.DataFrame | None = None) -> pl.LazyFrame:
     """Stage: long series frame -> series frame with a rolling band.
 
-    Input: the output of :func:`analytics.series.window_series` (or ``request_series``).
-    Output grain: unchanged (one row per series and window), with ``expected, lower, upper,
-    method`` added. Invariants: row count unchanged; ``lower <= expected <= upper`` where
-    ``expected`` is not null; ``expected`` is null for a series' first
-    ``rolling_min_windows`` windows.
+    Input: the output of :func:`analytics.series.window_series` (or ``request_series``);
+    ``exclude``: optional ``(service_name, model, host_name, ts_ns)`` windows that must not
+    feed any baseline of that scope (windows inside detected incidents, see
+    :func:`incident_windows`). Output grain: unchanged (one row per series and window), with
+    ``expected, lower, upper, method`` added. Invariants: row count unchanged; ``lower <=
+    expected <= upper`` where ``expected`` is not null; ``expected`` is null until a series
+    has ``rolling_min_windows`` earlier (not excluded) windows; an excluded window is still
+    judged against the band of the clean windows before it.
     """
     n, m = config.rolling_windows, config.rolling_min_windows
+    # Row order is restored at the end (joins need not keep it).
+    frame = series.lazy().sort(c.SERIES, c.TS_NS).with_row_index("_row")
+    if exclude is not None and exclude.height:
+        keys = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME, c.TS_NS]
+        marks = exclude.select(keys).unique().with_columns(pl.lit(True).alias(EXCLUDED))
+        frame = frame.join(marks.lazy(), on=keys, how="left")
+    else:
+        frame = frame.with_columns(pl.lit(None, pl.Boolean).alias(EXCLUDED))
+    frame = frame.with_columns(pl.col(EXCLUDED).fill_null(False))
+    # Statistics over the clean windows only, each one *including* its own window: the band
+    # of any window (clean or not) is then the statistics of the last clean window strictly
+    # before it, so the current window never judges itself and an incident never widens
+    # the band of what comes after it.
     value = pl.col(c.VALUE)
-    frame = series.lazy().sort(c.SERIES, c.TS_NS)
-    expected = value.rolling_median(n, min_samples=m).shift(1).over(c.SERIES)
-    frame = frame.with_columns(expected.alias(c.EXPECTED))
-    deviation = (value - pl.col(c.EXPECTED)).abs()
-    mad_sigma = deviation.rolling_median(n, min_samples=m).shift(1).over(c.SERIES) * (
-        MAD_TO_SIGMA)
+    clean = frame.filter(~pl.col(EXCLUDED)).sort(c.SERIES, c.TS_NS)
+    median = value.rolling_median(n, min_samples=m).over(c.SERIES)
+    clean = clean.with_columns(median.alias("_median"))
+    deviation = (value - pl.col("_median").shift(1).over(c.SERIES)).abs()
     # The MAD needs m deviations from an expected value that itself needs m windows; until
     # then the interquartile range of the same windows gives the robust sigma, so a series
     # is judged after m windows, not 2m.
-    iqr_sigma = ((value.rolling_quantile(0.75, "linear", n, min_samples=m)
-                  - value.rolling_quantile(0.25, "linear", n, min_samples=m))
-                 / IQR_TO_SIGMA).shift(1).over(c.SERIES)
-    sigma = pl.coalesce(mad_sigma, iqr_sigma)
+    iqr = ((value.rolling_quantile(0.75, "linear", n, min_samples=m)
+            - value.rolling_quantile(0.25, "linear", n, min_samples=m)) / IQR_TO_SIGMA)
+    stats = clean.select(
+        c.SERIES, pl.col(c.TS_NS).alias("_stats_ts"), "_median",
+        (deviation.rolling_median(n, min_samples=m).over(c.SERIES) * MAD_TO_SIGMA)
+        .alias("_mad_sigma"),
+        iqr.over(c.SERIES).alias("_iqr_sigma"),
+    ).sort("_stats_ts")
+    joined = frame.sort(c.TS_NS).join_asof(
+        stats, left_on=c.TS_NS, right_on="_stats_ts", by=c.SERIES, strategy="backward",
+        allow_exact_matches=False, check_sortedness=False,  # both sorted by ts just above
+    ).sort("_row")
+    sigma = pl.coalesce("_mad_sigma", "_iqr_sigma")
     # No sigma yet (too little history): no band, so no judgement, rather than a floor-only
     # band that would flag ordinary noise.
-    half = pl.when(sigma.is_not_null()).then(pl.max_horizontal(
-        sigma * config.band_k,
-        pl.col(c.EXPECTED).abs() * config.band_min_rel,
-    ))
-    return frame.with_columns(half.alias("_half")).with_columns(
+    half = pl.when(sigma.is_not_null() & pl.col("_median").is_not_null()).then(
+        pl.max_horizontal(sigma * config.band_k, pl.col("_median").abs() * config.band_min_rel))
+    return joined.with_columns(
+        pl.when(half.is_not_null()).then(pl.col("_median")).alias(c.EXPECTED),
+        half.alias("_half"),
+    ).with_columns(
         (pl.col(c.EXPECTED) - pl.col("_half")).clip(lower_bound=0.0).alias(c.LOWER),
         (pl.col(c.EXPECTED) + pl.col("_half")).alias(c.UPPER),
         pl.lit(METHOD_ROLLING).alias(c.METHOD),
-    ).drop("_half")
+    ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma", EXCLUDED)
 
 
 def to_baselines_table(frame: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:

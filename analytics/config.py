@@ -71,9 +71,12 @@ class AnalyticsConfig:
     window_s: int = 60
     #: Each run re-analyses this much of the most recent data (bounded work in follow mode).
     history_s: int = 2 * 86400
-    #: `windows` columns that incidents are detected on (latency percentiles).
+    #: `windows` columns that incidents are detected on (latency percentiles), chosen by
+    #: what each cause moves (docs/analytics.md): queueing and prefill-side causes move
+    #: TTFT, decode-side causes (slow GPU, collective stall, engine) move TPOT at the median
+    #: as much as at the tail, and everything moves e2e.
     detect_metrics: tuple[str, ...] = (
-        "e2e_p99_s", "ttft_p99_s", "tpot_p99_s", "e2e_p50_s", "ttft_p50_s",
+        "e2e_p99_s", "ttft_p99_s", "tpot_p99_s", "e2e_p50_s", "ttft_p50_s", "tpot_p50_s",
     )
     #: More `windows` columns that get baselines (signals shown beside incidents).
     signal_metrics: tuple[str, ...] = (

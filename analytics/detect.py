@@ -7,6 +7,7 @@ across levels into incidents is :mod:`analytics.merge`.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
@@ -112,3 +113,66 @@ def detect(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
         parts.append(slo_breaches(banded, config.slo_rules, window_s, config.min_requests))
     out = pl.concat(parts).collect()
     return out.with_columns(pl.col(c.REQUESTS).cast(pl.Int64)).sort(c.START_NS, c.SERIES)
+
+
+def incident_windows(anomalies: pl.DataFrame, banded: pl.DataFrame, config: AnalyticsConfig,
+                     window_s: int) -> pl.DataFrame:
+    """Windows that must not feed the baselines: those inside detected incidents.
+
+    Input: anomalies of :func:`detect` and the banded frame they came from. Output: one row
+    per ``(service_name, model, host_name, ts_ns)`` window of an incident of that scope
+    (every metric of the scope is affected, not only the one that breached).
+
+    An incident lasts from its start until its series is back under the band it left for
+    ``consecutive`` windows in a row: a breach that ended only because the band widened is
+    still an incident. A series that is not back within ``rolling_windows`` windows has a
+    new normal (a level shift), not an incident: its windows stay in, or the old band, and
+    the breach, would last for ever.
+    """
+    keys = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
+    empty = pl.DataFrame(schema={**{k: pl.String for k in keys}, c.TS_NS: pl.Int64})
+    if anomalies.is_empty():
+        return empty
+    step = window_s * 1_000_000_000
+    runs = anomalies.select(c.SERIES, *keys, c.START_NS).unique().sort(c.SERIES, c.START_NS)
+    values = (banded.filter(pl.col(c.SERIES).is_in(runs[c.SERIES].unique().implode()))
+              .select(c.SERIES, c.TS_NS, c.VALUE, c.UPPER).sort(c.SERIES, c.TS_NS))
+    by_series = {key[0]: frame for key, frame in values.partition_by(
+        c.SERIES, as_dict=True, maintain_order=True).items()}
+    spans: list[tuple[str, str, str, int, int]] = []
+    for run in runs.iter_rows(named=True):
+        frame = by_series[run[c.SERIES]]
+        ts = frame[c.TS_NS].to_numpy()
+        i0 = int(np.searchsorted(ts, run[c.START_NS]))
+        upper0 = frame[c.UPPER][i0]
+        if upper0 is None:
+            continue
+        end = _recovery(ts[i0:], frame[c.VALUE].to_numpy()[i0:] <= upper0, step,
+                        config.consecutive, config.rolling_windows)
+        if end is not None:
+            spans.append((run[c.SERVICE_NAME], run[c.MODEL], run[c.HOST_NAME],
+                          run[c.START_NS], end))
+    if not spans:
+        return empty
+    return (
+        pl.DataFrame(spans, schema=[*keys, c.START_NS, c.END_NS], orient="row")
+        .with_columns(pl.int_ranges(c.START_NS, c.END_NS, step).alias(c.TS_NS))
+        .explode(c.TS_NS).drop_nulls(c.TS_NS)
+        .select(*keys, pl.col(c.TS_NS).cast(pl.Int64)).unique().sort(*keys, c.TS_NS)
+    )
+
+
+def _recovery(ts: np.ndarray, ok: np.ndarray, step: int, consecutive: int,
+              horizon: int) -> int | None:
+    """End (exclusive) of an incident starting at ``ts[0]``: the first window of
+    ``consecutive`` back-under-the-band windows in a row within ``horizon`` windows; the end
+    of the data if it ends first; ``None`` (a level shift) when it never comes back."""
+    limit = ts[0] + horizon * step
+    streak = 0
+    for k in range(len(ts)):
+        if ts[k] >= limit:
+            return None
+        streak = streak + 1 if ok[k] else 0
+        if streak == consecutive:
+            return int(ts[k - consecutive + 1])
+    return int(ts[-1]) + step

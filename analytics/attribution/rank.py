@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -124,12 +125,71 @@ def attribute(ctx: IncidentContext, config: AnalyticsConfig) -> pl.DataFrame:
     return validate(pl.DataFrame(rows, schema=t.table(t.CAUSES).schema), t.CAUSES)
 
 
+#: A baseline cut short by an earlier incident keeps at least this share of the lookback;
+#: with less left, the baseline is taken before the earlier incident instead.
+MIN_CLEAN_BASELINE = 0.2
+#: Earlier incidents stepped back over at most (a long chain of incidents keeps its last).
+_MAX_STEPS = 3
+
+
+def _overlapping(ctx: IncidentContext, incidents: pl.DataFrame, lo: int, hi: int
+                 ) -> pl.DataFrame:
+    inc = ctx.incident
+    return incidents.filter(
+        (pl.col(c.SERVICE_NAME) == inc[c.SERVICE_NAME]) & (pl.col(c.MODEL) == inc[c.MODEL])
+        & (pl.col(c.INCIDENT_ID) != inc[c.INCIDENT_ID])
+        & (pl.col(c.END_NS) > lo) & (pl.col(c.START_NS) < hi))
+
+
+def _with_baseline(ctx: IncidentContext, base: IncidentContext) -> IncidentContext:
+    """``ctx`` with the baseline period (and rows) of ``base``."""
+    return dataclasses.replace(
+        ctx, base_start_ns=base.base_start_ns, base_end_ns=base.base_end_ns,
+        requests_base=base.requests_base, engine_base=base.engine_base,
+        gpu_base=base.gpu_base)
+
+
+def clean_baseline(ctx: IncidentContext, incidents: pl.DataFrame, tables: Tables,
+                   config: AnalyticsConfig) -> IncidentContext:
+    """The context with a baseline period clear of other incidents of its service/model:
+    the state during another incident is no baseline (issue 15: a surge right after KV
+    pressure showed queue time -12.8 s against a baseline full of queueing).
+
+    The baseline starts after the last earlier incident ending in it when at least
+    ``MIN_CLEAN_BASELINE`` of the lookback is left; otherwise it is the lookback before
+    that incident (stepping back over at most ``_MAX_STEPS`` incidents)."""
+    earlier = _overlapping(ctx, incidents, ctx.base_start_ns, ctx.base_end_ns)
+    if earlier.is_empty():
+        return ctx
+    cut = int(earlier[c.END_NS].max())
+    if ctx.base_end_ns - cut >= MIN_CLEAN_BASELINE * (ctx.base_end_ns - ctx.base_start_ns):
+        after = pl.col(c.TS_NS) >= cut
+        return dataclasses.replace(
+            ctx, base_start_ns=cut,
+            requests_base=ctx.requests_base.filter(pl.col(c.ARRIVAL_NS) >= cut),
+            engine_base=ctx.engine_base.filter(after), gpu_base=ctx.gpu_base.filter(after))
+    before = ctx
+    for _ in range(_MAX_STEPS):
+        # Attribute as if the incident began where the earliest overlapping one did: the
+        # baseline then ends two windows before that one.
+        start = int(earlier[c.START_NS].min())
+        probe = {**ctx.incident, c.START_NS: start, c.END_NS: start}
+        before = load_context(tables, probe, ctx.window_s, config.attribution_lookback_s)
+        earlier = _overlapping(ctx, incidents, before.base_start_ns, before.base_end_ns)
+        if earlier.is_empty():
+            break
+    if before.requests_base.is_empty():
+        return ctx
+    return _with_baseline(ctx, before)
+
+
 def attribute_all(tables: Tables, incidents: pl.DataFrame, config: AnalyticsConfig,
                   window_s: int) -> pl.DataFrame:
-    """Stage: `incidents` -> `causes` for every incident."""
+    """Stage: `incidents` -> `causes` for every incident (baselines clear of other
+    incidents, see :func:`clean_baseline`)."""
     parts = [t.table(t.CAUSES).empty()]
     for incident in incidents.iter_rows(named=True):
         ctx = load_context(tables, incident, window_s, config.attribution_lookback_s)
-        parts.append(attribute(ctx, config))
+        parts.append(attribute(clean_baseline(ctx, incidents, tables, config), config))
     return pl.concat(parts)
 

@@ -147,3 +147,19 @@ def kv_shrunk_decode_faster(seed: int = 6) -> tuple[SynthData, FleetSpec]:
         pl.when(busy).then((pl.col(c.UTIL_GPU) + 0.25).clip(upper_bound=1.0))
         .otherwise(pl.col(c.UTIL_GPU)).alias(c.UTIL_GPU))
     return rewindow(data, spec), spec
+
+
+STALL_START = 1.75 * H
+
+
+def stall_after_incident(seed: int = 9, earlier: bool = True) -> tuple[SynthData, FleetSpec]:
+    """A TP=2 fleet: a 4-minute collective stall on h01 (TPOT +45% at p50 and p99) 15
+    minutes after the end of an earlier 30-minute incident on the same host (``earlier``),
+    which is still inside the 60-window look-back of the rolling baseline."""
+    spec = FleetSpec(duration_s=3 * H, gpus_per_host=2, tp=2, seed=seed)
+    injected = [Injected("collective_stall", "host_name=h01", STALL_START, 240,
+                         magnitude=0.5625)]
+    if earlier:
+        injected.append(Injected("engine_overhead", "host_name=h01", 1.0 * H, 1800,
+                                 magnitude=1.0))
+    return generate(spec, injected), spec
