@@ -45,6 +45,7 @@ TLS_HANDSHAKE_S = 10.0
 LOG_EVERY_S = 60.0
 BUSY = Reply(503, b"too many connections; retry\n", headers=(("Retry-After", "1"),), close=True)
 TIMED_OUT = Reply(408, b"request not received in time\n", close=True)
+HEAD_REFUSED = Reply(405, b"", headers=(("Allow", "GET, POST"),), close=True)
 
 
 class _Timeout(Exception):
@@ -70,10 +71,13 @@ class HttpServer:
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._loop_error)
         self.open = 0
-        self.busy = 0
+        #: Exports running on the pool: shutdown waits for these (their clients get answers).
+        self.exporting = 0
         self.closing = False
-        self._idle: set[asyncio.StreamWriter] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self._last_log = 0.0
+        #: Errors asyncio reported (accept failures, exceptions that escaped a connection).
+        self.loop_errors = 0
         self._server: asyncio.base_events.Server | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="http", daemon=True)
 
@@ -90,21 +94,29 @@ class HttpServer:
         done.result(grace_s + 5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
         self.pool.shutdown(wait=False)
 
     async def _stop(self, grace_s: float) -> None:
         self.closing = True
         if self._server is not None:
             self._server.close()
-        for writer in list(self._idle):
-            writer.close()
         deadline = self.loop.time() + grace_s
-        while self.busy and self.loop.time() < deadline:
+        while self.exporting and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        # Idle connections and requests still arriving were never acknowledged: close them
+        # (each connection's task then ends by itself; answers already written are flushed).
+        for writer in list(self._writers):
+            writer.close()
+        deadline = self.loop.time() + 2.0
+        while self.open and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         # asyncio reports EMFILE at accept (it retries a second later by itself) and similar
         # conditions here; once a minute is enough to tell the operator.
+        self.loop_errors += 1
         now = time.monotonic()
         if now - self._last_log >= LOG_EVERY_S:
             self._last_log = now
@@ -113,27 +125,31 @@ class HttpServer:
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         if self.open >= self.config.http_max_connections or self.closing:
-            await self._refuse(writer)
+            await self._refuse(reader, writer)
             return
         self.open += 1
+        self._writers.add(writer)
         try:
             await self._serve(reader, writer)
         except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
             pass  # the client went away; nothing was acknowledged on this request
         finally:
             self.open -= 1
-            self._idle.discard(writer)
+            self._writers.discard(writer)
             writer.close()
 
-    async def _refuse(self, writer: asyncio.StreamWriter) -> None:
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer 503 + Retry-After before any request is read, then close (lingering, so
+        a client still sending its request can read the answer)."""
         self.ingest.telemetry.add("refused_requests")
         try:
-            # h11 refuses to answer before a request arrived; the raw bytes say the same
+            # h11 answers only after a request; these raw bytes are the same 503
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
                          b"Connection: close\r\nContent-Type: text/plain\r\n"
                          + f"Content-Length: {len(BUSY.body)}\r\n\r\n".encode() + BUSY.body)
             await asyncio.wait_for(writer.drain(), TLS_HANDSHAKE_S)
-        except (TimeoutError, OSError):
+            await self._linger(reader, writer)
+        except OSError:  # TimeoutError included: the client is gone or not reading
             pass
         finally:
             writer.close()
@@ -141,20 +157,9 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         while not self.closing:
-            self._idle.add(writer)
-            try:
-                event = await self._first_event(conn, reader)
-            except _Timeout:
-                return  # idle keep-alive connection: close quietly
-            finally:
-                self._idle.discard(writer)
-            if event is None:
-                return
-            self.busy += 1
-            try:
-                reply = await self._request(conn, reader, writer, event)
-            finally:
-                self.busy -= 1
+            if not await self._wait_first(conn, reader):
+                return  # the client is done, or idled past http_idle_timeout_s
+            reply = await self._request(conn, reader, writer)
             if not await self._send(conn, writer, reply):
                 return
             if reply.close or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
@@ -162,22 +167,19 @@ class HttpServer:
                 return
             conn.start_next_cycle()
 
-    async def _first_event(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
-        """Wait (idle timeout) for the next request's first bytes: the first h11 event, or
-        ``NEED_DATA`` when bytes came but not a whole event; None when the client is done."""
-        event = conn.next_event()
-        if isinstance(event, h11.ConnectionClosed):
-            return None
-        if event is h11.NEED_DATA:
-            try:
-                data = await asyncio.wait_for(reader.read(_CHUNK), self.config.http_idle_timeout_s)
-            except TimeoutError:
-                raise _Timeout from None
-            if not data:
-                return None
-            conn.receive_data(data)
-            event = h11.NEED_DATA
-        return event
+    async def _wait_first(self, conn: h11.Connection, reader: asyncio.StreamReader) -> bool:
+        """Wait (``http_idle_timeout_s``) for the next request's first bytes; False when the
+        client closed or stayed idle. Parsing is left to :meth:`_request`."""
+        if conn.trailing_data[0]:
+            return True  # pipelined: already here
+        try:
+            data = await asyncio.wait_for(reader.read(_CHUNK), self.config.http_idle_timeout_s)
+        except TimeoutError:
+            return False
+        if not data:
+            return False
+        conn.receive_data(data)
+        return True
 
     async def _next(self, conn: h11.Connection, reader: asyncio.StreamReader,
                     deadline: float) -> Any:
@@ -196,15 +198,17 @@ class HttpServer:
             conn.receive_data(data)
 
     async def _request(self, conn: h11.Connection, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter, first: Any) -> Reply:
-        """Read one whole request within the deadline and produce its reply."""
+                       writer: asyncio.StreamWriter) -> Reply:
+        """Read one whole request within the deadline (from its first byte, already in)
+        and produce its reply."""
         deadline = self.loop.time() + self.config.http_request_timeout_s
         todo: Plan | Reply | None = None
         try:
-            event = first if first is not h11.NEED_DATA else await self._next(conn, reader,
-                                                                              deadline)
+            event = await self._next(conn, reader, deadline)
             if not isinstance(event, h11.Request):
                 return Reply(400, b"expected a request\n", close=True)
+            if event.method == b"HEAD":  # an answer to HEAD may carry no body: refuse bare
+                return HEAD_REFUSED
             todo = plan(self.ingest, event.method.decode("ascii").upper(),
                         event.target.decode("ascii", "replace"), _headers(event))
             if isinstance(todo, Reply):
@@ -223,7 +227,11 @@ class HttpServer:
                          close=True)
         except TooLarge as error:
             return error_reply(error, isinstance(todo, Plan) and todo.as_json)
-        return await self.loop.run_in_executor(self.pool, export, self.ingest, todo, body)
+        self.exporting += 1
+        try:
+            return await self.loop.run_in_executor(self.pool, export, self.ingest, todo, body)
+        finally:
+            self.exporting -= 1
 
     async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader,
                     deadline: float) -> bytes:
