@@ -50,8 +50,7 @@ ENGINE_ALIASES: dict[str, str] = {
 }
 #: vLLM's finished reasons (FinishReason): one hidden column each, summed into
 #: ``requests_finished_total``; a reason vLLM adds later lands in the "other" column.
-FINISHED_REASONS = ("stop", "length", a.FINISHED_ABORT, a.FINISHED_ERROR, "repetition")
-_FINISHED = {reason: f"__finished_{reason}" for reason in FINISHED_REASONS}
+_FINISHED = {reason: f"__finished_{reason}" for reason in a.FINISHED_REASONS}
 _FINISHED_OTHER = "__finished_other"
 #: The legacy reading of hw.gpu.memory.utilization as the controller's busy share (what the
 #: fleetlens agent sent before it followed the conventions, and the simulator still sends):

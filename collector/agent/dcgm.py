@@ -106,7 +106,7 @@ def dcgm_samples(text: str, ts_ns: int, energy: dict[str, EnergyTotal]) -> list[
     pods: dict[str, set[str]] = defaultdict(set)
     for sample in parse_samples(text):
         uuid = sample.labels.get(a.DCGM_UUID_LABEL)
-        if not uuid or not sample.name.startswith("DCGM_FI_"):
+        if not uuid or not sample.name.startswith(a.DCGM_FIELD_PREFIX):
             continue
         labels.setdefault(uuid, sample.labels)
         if (pod := _pods(sample.labels)) is not None:

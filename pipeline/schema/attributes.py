@@ -137,6 +137,8 @@ ENGINE_FINISHED_REASON = "finished_reason"  # on vllm.requests.finished, vLLM's 
 #: finished_reason values counted as aborted / failed requests (vLLM FinishReason).
 FINISHED_ABORT = "abort"
 FINISHED_ERROR = "error"
+#: Every finished_reason vLLM 0.32 writes.
+FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, FINISHED_ERROR, "repetition")
 ENGINE_INSTANCE = "fleetlens.instance_id"
 
 # --- vLLM Prometheus /metrics families (scraped by the agent) -------------------------------
@@ -193,6 +195,7 @@ DCGM_CLOCKS_EVENT_REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
 DCGM_POWER_LIMIT = ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT")  # W
 DCGM_XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"  # gauge: the last XID code
 DCGM_PROF_PREFIX = "DCGM_FI_PROF_"
+DCGM_FIELD_PREFIX = "DCGM_FI_"  # every DCGM field; other series on the page are ignored
 # labels dcgm-exporter puts on every series
 DCGM_GPU_LABEL = "gpu"  # index
 DCGM_UUID_LABEL = "UUID"
