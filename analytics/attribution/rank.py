@@ -143,10 +143,13 @@ def _overlapping(ctx: IncidentContext, incidents: pl.DataFrame, lo: int, hi: int
 
 def _with_baseline(ctx: IncidentContext, base: IncidentContext) -> IncidentContext:
     """``ctx`` with the baseline period (and rows) of ``base``."""
+    logs = ctx.log_events
+    if logs is not None and base.log_events is not None:  # the log signal's baseline too
+        logs = pl.concat([base.log_events, logs]).unique()
     return dataclasses.replace(
         ctx, base_start_ns=base.base_start_ns, base_end_ns=base.base_end_ns,
         requests_base=base.requests_base, engine_base=base.engine_base,
-        gpu_base=base.gpu_base)
+        gpu_base=base.gpu_base, log_events=logs)
 
 
 def clean_baseline(ctx: IncidentContext, incidents: pl.DataFrame, tables: Tables,
