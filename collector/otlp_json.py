@@ -47,6 +47,8 @@ def _prepare(node: Any, max_attributes: int, max_items: int) -> Any:
                 _prepare(value, max_attributes, max_items)
         if dropped:
             before = node.get(_DROPPED, 0)
+            if isinstance(before, str) and before.isdigit():  # the JSON mapping allows "5"
+                before = int(before)
             if isinstance(before, int) and not isinstance(before, bool):
                 node[_DROPPED] = min(before + dropped, 2**32 - 1)  # a uint32 field
     elif isinstance(node, list):

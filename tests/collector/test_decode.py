@@ -120,6 +120,30 @@ def test_cardinality_cap_sends_new_names_to_the_overflow_bucket() -> None:
     assert names.overflowed == 2
 
 
+def test_name_budgets_per_request_and_connection_keep_known_names() -> None:
+    names = NameLimiter(100, per_request=2, per_connection=3)
+    first = names.for_request("ipv4:127.0.0.1:1")
+    assert [first.admit(n) for n in ("a", "b", "c", "a")] == ["a", "b", OVERFLOW_NAME, "a"]
+    again = names.for_request("ipv4:127.0.0.1:1")  # same connection: one new name left
+    assert [again.admit(n) for n in ("d", "e", "b")] == ["d", OVERFLOW_NAME, "b"]
+    other = names.for_request("ipv4:127.0.0.1:2")
+    assert [other.admit(n) for n in ("e", "f", "c")] == ["e", "f", OVERFLOW_NAME]
+    assert names.for_request(None).admit("c") == "c"  # no connection known: per request only
+
+
+def test_json_attribute_lists_are_cut_before_parsing() -> None:
+    from fleetlens.collector.otlp_json import _prepare
+
+    span = {"attributes": [{"key": f"k{i}"} for i in range(10)], "droppedAttributesCount": "2",
+            "events": [{"attributes": [{"key": "x"}] * 5}],
+            "traceId": "0102030405060708090a0b0c0d0e0f10"}
+    _prepare(span, 4, 6)
+    assert len(span["attributes"]) == 4 and span["droppedAttributesCount"] == 8
+    assert len(span["events"][0]["attributes"]) == 4
+    assert span["events"][0]["droppedAttributesCount"] == 1
+    assert span["traceId"] == "AQIDBAUGBwgJCgsMDQ4PEA=="
+
+
 def test_metrics_and_logs_decode_to_their_tables() -> None:
     now = time.time_ns()
     out = _decode(METRICS, gauge_request("hw.power", [(now, 250.0, {"hw.id": "GPU-1"}),
