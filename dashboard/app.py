@@ -22,8 +22,12 @@ auth.require_login(data.config())
 
 PAGES = {
     "Fleet": [
-        st.Page(VIEWS / "overview.py", title="Fleet overview", url_path="overview",
+        st.Page(VIEWS / "overview.py", title="Fleet overview", url_path="fleet",
                 icon=":material/dashboard:", default=True),
+        # Streamlit serves the default page at "/" only, so a shared link to /overview
+        # opened "Page not found" over it: the same page is also served, unlisted, there.
+        st.Page(VIEWS / "overview.py", title="Fleet overview", url_path="overview",
+                icon=":material/dashboard:", visibility="hidden"),
         st.Page(VIEWS / "incidents.py", title="Incidents", url_path="incidents",
                 icon=":material/warning:"),
         st.Page(VIEWS / "incident_detail.py", title="Incident detail", url_path="incident",

@@ -21,6 +21,9 @@ def streamlit_argv(address: str, port: int) -> list[str]:
         "--server.headless", "true", "--server.fileWatcherType", "none",
         "--server.runOnSave", "false", "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false", "--client.toolbarMode", "minimal",
+        # An uncaught exception shows a generic message in the browser; its type, message
+        # and traceback (paths, SQL, data) go to the server log only.
+        "--client.showErrorDetails", "none",
     ]
 
 

@@ -1,8 +1,10 @@
 """A real browser (Debian chromium, headless, via playwright) loads every page of a running
-dashboard and finds charts, metrics and tables, and no error box."""
+dashboard and finds charts, metrics and tables with rows, and no error box; every page is
+screenshotted (``FLEETLENS_SCREENSHOT_DIR`` keeps them, to look at what a person sees)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -22,6 +24,9 @@ CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-d
 #: url path -> (title, selectors that must be present once rendered)
 PAGES = {
     "": ("Fleet overview", ['[data-testid="stMetric"]', ".js-plotly-plot",
+                                    '[data-testid="stDataFrame"]']),
+    # A deep link to the default page (it used to open "Page not found" over it).
+    "overview": ("Fleet overview", ['[data-testid="stMetric"]', ".js-plotly-plot",
                                     '[data-testid="stDataFrame"]']),
     "incidents": ("Incidents", ['[data-testid="stDataFrame"]']),
     "incident?id={incident}": ("Incident detail", [
@@ -73,18 +78,16 @@ def incident(real_demo) -> str:
     return frame[c.INCIDENT_ID][0]
 
 
-@pytest.fixture(scope="module")
-def server(real_demo, tmp_path_factory):
-    """``fleetlens dashboard`` over real demo data on a free loopback port, stopped by PID."""
+@contextlib.contextmanager
+def dashboard(root: Path, log: Path, extra_env: dict[str, str] | None = None):  # noqa: ANN201
+    """``fleetlens dashboard`` over ``root`` on a free loopback port, stopped by PID."""
     port = free_port()
-    log = tmp_path_factory.mktemp("dash-log") / "dashboard.log"
-    env = {**os.environ, "FLEETLENS_DATA": str(real_demo.root)}
+    env = {**os.environ, "FLEETLENS_DATA": str(root), **(extra_env or {})}
     env.pop("FLEETLENS_CONFIG", None)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetlens", "dashboard", "--data-dir",
-             str(real_demo.root), "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
+            [sys.executable, "-m", "fleetlens", "dashboard", "--data-dir", str(root),
+             "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
@@ -96,6 +99,14 @@ def server(real_demo, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server(real_demo, tmp_path_factory):
+    """The dashboard over real demo data."""
+    log = tmp_path_factory.mktemp("dash-log") / "dashboard.log"
+    with dashboard(real_demo.root, log) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +123,8 @@ def browser():
 
 
 def render(page, url: str, selectors: list[str], timeout_ms: int = 60_000) -> None:  # noqa: ANN001
-    """Open ``url`` and wait until every selector is visible and the script run finished."""
+    """Open ``url`` and wait until every selector is visible, the script run finished and
+    every table and chart has drawn its content."""
     page.goto(url, wait_until="domcontentloaded")
     page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
     for selector in selectors:
@@ -120,23 +132,55 @@ def render(page, url: str, selectors: list[str], timeout_ms: int = 60_000) -> No
     # The status widget ("Running...") is shown while the script runs; wait until it is gone.
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached",
                            timeout=timeout_ms)
+    try:  # a table draws its cells (role=gridcell) a moment after its element arrives
+        page.wait_for_function(EVERY_TABLE_HAS_ROWS, timeout=20_000)
+    except Exception:  # noqa: BLE001 - reported by check_page with the table's contents
+        pass
     page.wait_for_timeout(300)  # let the last deltas paint
 
 
+#: Every dataframe on the page shows at least one cell (not an empty box).
+EVERY_TABLE_HAS_ROWS = """() => Array.from(document.querySelectorAll('[data-testid="stDataFrame"]'))
+    .every(t => t.querySelectorAll('[role="gridcell"]').length > 0)"""
+
+
+def check_page(page, path: str) -> None:  # noqa: ANN001
+    """No exception box, error alert or "Page not found" dialog; no empty table or chart."""
+    assert page.locator('[data-testid="stException"]').count() == 0, path
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0, path
+    assert page.get_by_text("Page not found").count() == 0, path
+    cells = page.evaluate("""() => Array.from(document.querySelectorAll(
+        '[data-testid="stDataFrame"]')).map(t => t.querySelectorAll('[role="gridcell"]').length)""")
+    assert all(cells), (path, "a table shows no rows", cells)
+    drawn = page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+        .map(p => p.querySelectorAll('.main-svg').length)""")
+    assert all(drawn), (path, "a chart was not drawn", drawn)
+
+
+def shot_dir(tmp_path: Path) -> Path:
+    kept = os.environ.get("FLEETLENS_SCREENSHOT_DIR")
+    if kept:
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        return Path(kept)
+    return tmp_path
+
+
 def test_every_page_renders_in_a_real_browser(server, browser, incident, tmp_path) -> None:
-    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    # Tall enough that every element is in view: Streamlit scrolls inside its own container,
+    # so a full-page screenshot of a short viewport cuts the page off.
+    page = browser.new_page(viewport={"width": 1500, "height": 3200})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    shots = shot_dir(tmp_path)
     for path, (title, selectors) in PAGES.items():
         render(page, f"{server}/{path.format(incident=incident)}", selectors)
         heading = page.locator("h1").first.inner_text()
         assert title in heading, (path, heading)
-        assert page.locator('[data-testid="stException"]').count() == 0, path
-        assert page.get_by_text("Page not found").count() == 0, path
-        name = path.split("?")[0] or "overview"
-        page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+        check_page(page, path)
+        name = path.split("?")[0] or "root"
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
     assert not errors, errors
-    assert len(list(tmp_path.glob("*.png"))) == len(PAGES)
+    assert len(list(shots.glob("*.png"))) >= len(PAGES)
 
 
 def test_overview_shows_charts_metrics_and_the_incident(server, browser, tmp_path) -> None:
@@ -165,3 +209,24 @@ def test_sql_console_in_the_browser(server, browser) -> None:
 def test_dashboard_binds_loopback_only(server) -> None:
     found = listening_addresses(int(server.rsplit(":", 1)[1]))
     assert found and found <= LOOPBACK_HEX, found
+
+
+def test_an_error_shows_no_details_in_the_browser(browser, tmp_path) -> None:
+    """client.showErrorDetails is off: an uncaught exception (here a corrupt Parquet file)
+    shows a generic box; its message, type and traceback (paths, SQL) go to the log only."""
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import DataDir
+
+    root = DataDir(tmp_path / "broken")
+    bad = root.derived(t.WINDOWS) / "date=2026-12-01" / "part-0.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"PAR1 this is not a parquet file PAR1")
+    log = tmp_path / "dashboard.log"
+    with dashboard(root.root, log) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url, wait_until="domcontentloaded")
+        page.wait_for_selector('[data-testid="stException"]', state="visible", timeout=60_000)
+        shown = page.locator('[data-testid="stException"]').inner_text()
+    assert "part-0.parquet" not in shown and "Traceback" not in shown, shown
+    assert "redacted" in shown and "Exception" not in shown and "Error:" not in shown, shown
+    assert "part-0.parquet" in log.read_text()  # the details are in the server's log
