@@ -123,6 +123,113 @@ def _active(lo: int, hi: int) -> pl.Expr:
     return (pl.col(c.ARRIVAL_NS) < hi) & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo))
 
 
+def phase1_files(state: PipelineState, dd: DataDir, cfg: PipelineConfig,
+                 hour: int) -> dict[str, list[str]]:
+    """The raw segments phase 1 of ``hour`` reads, per signal (metric points from one sample
+    gap before the hour: a GPU sample's interval starts there)."""
+    gap_ns = int(cfg.max_sample_gap_s * NS)
+    return {"metrics": state.files("metrics", hour - gap_ns, hour + HOUR_NS, dd.root),
+            "spans": state.files("spans", hour, hour + HOUR_NS, dd.root)}
+
+
+def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
+                hour: int) -> list[tuple[str, pl.DataFrame]]:
+    """Phase 1 of one hour as a pure function: the raw ``files`` (see :func:`phase1_files`)
+    in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
+    can run this anywhere the files can be read)."""
+    lo, hi = hour, hour + HOUR_NS
+    gap_ns = int(cfg.max_sample_gap_s * NS)
+    points = read_raw(files["metrics"], _SIGNALS["metrics"],
+                      pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left"),
+                      _COLUMNS["metrics"], _CATEGORICAL["metrics"])
+    in_hour = pl.col(c.TS_NS) >= lo
+    points = as_split(points)  # once for the three samples stages
+    mapping = instance_gpus(points.filter(in_hour))
+    spans = read_raw(files["spans"], _SIGNALS["spans"],
+                     (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo),
+                     _COLUMNS["spans"], _CATEGORICAL["spans"])
+    requests = normalize(spans, mapping, cfg.dimension_map()).filter(
+        pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
+    gpu = gpu_samples(points, cfg.max_sample_gap_s)
+    # Measured energy per slot now, while the samples are in memory and sorted: phase 2
+    # reads these few rows instead of the samples.
+    slots = en.gpu_slot_energy(gpu, cfg.slot_s, lo)
+    eng = engine_samples(points).filter(in_hour)
+    return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu.filter(in_hour)),
+            (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots)]
+
+
+@dataclass
+class Phase2Output:
+    """One hour's phase-2 partitions, not yet published."""
+
+    gpu_window_energy: pl.DataFrame
+    request_energy: pl.DataFrame
+    windows: pl.DataFrame
+    #: (arrival hour, fresh request_energy rows) of requests from clean earlier hours that
+    #: ran into this one: merged into that hour's partition when published
+    crossers: list[tuple[int, pl.DataFrame]]
+
+
+def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
+                     cache: dict | None = None) -> pl.DataFrame:
+    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
+    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
+    frame = read_hours(dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS), cache=cache)
+    return frame.filter(_active(lo, hi))
+
+
+def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]) -> Phase2Output:
+    """Phase 2 (energy, then windows) of one hour as a pure function of the phase-1
+    partitions published in ``dd``: reads no phase-2 output, publishes nothing."""
+    lo, hi = hour, hour + HOUR_NS
+    slot_ns = cfg.slot_s * NS
+    gap_ns = int(cfg.max_sample_gap_s * NS)
+    read: dict = {}  # request partitions read for `active` serve `everyone` too
+    active = _requests_active(dd, cfg, lo, hi, read)
+    e_lo = min(lo, int(active[c.ARRIVAL_NS].min() or lo))
+    e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
+                       .item() or hi) + 1)
+    # A request running longer than max_request_s gets no energy past that (the hours
+    # after look back only that far for requests still running).
+    e_hi = min(e_hi, hi + cfg.max_request_s * NS)
+    e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
+    # `active` is a subset of `everyone`: take it from there, with the energy keys.
+    everyone = en.with_request_keys(_requests_active(dd, cfg, e_lo, e_hi, read))
+    active = everyone.filter(_active(lo, hi))
+    # A slot's measured energy comes from samples up to one gap after it, so from the
+    # slot-energy partitions of its hour and the next.
+    pieces = read_hours(dd, t.GPU_SLOT_ENERGY, hours_between(e_lo, e_hi + gap_ns))
+    slots = en.gpu_slots(pieces.filter(
+        pl.col(c.SLOT_START_NS).is_between(e_lo, e_hi, closed="left")))
+    arrival_hours = everyone.select(
+        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).unique().sort()
+    ).to_series().to_list()
+    mapping = pl.concat([
+        read_hours(dd, t.INSTANCE_GPUS, [h]).with_columns(pl.lit(h).alias(en.HOUR))
+        for h in arrival_hours
+    ] or [t.table(t.INSTANCE_GPUS).empty().with_columns(pl.lit(0).alias(en.HOUR))],
+        how="diagonal_relaxed")
+    in_e = pl.col(en.SLOT).is_between(e_lo, e_hi, closed="left")
+    weights = en.request_slot_weights(everyone, cfg.slot_s).filter(in_e)
+    shares, per_slot = en.attribute(weights, everyone, mapping, slots, cfg.slot_s)
+    in_hour = pl.col(en.SLOT).is_between(lo, hi, closed="left")
+    per_slot = per_slot.filter(in_hour)
+    gpu_windows = en.gpu_window_energy(per_slot, cfg.window_s)
+    own = active.filter(pl.col(c.ARRIVAL_NS) >= lo)
+    crossers = active.filter(pl.col(c.ARRIVAL_NS) < lo).with_columns(
+        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).alias(en.HOUR))
+    patches = [(int(h), en.request_energy(shares, group))
+               for (h,), group in crossers.group_by(en.HOUR, maintain_order=True)
+               if int(h) not in dirty]  # a dirty hour's own phase 2 writes them
+    groups = en.group_energy(shares.filter(in_hour), everyone, per_slot, cfg.window_s)
+    eng = read_hours(dd, t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
+    eng = eng.filter(pl.col(c.TS_NS) >= lo - gap_ns)
+    out = windows(own.drop(en.RIX, en.IID, en.GRP), eng, groups, cfg.window_s).filter(
+        pl.col(c.WINDOW_START_NS) >= lo)
+    return Phase2Output(gpu_windows, en.request_energy(shares, own), out, patches)
+
+
 class Pipeline:
     """The pipeline over one data directory."""
 
@@ -137,32 +244,11 @@ class Pipeline:
         self._pending: list[Future[int]] = []
 
     # --- phase 1 -------------------------------------------------------------------------
-    def _raw(self, state: PipelineState, signal: str, lo: int, hi: int,
-             predicate: pl.Expr) -> pl.DataFrame:
-        return read_raw(state.files(signal, lo, hi, self.dd.root), _SIGNALS[signal], predicate,
-                        _COLUMNS[signal], _CATEGORICAL[signal])
-
     def _phase1(self, state: PipelineState, hour: int) -> list[tuple[str, pl.DataFrame]]:
         """Phase 1 of one hour: raw segments in, the hour's partitions out (not yet published).
 
         Reads nothing any other hour's phase 1 writes, so hours can run side by side."""
-        lo, hi = hour, hour + HOUR_NS
-        points = self._raw(state, "metrics", lo - self.gap_ns, hi,
-                           pl.col(c.TS_NS).is_between(lo - self.gap_ns, hi, closed="left"))
-        in_hour = pl.col(c.TS_NS) >= lo
-        points = as_split(points)  # once for the three samples stages
-        mapping = instance_gpus(points.filter(in_hour))
-        spans = self._raw(state, "spans", lo, hi,
-                          (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo))
-        requests = normalize(spans, mapping, self.dims).filter(
-            pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
-        gpu = gpu_samples(points, self.cfg.max_sample_gap_s)
-        # Measured energy per slot now, while the samples are in memory and sorted: phase 2
-        # reads these few rows instead of the samples.
-        slots = en.gpu_slot_energy(gpu, self.cfg.slot_s, lo)
-        eng = engine_samples(points).filter(in_hour)
-        return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu.filter(in_hour)),
-                (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots)]
+        return phase1_hour(self.cfg, phase1_files(state, self.dd, self.cfg, hour), hour)
 
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
                 dirty2: set[int], summary: RunSummary) -> None:
@@ -221,75 +307,29 @@ class Pipeline:
             future.result()
 
     # --- phase 2 -------------------------------------------------------------------------
-    def _requests_active(self, lo: int, hi: int, cache: dict | None = None) -> pl.DataFrame:
-        """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
-        back = -(-self.cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
-        frame = read_hours(self.dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS),
-                           cache=cache)
-        return frame.filter(_active(lo, hi))
-
     def _phase2(self, hour: int, dirty: set[int], summary: RunSummary) -> None:
         self._flush()  # it reads what phase 1 and the previous hours published
-        lo, hi = hour, hour + HOUR_NS
-        slot_ns = self.cfg.slot_s * NS
-        read: dict = {}  # request partitions read for `active` serve `everyone` too
-        active = self._requests_active(lo, hi, read)
-        e_lo = min(lo, int(active[c.ARRIVAL_NS].min() or lo))
-        e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
-                           .item() or hi) + 1)
-        # A request running longer than max_request_s gets no energy past that (the hours
-        # after look back only that far for requests still running).
-        e_hi = min(e_hi, hi + self.cfg.max_request_s * NS)
-        e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
-        # `active` is a subset of `everyone`: take it from there, with the energy keys.
-        everyone = en.with_request_keys(self._requests_active(e_lo, e_hi, read))
-        active = everyone.filter(_active(lo, hi))
-        # A slot's measured energy comes from samples up to one gap after it, so from the
-        # slot-energy partitions of its hour and the next.
-        pieces = read_hours(self.dd, t.GPU_SLOT_ENERGY, hours_between(e_lo, e_hi + self.gap_ns))
-        slots = en.gpu_slots(pieces.filter(
-            pl.col(c.SLOT_START_NS).is_between(e_lo, e_hi, closed="left")))
-        arrival_hours = everyone.select(
-            (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).unique().sort()
-        ).to_series().to_list()
-        mapping = pl.concat([
-            read_hours(self.dd, t.INSTANCE_GPUS, [h]).with_columns(pl.lit(h).alias(en.HOUR))
-            for h in arrival_hours
-        ] or [t.table(t.INSTANCE_GPUS).empty().with_columns(pl.lit(0).alias(en.HOUR))],
-            how="diagonal_relaxed")
-        in_e = pl.col(en.SLOT).is_between(e_lo, e_hi, closed="left")
-        weights = en.request_slot_weights(everyone, self.cfg.slot_s).filter(in_e)
-        shares, per_slot = en.attribute(weights, everyone, mapping, slots, self.cfg.slot_s)
-        in_hour = pl.col(en.SLOT).is_between(lo, hi, closed="left")
-        per_slot = per_slot.filter(in_hour)
-        gpu_windows = en.gpu_window_energy(per_slot, self.cfg.window_s)
-        self._publish(t.GPU_WINDOW_ENERGY, hour, gpu_windows, summary)
-        own = active.filter(pl.col(c.ARRIVAL_NS) >= lo)
-        self._publish(t.REQUEST_ENERGY, hour, en.request_energy(shares, own), summary)
-        self._patch_crossers(active.filter(pl.col(c.ARRIVAL_NS) < lo), shares, dirty, summary)
-        groups = en.group_energy(shares.filter(in_hour), everyone, per_slot, self.cfg.window_s)
-        eng = read_hours(self.dd, t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
-        eng = eng.filter(pl.col(c.TS_NS) >= lo - self.gap_ns)
-        out = windows(own.drop(en.RIX, en.IID, en.GRP), eng, groups, self.cfg.window_s).filter(
-            pl.col(c.WINDOW_START_NS) >= lo)
-        self._publish(t.WINDOWS, hour, out, summary)
+        self._publish_phase2(hour, phase2_hour(self.dd, self.cfg, hour, dirty), summary)
 
-    def _patch_crossers(self, crossers: pl.DataFrame, shares: pl.DataFrame, dirty: set[int],
-                        summary: RunSummary) -> None:
-        """Replace the energy rows of requests from clean earlier hours that ran into this one."""
-        crossers = crossers.with_columns(
-            (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).alias(en.HOUR))
-        for (h,), group in crossers.group_by(en.HOUR, maintain_order=True):
-            if int(h) in dirty:
-                continue  # that hour's own phase 2 writes them
-            fresh = en.request_energy(shares, group)
-            self._flush()
-            old = read_hours(self.dd, t.REQUEST_ENERGY, [int(h)])
-            keep = old.join(fresh.select(en.REQUEST_KEY), on=en.REQUEST_KEY, how="anti",
-                            maintain_order="left")
-            merged = pl.concat([keep, fresh], how="diagonal_relaxed").sort(
-                c.REQUEST_ID, *en.REQUEST_KEY)
-            self._publish(t.REQUEST_ENERGY, int(h), merged, summary)
+    def _publish_phase2(self, hour: int, out: Phase2Output, summary: RunSummary) -> None:
+        """Publish one hour's phase-2 output: its own partitions, then the energy rows of
+        crossers patched into their (clean) arrival hours, in the order they come."""
+        self._publish(t.GPU_WINDOW_ENERGY, hour, out.gpu_window_energy, summary)
+        self._publish(t.REQUEST_ENERGY, hour, out.request_energy, summary)
+        for h, fresh in out.crossers:
+            self._patch(h, fresh, summary)
+        self._publish(t.WINDOWS, hour, out.windows, summary)
+
+    def _patch(self, hour: int, fresh: pl.DataFrame, summary: RunSummary) -> None:
+        """Replace the energy rows of requests from the clean earlier ``hour`` that ran into a
+        dirty one with ``fresh`` (read-modify-write: published one after the other)."""
+        self._flush()
+        old = read_hours(self.dd, t.REQUEST_ENERGY, [hour])
+        keep = old.join(fresh.select(en.REQUEST_KEY), on=en.REQUEST_KEY, how="anti",
+                        maintain_order="left")
+        merged = pl.concat([keep, fresh], how="diagonal_relaxed").sort(
+            c.REQUEST_ID, *en.REQUEST_KEY)
+        self._publish(t.REQUEST_ENERGY, hour, merged, summary)
 
     # --- the run ---------------------------------------------------------------------------
     def run_once(self, *, full: bool = False) -> RunSummary:
