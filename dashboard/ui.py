@@ -167,8 +167,13 @@ def lines(frame: pl.DataFrame, y: str, by: str, title: str, height: int = 280) -
     fig = go.Figure()
     for (key,), part in frame.sort("time").group_by(by, maintain_order=True):
         fig.add_trace(go.Scatter(x=xs(part), y=ys(part, y), name=str(key), mode="lines"))
-    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 40, "b": 10},
-                      legend=LEGEND_ON_TOP, xaxis=TIME_AXIS)
+    # The legend sits above the plot: leave it a line per four entries, below the title
+    # (eight instances' legend was drawn over the title).
+    legend_rows = -(-len(fig.data) // 4)
+    fig.update_layout(title={"text": title, "y": 1.0, "yanchor": "top", "pad": {"t": 8}},
+                      height=height + 20 * legend_rows,
+                      margin={"l": 10, "r": 10, "t": 36 + 22 * legend_rows, "b": 10},
+                      legend={**LEGEND_ON_TOP, "x": 0, "xanchor": "left"}, xaxis=TIME_AXIS)
     return fig
 
 
