@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from fleetlens.analytics.attribution import Tables, attribute_all
+from fleetlens.analytics.attribution.split import split_by_cause
 from fleetlens.analytics.baselines import rolling_baseline, to_baselines_table
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.detect import detect, incident_windows
@@ -114,6 +115,8 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
     banded, anomalies = detect_unpoisoned(all_series(tables, config, window_s), config,
                                           window_s)
     incidents = merge_anomalies(anomalies, hosts_by_service(banded), config)
+    if attribute:  # an incident whose dominant cause changes is split (issue 15)
+        incidents = split_by_cause(tables, incidents, anomalies, config, window_s)
     causes = (attribute_all(tables, incidents, config, window_s) if attribute
               else t.table(t.CAUSES).empty())
     return Analysis(window_s, banded, to_baselines_table(banded), anomalies, incidents,

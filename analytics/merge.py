@@ -63,8 +63,10 @@ def _ratio(row: Row) -> float:
     return row[c.PEAK] / expected if expected and expected > 0 else 1.0
 
 
-def _incident(members: list[Row], scope: tuple[str, str, str], level: str,
-              config: AnalyticsConfig) -> Row:
+def incident_from(members: list[Row], scope: tuple[str, str, str], level: str,
+                  config: AnalyticsConfig) -> Row:
+    """One incident row from its member anomalies: span, primary metric (largest
+    peak/expected), severity and detectors; the id from scope and start."""
     primary = max(members, key=_ratio)
     detectors = sorted({m[c.DETECTOR] for m in members})
     start = min(m[c.START_NS] for m in members)
@@ -116,14 +118,14 @@ def merge_anomalies(anomalies: pl.DataFrame, hosts_by_service: dict[tuple[str, s
             hosts = sorted({r[c.HOST_NAME] for r in cluster if r[c.LEVEL] == LEVEL_HOST})
             shared = len(hosts) >= 2 and len(hosts) >= config.host_share_for_service * n_hosts
             if not hosts or shared:
-                incidents.append(_incident(cluster, (service, model, FLEET_WIDE),
+                incidents.append(incident_from(cluster, (service, model, FLEET_WIDE),
                                            LEVEL_SERVICE, config))
                 continue
             service_rows = [r for r in cluster if r[c.LEVEL] != LEVEL_HOST]
             for host in hosts:
                 own = [r for r in cluster if r[c.HOST_NAME] == host]
                 # A host's incident keeps its own start; service rows only add evidence.
-                incident = _incident(own, (service, model, host), LEVEL_HOST, config)
+                incident = incident_from(own, (service, model, host), LEVEL_HOST, config)
                 incident[c.DETECTOR] = ",".join(sorted(
                     set(incident[c.DETECTOR].split(",")) | {r[c.DETECTOR] for r in service_rows}
                 ))
@@ -133,7 +135,7 @@ def merge_anomalies(anomalies: pl.DataFrame, hosts_by_service: dict[tuple[str, s
         if any(i[c.START_NS] <= end + gap and start <= i[c.END_NS] + gap for i in incidents):
             continue
         scope = (cluster[0][c.SERVICE_NAME], cluster[0][c.MODEL], FLEET_WIDE)
-        incidents.append(_incident(cluster, scope, LEVEL_FLEET, config))
+        incidents.append(incident_from(cluster, scope, LEVEL_FLEET, config))
     return incidents_frame(incidents)
 
 

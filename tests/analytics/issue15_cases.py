@@ -163,3 +163,18 @@ def stall_after_incident(seed: int = 9, earlier: bool = True) -> tuple[SynthData
         injected.append(Injected("engine_overhead", "host_name=h01", 1.0 * H, 1800,
                                  magnitude=1.0))
     return generate(spec, injected), spec
+
+
+SECOND_START = START + 420
+
+
+def two_causes_back_to_back(seed: int = 13, second: str = "engine_overhead"
+                            ) -> tuple[SynthData, FleetSpec]:
+    """Two incidents on h01 two minutes apart (closer than the 3-minute merge gap): KV
+    pressure for 5 minutes, then ``second`` (the engine's CPU falls behind) for 5."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [
+        Injected("kv_cache_pressure", "host_name=h01", START, 300),
+        Injected(second, "host_name=h01", SECOND_START, 300),
+    ])
+    return data, spec
