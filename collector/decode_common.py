@@ -40,6 +40,12 @@ class Reject(Exception):
     """One span, point or log record is invalid; the message says why."""
 
 
+#: What rejects one item. Besides :class:`Reject`, a value that cannot be converted (a
+#: ValueError or OverflowError the explicit checks did not foresee) is that item's fault:
+#: letting it escape would fail the whole Export, which is answered as retryable.
+ITEM_ERRORS: tuple[type[Exception], ...] = (Reject, ValueError, OverflowError)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text (UTF-8 kept as is)."""
     if _c_encode is None:
@@ -343,11 +349,12 @@ class Outcome:
     #: The request holds unknown fields the decoder noticed (see ``Limits.unknown_fields``).
     unknown_fields: bool = False
 
-    def reject(self, where: str, error: Reject) -> None:
+    def reject(self, where: str, error: Exception) -> None:
         """Count one rejected item, keeping the first few reasons for the response."""
         self.rejected += 1
         if len(self.messages) < MAX_MESSAGES:
-            self.messages.append(f"{where}: {error}")
+            kind = "" if isinstance(error, Reject) else f"{type(error).__name__}: "
+            self.messages.append(f"{where}: {kind}{error}")
 
     @property
     def error_message(self) -> str:

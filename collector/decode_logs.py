@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from fleetlens.collector.decode_common import (
+    ITEM_ERRORS,
     Limits,
     NameLimiter,
     Outcome,
-    Reject,
     RequestNames,
     any_value,
     attribute_map,
@@ -59,7 +59,7 @@ def decode_logs(request: Any, limits: Limits, names: NameLimiter | RequestNames,
             scope = scope_logs.scope
             try:
                 resource = decode_resource(resource_logs.resource, limits, names)
-            except Reject as error:
+            except ITEM_ERRORS as error:
                 for _ in scope_logs.log_records:
                     out.reject(f"log record {index}", error)
                     index += 1
@@ -73,7 +73,7 @@ def decode_logs(request: Any, limits: Limits, names: NameLimiter | RequestNames,
             for record in scope_logs.log_records:
                 try:
                     row = _log_row(record, limits, received_ns)
-                except Reject as error:
+                except ITEM_ERRORS as error:
                     out.reject(f"log record {index}", error)
                     index += 1
                     continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetlens.collector.decode_common import (
+    ITEM_ERRORS,
     Limits,
     NameLimiter,
     Outcome,
@@ -116,7 +117,7 @@ def decode_metrics(request: Any, limits: Limits, names: NameLimiter | RequestNam
                         c.SCOPE_VERSION: limits.name(scope.version), c.RECEIVED_NS: received_ns,
                     }
                     per_row = shared_chars(shared)
-                except Reject as error:
+                except ITEM_ERRORS as error:
                     for _ in points:
                         out.reject(f"data point {index}", error)
                         index += 1
@@ -124,7 +125,7 @@ def decode_metrics(request: Any, limits: Limits, names: NameLimiter | RequestNam
                 for point in points:
                     try:
                         row = _point_row(kind, getattr(metric, kind), point, limits)
-                    except Reject as error:
+                    except ITEM_ERRORS as error:
                         out.reject(f"data point {index} of {metric.name!r}", error)
                         index += 1
                         continue

@@ -14,6 +14,7 @@ from typing import Any
 
 from fleetlens.collector.decode_common import (
     EMPTY_OBJECT,
+    ITEM_ERRORS,
     Limits,
     NameLimiter,
     Outcome,
@@ -338,7 +339,7 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
                 resource = decode_resource(resource_spans.resource, limits, names)
                 scope_attrs, _ = attribute_map(scope.attributes, limits)
                 scope_json = bounded_json(scope_attrs, limits) if scope_attrs else EMPTY_OBJECT
-            except Reject as error:  # a bad resource or scope rejects all of its spans
+            except ITEM_ERRORS as error:  # a bad resource or scope rejects all of its spans
                 for _ in scope_spans.spans:
                     out.reject(f"span {index}", error)
                     index += 1
@@ -347,7 +348,7 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
             for span in scope_spans.spans:
                 try:
                     rows.append(_span_row(span, limits))
-                except Reject as error:
+                except ITEM_ERRORS as error:
                     out.reject(f"span {index}", error)
                 index += 1
             if not rows:
