@@ -28,7 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleetlens.pipeline.storage import DataDir, connect, retry_vanished, tables_named_in
+from fleetlens.pipeline.storage import (
+    DataDir,
+    connect,
+    damaged_error,
+    retry_vanished,
+    tables_named_in,
+    unreadable_files,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -125,9 +132,16 @@ def sandbox(root: DataDir, query: str, limits: SandboxLimits, *,
     Raises:
         QueryRejected: when ``query`` is not one read-only statement.
     """
+    import duckdb
+
     # Views of the tables the query names only (each view reads its files' footers); a query
     # that names none (SHOW TABLES, information_schema) gets them all.
-    con = connect(root, tables=tables_named_in(query) or None)
+    try:
+        con = connect(root, tables=tables_named_in(query) or None)
+    except duckdb.Error as exc:  # e.g. a Parquet file cut short outside fleetlens
+        bad = unreadable_files(root.root / "raw") + unreadable_files(root.root / "derived")
+        raise QueryRejected(str(damaged_error(root, bad)) if bad else f"query failed: {exc}"
+                            ) from None
     spill = tempfile.mkdtemp(prefix="fleetlens-sql-")
     try:
         check_read_only(con, query, allow_explain=allow_explain)
