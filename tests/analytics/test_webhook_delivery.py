@@ -164,3 +164,30 @@ def test_an_ongoing_incident_is_not_resolved(tmp_path: Path, synth) -> None:
         analyze(root, cfg)
         actions = [r.json()["event_action"] for r in hook.posts()]
         assert actions == ["trigger"]
+
+
+@pytest.mark.parametrize("status,retried", [(400, False), (404, False), (429, True),
+                                            (408, True), (502, True)])
+def test_permanent_errors_are_not_retried(root: DataDir, tmp_path: Path, status: int,
+                                          retried: bool) -> None:
+    with serve(status=status) as hook:
+        cfg = config_file(tmp_path, f'webhooks = ["{hook.url()}"]')
+        out = analyze(root, cfg)
+        assert f"HTTP {status}" in out.output
+        assert ("(will retry)" in out.output) is retried
+        assert ("not retried" in out.output) is not retried
+        analyze(root, cfg)
+        assert len(hook.posts()) == (2 if retried else 1)
+
+
+def test_incidents_notified_before_the_upgrade_are_not_posted_again(root: DataDir,
+                                                                    tmp_path: Path) -> None:
+    with serve() as hook:
+        analyze(root, config_file(tmp_path, ""))  # no webhooks yet: finds the incident
+        ids = json.loads((root.state / "analytics" / "deliveries.json").read_text())["seen"]
+        assert ids
+        # a data dir as the previous release left it: notified.json only
+        (root.state / "analytics" / "deliveries.json").unlink()
+        (root.state / "analytics" / "notified.json").write_text(json.dumps(ids))
+        analyze(root, config_file(tmp_path, f'webhooks = ["{hook.url()}"]'))
+        assert hook.posts() == []
