@@ -98,6 +98,7 @@ def _send_alertmanager(hook: WebhookConfig, queue: dict[str, Any],
         if exc.retryable:
             return 0, [f"{exc} (will retry)"]
         queue["pending"].clear()
+        queue["open"].clear()  # or every later run would re-send them, failing the same way
         return 0, [f"{exc}; {len(alerts)} alert(s) dropped, not retried"]
     queue["open"] = {i: s for i, s in snapshots.items() if i not in resolving}
     queue["pending"].clear()
