@@ -167,6 +167,22 @@ def slow_gpu_strength(f: Facts, gpu: str) -> float | None:
     return clip01((slower - 1.2) / 0.6) * (1 - hw) * busy
 
 
+def _group_straggler(f: Facts, host: str) -> float:
+    """A tensor-parallel host slower per token than its peer hosts while none of its GPUs
+    stands out (the group runs at its slowest GPU's pace; which one cannot be told): not
+    when its GPUs idle (the engine is late), wait with memory idle (the link: a collective
+    stall) or are throttled. Half strength: the evidence names the host, not the GPU."""
+    if not _groups(f, host):
+        return 0.0
+    gpus = _host_gpus(f, host)
+    hw = max([_hw(f, g) for g in gpus], default=0.0)
+    idle = clip01((0.85 - _mean_ratio(f, gpus, "util")) / 0.25)
+    mem = [ratio(f.signals.gpus[g].get(c.UTIL_MEM)) for g in gpus
+           if _measured(f.signals.gpus.get(g, {}).get(c.UTIL_MEM))]
+    waiting = clip01((0.85 - max(mem)) / 0.25) if mem else 0.0
+    return 0.5 * _straggler_host(f, host) * (1 - hw) * (1 - idle) * (1 - waiting)
+
+
 def _decode_faster(f: Facts) -> dict | None:
     """The scope's decode time per token when it went down (a slow GPU is ruled out)."""
     pairs = [f.signals.hosts.get(h, {}).get("tpot") for h in f.hosts()]
@@ -183,19 +199,20 @@ def _decode_faster(f: Facts) -> dict | None:
 def slow_gpu(f: Facts) -> Candidate:
     judged = {g: slow_gpu_strength(f, g) for g in f.gpus()}
     per_gpu = {g: v for g, v in judged.items() if v is not None}
-    if per_gpu:
+    if any(per_gpu.values()):
         subject, strength, _ = gpu_place(f, per_gpu)
         gpu = max(per_gpu, key=per_gpu.__getitem__)
         s = f.signals.gpus.get(gpu, {})
         if "tpot" not in s:
             s = {**s, **f.signals.hosts.get(f.signals.gpu_host.get(gpu, ""), {})}
-    else:  # GPUs not judged one by one: the host against its peers, busy GPUs, normal clocks
+    else:  # no GPU stands out: the host against its peers, busy GPUs, normal clocks
         per_host = {}
         for h in f.hosts():
             gpus = _host_gpus(f, h)
             hw = max([_hw(f, g) for g in gpus], default=0.0)
             busy = clip01((_mean_ratio(f, gpus, "util") - 0.85) / 0.15)
-            per_host[h] = _straggler_host(f, h) * (1 - hw) * busy
+            alone = 0.0 if per_gpu else _straggler_host(f, h) * (1 - hw) * busy
+            per_host[h] = max(alone, _group_straggler(f, h))
         subject, strength = place(f, per_host)
         s = f.signals.hosts.get(max(per_host, key=per_host.__getitem__), {}) if per_host else {}
     kv = max((value(v.get("kv_max")) for v in f.signals.hosts.values()), default=0.0)

@@ -178,3 +178,25 @@ def two_causes_back_to_back(seed: int = 13, second: str = "engine_overhead"
         Injected(second, "host_name=h01", SECOND_START, 300),
     ])
     return data, spec
+
+
+def tp4_one_slow_gpu(seed: int = 21) -> tuple[SynthData, FleetSpec]:
+    """One GPU at 70% speed in a TP=4 group on h01: the group runs at its pace, so every
+    GPU of it shows the same (lower) activity and nothing singles the slow one out; the
+    GPUs sit near their power limit with clocks 1% down, no reason bits set."""
+    spec = FleetSpec(duration_s=3 * H, gpus_per_host=4, tp=4, seed=seed, rps_per_instance=4.0)
+    data = generate(spec, [Injected("slow_gpu", f"gpu_uuid={gpu(1, 2)}", START, DURATION,
+                                    magnitude=0.54)])
+    on = _during(data, spec, c.TS_NS) & (pl.col(c.HOST_NAME) == "h01")
+    base = data.gpu_samples.filter(~on)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(base[c.UTIL_GPU].mean() * 0.85).otherwise(pl.col(c.UTIL_GPU))
+        .alias(c.UTIL_GPU),
+        pl.when(on).then(base[c.UTIL_MEM].mean() * 0.85).otherwise(pl.col(c.UTIL_MEM))
+        .alias(c.UTIL_MEM),
+        pl.when(on).then(pl.col(c.POWER_LIMIT_W) * 0.96).otherwise(pl.col(c.POWER_W))
+        .alias(c.POWER_W),
+        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * 0.99).otherwise(pl.col(c.SM_CLOCK_MHZ))
+        .alias(c.SM_CLOCK_MHZ),
+    )
+    return rewindow(data, spec), spec

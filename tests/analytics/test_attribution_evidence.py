@@ -70,3 +70,13 @@ def test_prefill_excess_splits_into_volume_and_rate() -> None:
     split = phase_split(slower, base)
     assert split.excess_s["prefill_rate"] == pytest.approx(0.05)
     assert split.parts["prefill_rate"] == pytest.approx(split.share["prefill"])
+
+
+def test_a_slow_gpu_in_a_tensor_parallel_group_is_a_straggler_host() -> None:
+    # Before: power_cap 0.05 first (clock 1% down at 96% of the limit, no cap bit) and
+    # nothing for slow_gpu, since no GPU of the TP=4 group stood out. h01 is slower than
+    # its sibling hosts serving the same model now: a straggler, scoped to the host.
+    _, causes = _ranked(cases.tp4_one_slow_gpu)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("slow_gpu", "host_name=h01"), causes
+    assert "power_cap" not in _scores(causes)
