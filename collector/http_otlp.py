@@ -122,16 +122,21 @@ def _inflate(ingest: Ingest, body: bytes) -> bytes:
         raise
 
 
-def export(ingest: Ingest, todo: Plan, body: bytes) -> Reply:
-    """Decode and store one Export body (runs on a handler thread: it waits for the WAL)."""
+def export(ingest: Ingest, todo: Plan, body: bytes, peer: str | None = None) -> Reply:
+    """Decode and store one Export body (runs on a handler thread: it waits for the WAL).
+
+    ``peer`` ("ipv4:127.0.0.1:51234", as gRPC names it) is the connection, for its budget
+    of new service/host names.
+    """
     try:
         if todo.gzip:
             body = _inflate(ingest, body)
         if todo.as_json:
             request = parse_json(todo.signal, body, ingest)
-            response = ingest.export(todo.signal, request.SerializeToString(), request)
+            response = ingest.export(todo.signal, request.SerializeToString(), request,
+                                     peer=peer)
             return Reply(200, to_json(response).encode(), JSON)
-        response = ingest.export(todo.signal, body)
+        response = ingest.export(todo.signal, body, peer=peer)
         return Reply(200, response.SerializeToString(), PROTOBUF)
     except ExportError as error:
         return error_reply(error, todo.as_json, close=False)

@@ -59,6 +59,15 @@ def _headers(event: h11.Request) -> Headers:
     return found
 
 
+def _peer(writer: asyncio.StreamWriter) -> str | None:
+    """The client as gRPC names a peer (``ipv4:127.0.0.1:51234``, ``ipv6:[::1]:51234``)."""
+    address = writer.get_extra_info("peername")
+    if not address:
+        return None
+    host, port = address[0], address[1]
+    return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+
+
 class HttpServer:
     """The OTLP/HTTP listener of one worker, serving from its own thread."""
 
@@ -229,7 +238,8 @@ class HttpServer:
             return error_reply(error, isinstance(todo, Plan) and todo.as_json)
         self.exporting += 1
         try:
-            return await self.loop.run_in_executor(self.pool, export, self.ingest, todo, body)
+            return await self.loop.run_in_executor(self.pool, export, self.ingest, todo, body,
+                                                   _peer(writer))
         finally:
             self.exporting -= 1
 
