@@ -89,10 +89,13 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int, max_result_mb
             "rows; nothing was written. Narrow the query or raise the limit")
     frame = pl.from_arrow(got.table)
     assert isinstance(frame, pl.DataFrame)
-    if fmt == "csv":
-        frame.write_csv(sys.stdout)
-    elif fmt == "json":
-        click.echo(frame.write_json())
+    if fmt in ("csv", "json"):
+        text = frame.write_csv() if fmt == "csv" else frame.write_json() + "\n"
+        if sys.stdout.isatty():  # read, not redirected: no raw ESC/OSC (or C1) to the terminal
+            from fleetlens.pipeline.terminal import plain
+
+            text = plain(text)
+        sys.stdout.write(text)
     else:
         _print_table(frame, got.total_rows, got.cut, max_result_mb)
 

@@ -119,3 +119,40 @@ def test_statement_check_of_the_shared_sandbox(root: DataDir) -> None:
     with pytest.raises(QueryRejected, match="stopped after 0.3 s"):
         run_read_only(root, "select count(*) from range(100000000000) a, range(10) b",
                       SandboxLimits(timeout_s=0.3))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_csv_and_json_on_a_terminal_escape_control_characters(root: DataDir, fmt: str,
+                                                               tmp_path: Path) -> None:
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    query = "select 'a' || chr(27) || ']0;owned' || chr(7) || 'b' || chr(155) || 'c' as v"
+    command = [sys.executable, "-m", "fleetlens", "sql", "--data-dir", str(root.root),
+               "--format", fmt, query]
+    master, slave = pty.openpty()  # a real terminal on stdout
+    try:
+        proc = subprocess.run(command, stdout=slave, stderr=subprocess.PIPE, timeout=120,
+                              check=False)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, proc.stderr
+    assert b"\x1b" not in seen and b"\x07" not in seen and "\x9b".encode() not in seen
+    # csv: escaped here; json: JSON escapes C0 itself (\u001b) and C1 is escaped here
+    assert (b"\\x1b]0;owned" if fmt == "csv" else b"\\u001b]0;owned") in seen
+    assert b"b\\x9bc" in seen
+    redirected = subprocess.run(command, capture_output=True, timeout=120, check=True)
+    if fmt == "csv":  # to a file or a pipe the data stay as they are
+        assert "a\x1b]0;owned\x07b\x9bc".encode() in redirected.stdout
