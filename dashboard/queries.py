@@ -273,9 +273,21 @@ def baseline_with_actual(
     if metric not in table_columns(con, t.WINDOWS):
         return band.with_columns(pl.lit(None, pl.Float64).alias("actual"),
                                  pl.lit(False).alias("anomaly"))
+    scope = {"s": first[c.SERVICE_NAME], "m": first[c.MODEL], "h": first[c.HOST_NAME],
+             "fleet": t.FLEET_WIDE}
+    # The newest window may still be filling: its value is left out (its dip is no anomaly).
     actual = run(con, f"""SELECT {c.WINDOW_START_NS} AS {c.TS_NS}, avg("{metric}") AS actual
         FROM {t.WINDOWS} WHERE {c.SERVICE_NAME} = $s AND {c.MODEL} = $m AND {c.HOST_NAME} = $h
-        GROUP BY 1""", {"s": first[c.SERVICE_NAME], "m": first[c.MODEL], "h": first[c.HOST_NAME]})
+        AND {c.WINDOW_START_NS} < (SELECT max({c.WINDOW_START_NS}) FROM {t.WINDOWS})
+        GROUP BY 1""", {k: v for k, v in scope.items() if k != "fleet"})
+    # Windows during an incident whose scope overlaps the series' (``*`` overlaps all).
+    overlap = " AND ".join(f"({k} = ${p} OR {k} = $fleet OR ${p} = $fleet)" for k, p in
+                           ((c.SERVICE_NAME, "s"), (c.MODEL, "m"), (c.HOST_NAME, "h")))
+    spans = run(con, f"SELECT {c.START_NS}, {c.END_NS} FROM {t.INCIDENTS} WHERE {overlap}",
+                scope)
+    during = pl.lit(False)
+    for start, end in spans.iter_rows():
+        during = during | pl.col(c.TS_NS).is_between(start, end or start, closed="left")
     return band.join(actual, on=c.TS_NS, how="left").with_columns(
         ((pl.col("actual") > pl.col(c.UPPER)) | (pl.col("actual") < pl.col(c.LOWER)))
-        .fill_null(False).alias("anomaly"))
+        .fill_null(False).alias("anomaly"), during.alias("in_incident"))

@@ -159,3 +159,23 @@ def test_leaderboard_intervals_do_not_depend_on_row_order() -> None:
     for board in boards[1:]:
         assert board.select(c.RANK, c.RANK_LO, c.RANK_HI).equals(
             boards[0].select(c.RANK, c.RANK_LO, c.RANK_HI))
+
+
+def test_baselines_leave_out_the_filling_window_and_count_incidents_apart(app, demo_data
+                                                                          ) -> None:
+    from fleetlens.dashboard import queries
+    from fleetlens.dashboard.filters import Filters
+    from fleetlens.pipeline.storage import connect
+
+    root, fleet = demo_data
+    con = connect(root)
+    series = queries.baseline_series(con, Filters())
+    name = next(s for s in series[c.SERIES] if "gpu-host-01" in s and "ttft_p99" in s)
+    frame = queries.baseline_with_actual(con, Filters(), name, "rolling")
+    newest = scan(root, t.WINDOWS).select(pl.col(c.WINDOW_START_NS).max()).collect().item()
+    assert frame.filter(pl.col(c.TS_NS) == newest)["actual"].null_count() == 1
+    _, start, end = fleet.incident
+    during = frame.filter(pl.col("in_incident"))
+    assert during.height and during[c.TS_NS].min() >= start - 60 * 10**9
+    assert during[c.TS_NS].max() < end
+    assert during["anomaly"].any()  # the spike leaves the band inside the incident
