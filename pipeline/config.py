@@ -14,6 +14,10 @@ class PipelineConfig:
     window_s: int = 60
     #: Data this late (by event time) still updates the windows it belongs to.
     lateness_s: int = 300
+    #: A row moves its host's watermark at most this far past its receive time (match the
+    #: collector's ``max_future_skew_s``): one row dated days ahead cannot make every later
+    #: row of its host "too late".
+    max_future_skew_s: int = 300
     #: Seconds between runs in ``--follow`` mode.
     follow_interval_s: float = 10.0
     raw_retention_days: int = 7
@@ -36,6 +40,7 @@ class PipelineConfig:
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
         require(self.lateness_s >= 0, "lateness_s", "must not be negative")
+        require(self.max_future_skew_s >= 0, "max_future_skew_s", "must not be negative")
         require(self.follow_interval_s > 0, "follow_interval_s", "must be positive")
         require(self.raw_retention_days > 0, "raw_retention_days", "must be positive")
         require(self.windows_retention_days > 0, "windows_retention_days", "must be positive")

@@ -359,7 +359,7 @@ class Pipeline:
         # one sample gap, which a metric point needs), never days of hours.
         max_row_ns = max(self.cfg.max_request_s * NS, self.gap_ns)
         found = discover(self.dd, state, self.gap_ns, self.cfg.lateness_s * NS,
-                         max_row_ns=max_row_ns)
+                         future_ns=self.cfg.max_future_skew_s * NS, max_row_ns=max_row_ns)
         dirty, energy_dirty = found.dirty, found.energy_dirty
         summary.new_segments, summary.new_rows = found.new_segments, found.new_rows
         summary.too_late_rows, summary.export_delay_s = found.too_late_rows, found.export_delay_s

@@ -52,6 +52,15 @@ def test_a_span_dated_days_ahead_does_not_make_genuine_spans_late(tmp_path) -> N
     assert summary.too_late_rows == 0  # was 20
 
 
+def test_the_pipeline_bound_is_configurable(tmp_path) -> None:
+    data = tmp_path / "data"
+    before = time.time_ns()
+    _send(data, [vllm_span(start_ns=before + 6 * DAY)])
+    Pipeline(DataDir(data), PipelineConfig(max_future_skew_s=3600)).run_once()
+    mark = PipelineState.load(DataDir(data)).watermarks["gpu-07"]
+    assert before + 3600 * NS <= mark <= time.time_ns() + 3600 * NS
+
+
 def test_one_span_across_two_weeks_dirties_a_bounded_number_of_hours(tmp_path) -> None:
     data = tmp_path / "data"
     now = time.time_ns()
