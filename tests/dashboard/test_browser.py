@@ -79,15 +79,17 @@ def incident(real_demo) -> str:
 
 
 @contextlib.contextmanager
-def dashboard(root: Path, log: Path, extra_env: dict[str, str] | None = None):  # noqa: ANN201
-    """``fleetlens dashboard`` over ``root`` on a free loopback port, stopped by PID."""
-    port = free_port()
+def dashboard(root: Path, log: Path, extra_env: dict[str, str] | None = None,  # noqa: ANN201
+              *, cwd: Path | None = None, port: int | None = None):
+    """``fleetlens dashboard`` over ``root`` on a free loopback port, stopped by PID (run in
+    ``cwd``, where Streamlit reads ``.streamlit/secrets.toml``)."""
+    port = port or free_port()
     env = {**os.environ, "FLEETLENS_DATA": str(root), **(extra_env or {})}
     env.pop("FLEETLENS_CONFIG", None)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fleetlens", "dashboard", "--data-dir", str(root),
-             "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
+             "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
