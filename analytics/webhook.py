@@ -23,11 +23,9 @@ the pipeline up) and under its own lock, so two ``analyze`` processes do not bot
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from fleetlens.analytics.provenance import read_json, write_json_atomic
 from fleetlens.analytics.webhook_formats import RESOLVING, native_body
 from fleetlens.analytics.webhook_http import redact_url
 from fleetlens.analytics.webhook_send import send
+from fleetlens.pipeline.joblock import file_lock
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -52,15 +51,9 @@ def hook_key(hook: WebhookConfig) -> str:
     return hashlib.sha256(f"{hook.format}\n{hook.url}".encode()).hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _delivery_lock(folder: Path) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
-        yield
-    finally:
-        os.close(fd)
+def _delivery_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
+    # a flock in a local data directory, a lease object on an object store
+    return file_lock(folder / LOCK_FILE, "webhooks")
 
 
 def _load(folder: Path) -> dict[str, Any]:

@@ -85,8 +85,10 @@ class Segments:
             options = self._options[signal.folder]
             # A new date=/hour= folder must be in its parent before the file in it counts as
             # published (the sealed WAL is deleted after this): write_parquet_atomic fsyncs
-            # only the folder it renames into.
-            make_dirs_durable(path.parent)
+            # only the folder it renames into. An object store has no folders: one PUT,
+            # answered once the object is durable, publishes the segment.
+            if not self.data_dir.remote:
+                make_dirs_durable(path.parent)
             self._faults.check("publish")
             # copies: pyarrow may add to the column_encoding dict it is given
             write_parquet_atomic(part, path, use_dictionary=list(options["use_dictionary"]),

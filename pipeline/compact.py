@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +34,8 @@ from fleetlens.pipeline.storage import (
     DataDir,
     damaged_error,
     parquet_files,
+    parquet_source,
+    remove_tree,
     unreadable_files,
     write_parquet_atomic,
 )
@@ -90,7 +91,7 @@ def _sources(path: Path) -> list[tuple[str, int]]:
     """The (name, size) of each segment a merged file was made of (its footer's manifest);
     [] for other files."""
     try:
-        meta = pq.read_metadata(path).metadata or {}
+        meta = pq.read_metadata(parquet_source(path)).metadata or {}
     except OSError:  # gone meanwhile, or not readable: nothing to finish
         return []
     raw = meta.get(MANIFEST_KEY)
@@ -124,7 +125,7 @@ def _merge(dd: DataDir, folder: Path, files: list[Path], state: PipelineState,
     sizes = [p.stat().st_size for p in files]
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
     target = folder / f"{MERGED_PREFIX}{digest}{PARQUET_SUFFIX}"
-    tables = [pq.read_table(p) for p in files]
+    tables = [pq.read_table(parquet_source(p)) for p in files]
     merged = pa.concat_tables(tables, promote_options="permissive")
     # The manifest lets the next compaction finish this one if it dies before the deletes.
     metadata = dict(merged.schema.metadata or {})
@@ -178,7 +179,7 @@ def _compact(dd: DataDir, cfg: PipelineConfig, now_ns: int | None,
                 if not dry_run:
                     for path in parquet_files(folder):
                         state.segments.pop(str(path.relative_to(dd.root)), None)
-                    shutil.rmtree(folder)
+                    remove_tree(folder)  # a folder, or every object under the prefix
                 continue
             if hour + HOUR_NS + cfg.compact_min_age_s * NS > now:
                 continue

@@ -31,7 +31,7 @@ import polars as pl
 from fleetlens.pipeline.partitions import HOUR_NS, NS
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.state import PipelineState, Segment
-from fleetlens.pipeline.storage import DataDir, parquet_files
+from fleetlens.pipeline.storage import DataDir, is_remote, parquet_files, polars_options
 
 #: The raw signals (folders under raw/) the pipeline reads.
 SIGNALS = ("spans", "metrics")
@@ -53,12 +53,22 @@ class Discovered:
 
 
 def list_segments(dd: DataDir) -> dict[str, tuple[str, int]]:
-    """Every published raw segment: path relative to the data dir -> (signal, size)."""
+    """Every published raw segment: path relative to the data dir -> (signal, size).
+
+    On an object store the listing carries the sizes: one LIST per 1,000 segments, no HEAD.
+    """
     out = {}
     for signal in SIGNALS:
         for path in parquet_files(dd.raw(signal)):
             out[str(path.relative_to(dd.root))] = (signal, path.stat().st_size)
     return out
+
+
+def scan_segment(dd: DataDir, rel: str) -> pl.LazyFrame:
+    """A lazy scan of one raw segment (``rel`` to the data dir), local or on an object store."""
+    path = dd.root / rel
+    return pl.scan_parquet(str(path) if is_remote(path) else path,
+                           storage_options=polars_options(dd.root))
 
 
 #: Defaults of :func:`discover`'s bounds (``PipelineConfig`` passes its own).
@@ -74,7 +84,7 @@ def event_rows(dd: DataDir, signal: str, rel: str, marks: pl.DataFrame, gap_ns: 
     from ``back``), its event time for the watermark (``end``, at most ``future_ns`` past its
     receive time), and whether it is older than its host's watermark (``marks``) minus the
     lateness."""
-    frame = pl.scan_parquet(dd.root / rel)
+    frame = scan_segment(dd, rel)
     if signal == "spans":
         lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
         back = lo
@@ -136,7 +146,7 @@ def metric_facts(dd: DataDir, rel: str, gap_ns: int, future_ns: int = FUTURE_NS,
     The collector publishes about 230 such segments an hour for a 64-GPU fleet. None when the
     rows start in more than one hour (then only the row-by-row path is exact).
     """
-    per_host = pl.scan_parquet(dd.root / rel).group_by(
+    per_host = scan_segment(dd, rel).group_by(
         pl.col(c.HOST_NAME).fill_null("")).agg(
         pl.len().alias("n"), pl.col(c.TS_NS).min().alias("lo"),
         pl.col(c.TS_NS).max().alias("last"),

@@ -11,6 +11,9 @@ Readers (the dashboard, ``fleetlens sql``) never take it: they must not wait for
 The kernel drops a ``flock`` when its holder dies, so a crashed job never leaves a stale lock.
 Within one process the lock is re-entrant for the thread holding it (the pipeline's
 ``--follow`` loop runs the analytics inside its own step) and excludes other threads.
+
+On an object store (``s3://`` data directory) the same ``state/jobs.lock`` is a lease object
+with an expiry instead (:mod:`pipeline.lease`): a dead holder's lease runs out.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from fleetlens.pipeline.storage import DataDir, StorageError
+from fleetlens.pipeline.storage import DataDir, StorageError, is_remote
 
 LOCK_NAME = "jobs.lock"
 
@@ -37,6 +41,7 @@ class _ProcessHold:
         self.mutex = threading.RLock()
         self.depth = 0
         self.fd: int | None = None
+        self.lease: Any = None  # a pipeline.lease.Lease on an object store
 
 
 def lock_path(data_dir: DataDir) -> Path:
@@ -46,6 +51,14 @@ def lock_path(data_dir: DataDir) -> Path:
 
 def holder(data_dir: DataDir) -> str:
     """Who holds the lock, as its holder wrote it (``pid command``), or ``""``."""
+    if data_dir.remote:
+        from fleetlens.pipeline import lease
+
+        try:
+            current = lease.read(lock_path(data_dir))  # type: ignore[arg-type]
+        except OSError:
+            return ""
+        return str(current[0].get("holder", "")) if current else ""
     try:
         return lock_path(data_dir).read_text().strip()
     except OSError:
@@ -72,7 +85,11 @@ def exclusive(data_dir: DataDir, job: str,
     with _GUARD:
         hold = _HELD.setdefault(path, _ProcessHold())
     with hold.mutex:
-        if hold.depth == 0:
+        if hold.depth == 0 and is_remote(path):
+            from fleetlens.pipeline import lease
+
+            hold.lease = lease.acquire(path, job, on_wait)  # type: ignore[arg-type]
+        elif hold.depth == 0:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -96,6 +113,32 @@ def exclusive(data_dir: DataDir, job: str,
             if hold.depth == 0 and hold.fd is not None:
                 os.close(hold.fd)  # closing the last descriptor releases the flock
                 hold.fd = None
+            if hold.depth == 0 and hold.lease is not None:
+                hold.lease.release()
+                hold.lease = None
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, job: str) -> Iterator[None]:
+    """Hold an exclusive lock named ``path`` for the ``with`` block, waiting silently: a
+    ``flock`` on a local file, a lease object (:mod:`pipeline.lease`) on an object store.
+    For locks other than the job lock (e.g. the webhook deliveries' state)."""
+    if is_remote(path):
+        from fleetlens.pipeline import lease
+
+        held = lease.acquire(path, job, None)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            held.release()
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        yield
+    finally:
+        os.close(fd)
 
 
 def _acquire(fd: int, data_dir: DataDir, on_wait: Callable[[str], None] | None) -> None:

@@ -13,7 +13,15 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
+from fleetlens.pipeline.storage import (
+    DataDir,
+    hour_partition,
+    parquet_files,
+    parquet_source,
+    polars_options,
+    read_parquet_if_exists,
+    write_parquet_atomic,
+)
 
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
@@ -25,7 +33,7 @@ def hour_of(ts_ns: int) -> int:
     return ts_ns - ts_ns % HOUR_NS
 
 
-def partition_file(data_dir: DataDir, table: str, hour_ns: int) -> Path:
+def partition_file(data_dir: DataDir, table: str, hour_ns: int) -> Path:  # or an ObjectPath
     """Path of the one file of a derived table's hour partition."""
     day, hour = hour_partition(hour_ns)
     return data_dir.partition_path(table, date=day, hour=hour) / PART_NAME
@@ -60,10 +68,10 @@ def read_hours(data_dir: DataDir, table: str, hours: list[int] | range,
         key = (path, None if columns is None else tuple(columns))
         if cache is not None and key in cache:
             frames.append(cache[key])
-        elif path.exists():
-            frames.append(pl.read_parquet(path, columns=columns))
+        elif (frame := read_parquet_if_exists(path, columns)) is not None:
+            frames.append(frame)
             if cache is not None:
-                cache[key] = frames[-1]
+                cache[key] = frame
     if not frames:
         empty = t.table(table).empty()
         return empty if columns is None else empty.select(
@@ -103,7 +111,8 @@ def read_raw(files: list[str], table: str, predicate: pl.Expr,
         return spec.empty().select(names)
     if categorical:
         return _read_dictionaries(files, spec, names, predicate, categorical)
-    frame = pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
+    frame = pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore",
+                            storage_options=polars_options(files[0]))
     present = frame.collect_schema()
     frame = frame.select(
         pl.col(n).cast(spec.columns[n]) if n in present else pl.lit(None, spec.columns[n]).alias(n)
@@ -147,9 +156,10 @@ def _read_dictionaries(files: list[str], spec: t.Table, names: list[str], predic
         # (pandas included) costs half a second per process.
         # The footer is parsed once: the columns present decide which to read as dictionaries
         # (naming an absent one is an error), and the same metadata opens the file.
-        metadata = pq.read_metadata(path)
+        source = parquet_source(path)  # an object's bytes, fetched once, on an object store
+        metadata = pq.read_metadata(source)
         present = set(metadata.schema.names)
-        with pq.ParquetFile(path, metadata=metadata,
+        with pq.ParquetFile(source, metadata=metadata,
                             read_dictionary=[n for n in categorical if n in present]) as handle:
             arrow = handle.read(columns=[n for n in names if n in present], use_threads=False)
         frame = pl.from_arrow(arrow)

@@ -13,7 +13,12 @@ and the directory fsynced. And no process shares a DuckDB database file: every r
 its own in-memory DuckDB with one view per table over the Parquet globs. Files do disappear
 (compaction, retention), so readers go through :func:`retry_vanished`.
 
-This module imports only :mod:`pipeline.schema`, so the collector may use it.
+The data directory may also be an ``s3://bucket/prefix`` URL: its root is then an
+:class:`~fleetlens.pipeline.storage.objects.ObjectPath`, which answers the same path
+operations, and the functions here publish with one PUT per file instead of tmp + rename
+(``objects.py``). A local data directory never imports the object-store libraries.
+
+This package imports only :mod:`pipeline.schema`, so the collector may use it.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from fleetlens.pipeline.schema.settings import (
     read_config,
 )
 
-if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
-    import duckdb
+if TYPE_CHECKING:  # Polars only for readers: the collector never loads it (RSS)
     import polars as pl
+
+    from fleetlens.pipeline.storage.objects import ObjectPath
 
 PARQUET_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
@@ -50,17 +56,58 @@ MAX_COMPONENT = 120
 _SAFE_CHARS = re.compile(r"[A-Za-z0-9._-]")
 _NS_PER_S = 1_000_000_000
 T = TypeVar("T")
+#: Data directories on object storage are URLs with this scheme.
+URL_SCHEME = "s3://"
+#: Where a collector writing to an object store keeps its write-ahead log (a local folder).
+ENV_WAL_DIR = "FLEETLENS_WAL_DIR"
+DEFAULT_WAL_DIR = "fleetlens-wal"
 
 
 class StorageError(RuntimeError):
     """A path or file operation on the data directory failed or was unsafe."""
 
 
-class DataDir:
-    """The layout of one fleetlens data directory (local path; object stores come later)."""
+def is_remote(path: object) -> bool:
+    """Whether ``path`` (a path, an ``ObjectPath`` or a string) lies on an object store."""
+    if isinstance(path, str):
+        return path.startswith(URL_SCHEME)
+    return bool(getattr(path, "remote", False))
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root).expanduser().resolve()
+
+class DataDir:
+    """The layout of one fleetlens data directory: a local path or an ``s3://`` URL."""
+
+    root: Path | ObjectPath
+
+    def __init__(self, root: str | os.PathLike[str] | ObjectPath,
+                 wal_dir: str | os.PathLike[str] | None = None) -> None:
+        """``wal_dir``: the collector's write-ahead log folder (default ``<root>/wal`` for a
+        local root; for an ``s3://`` root ``$FLEETLENS_WAL_DIR``, else
+        ``./fleetlens-wal/<bucket>/<prefix>``: the WAL must stay on a local disk).
+
+        Raises:
+            StorageError: a malformed ``s3://`` URL.
+        """
+        text = root if isinstance(root, str) else str(root)
+        self._wal = Path(wal_dir).expanduser().resolve() if wal_dir else None
+        if not is_remote(text):
+            self.root = Path(root).expanduser().resolve()  # type: ignore[arg-type]
+            return
+        from fleetlens.pipeline.storage.objects import ObjectPath
+
+        try:
+            self.root = ObjectPath.from_url(text)
+        except ValueError as exc:
+            raise StorageError(f"data directory: {exc}") from None
+        if self._wal is None:
+            where = os.environ.get(ENV_WAL_DIR) or Path(
+                DEFAULT_WAL_DIR, self.root.bucket.name, *self.root.parts)
+            self._wal = Path(where).expanduser().resolve()
+
+    @property
+    def remote(self) -> bool:
+        """Whether the data lives on an object store (the WAL never does)."""
+        return is_remote(self.root)
 
     @classmethod
     def from_env(cls, explicit: str | os.PathLike[str] | None = None,
@@ -86,6 +133,8 @@ class DataDir:
         Raises:
             StorageError: saying what is wrong and where the path came from.
         """
+        if is_remote(self.root):
+            return self._require_bucket()
         if not self.root.exists():
             raise StorageError(
                 f"no data directory at {self.root} (from --data-dir, ${ENV_DATA_DIR}, the "
@@ -95,9 +144,19 @@ class DataDir:
             raise StorageError(f"the data directory {self.root} is not a directory")
         return self
 
+    def _require_bucket(self) -> DataDir:
+        # One LIST: a missing bucket, bad credentials or an unreachable endpoint fail here
+        # with their cause, not later as "no data yet". An empty prefix is a new data
+        # directory (object stores have no folders to create).
+        try:
+            self.root.is_dir()
+        except OSError as exc:
+            raise StorageError(f"cannot read the data directory {self.root}: {exc}") from None
+        return self
+
     @property
     def wal(self) -> Path:
-        return self.root / "wal"
+        return self._wal if self._wal is not None else self.root / "wal"  # type: ignore[return-value]
 
     @property
     def state(self) -> Path:
@@ -137,6 +196,10 @@ class DataDir:
 
     def inside(self, path: Path) -> Path:
         """Return ``path`` if it resolves under the root, else raise :class:`StorageError`."""
+        if is_remote(path):  # object keys are normalised (no '..') when the path is made
+            if not path.is_relative_to(self.root):  # type: ignore[arg-type]
+                raise StorageError(f"path {path} escapes the data directory {self.root}")
+            return path
         resolved = path.resolve()
         if resolved != self.root and self.root not in resolved.parents:
             raise StorageError(f"path {path} escapes the data directory {self.root}")
@@ -195,6 +258,8 @@ def write_bytes_atomic(path: str | os.PathLike[str], write: Callable[[Any], None
     temporary file is removed and the error propagates; ``path`` is never left torn. The one
     way fleetlens publishes a file (Parquet, state, provenance, heartbeats).
     """
+    if is_remote(path):
+        return _put_whole(path, write)  # type: ignore[arg-type]
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path_for(target)
@@ -209,6 +274,17 @@ def write_bytes_atomic(path: str | os.PathLike[str], write: Callable[[Any], None
         raise
     fsync_dir(target.parent)
     return target
+
+
+def _put_whole(path: ObjectPath, write: Callable[[Any], None]) -> ObjectPath:
+    """The object-store publish: encode in memory, then one PUT, which S3 makes visible
+    whole or not at all (so no temporary name, and nothing to clean up after a crash)."""
+    import io
+
+    buffer = io.BytesIO()
+    write(buffer)
+    path.write_bytes(buffer.getvalue())
+    return path
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int = 1) -> Path:
@@ -242,6 +318,8 @@ def write_parquet_atomic(
 
 def remove_stale_tmp(root: Path) -> int:
     """Delete temporary files left by writers that died; returns how many were removed."""
+    if is_remote(root):
+        return 0  # a PUT leaves no temporary object behind
     removed = 0
     for tmp in root.rglob(f".*{TMP_SUFFIX}"):
         tmp.unlink(missing_ok=True)
@@ -251,6 +329,11 @@ def remove_stale_tmp(root: Path) -> int:
 
 def parquet_files(folder: Path) -> Iterator[Path]:
     """Every published Parquet file under ``folder`` (hidden temporary files excluded)."""
+    if is_remote(folder):  # one listing, which also gives each file's size (stat is free)
+        files = sorted(p for p in folder.files()  # type: ignore[attr-defined]
+                       if p.name.endswith(PARQUET_SUFFIX) and not p.name.startswith("."))
+        yield from files
+        return
     if folder.is_dir():
         files = sorted(folder.rglob(f"*{PARQUET_SUFFIX}"))
         yield from (p for p in files if not p.name.startswith("."))
@@ -258,6 +341,9 @@ def parquet_files(folder: Path) -> Iterator[Path]:
 
 def has_parquet(folder: Path) -> bool:
     """Whether ``folder`` holds a published Parquet file (stops at the first one found)."""
+    if is_remote(folder):
+        return any(p.name.endswith(PARQUET_SUFFIX) and not p.name.startswith(".")
+                   for p in folder.files())  # type: ignore[attr-defined]
     for _, _, files in os.walk(folder):
         if any(f.endswith(PARQUET_SUFFIX) and not f.startswith(".") for f in files):
             return True
@@ -271,92 +357,14 @@ def existing_tables(data_dir: DataDir, among: Iterable[str] | None = None) -> li
             if name in wanted and has_parquet(data_dir.table_dir(name))]
 
 
-def table_glob(data_dir: DataDir, table: str) -> str:
-    """The recursive Parquet glob of a table, for DuckDB or Polars scans."""
-    return str(data_dir.table_dir(table) / "**" / f"*{PARQUET_SUFFIX}")
+def remove_tree(folder: Path | ObjectPath) -> None:
+    """Delete ``folder`` and everything under it (every object under the prefix)."""
+    if is_remote(folder):
+        folder.remove_tree()  # type: ignore[union-attr]
+    else:
+        import shutil
 
-
-def tables_named_in(query: str) -> list[str]:
-    """The contract tables whose names appear as words in ``query`` (a superset of those it
-    reads: a column called ``requests`` counts too, which only costs a view)."""
-    return [name for name in t.TABLES
-            if re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", query, re.IGNORECASE)]
-
-
-def connect(data_dir: DataDir, *, read_only_sandbox: bool = False,
-            tables: Iterable[str] | None = None) -> duckdb.DuckDBPyConnection:
-    """A new in-memory DuckDB with one view per contract table over its Parquet files.
-
-    Tables without data yet are empty views with the contract's columns, so queries over a
-    new data directory return zero rows instead of failing.
-
-    Args:
-        data_dir: the data directory to read.
-        read_only_sandbox: turn off external access and lock the configuration after the
-            views are made (for consoles that run user SQL).
-        tables: make views of these tables only (e.g. :func:`tables_named_in` of a query).
-            A view over Parquet reads every file's footer when it is made, about 0.2 ms a
-            file, so a one-off query over a few tables skips the raw tables' thousands.
-    """
-    import duckdb
-
-    con = duckdb.connect(":memory:")
-    wanted = set(t.TABLES if tables is None else tables)
-    present = set(existing_tables(data_dir, wanted))
-    for name in (n for n in t.TABLES if n in wanted):
-        if name in present:
-            glob = table_glob(data_dir, name).replace("'", "''")
-            # Creating the view reads every file's schema: compaction may delete one meanwhile.
-            retry_vanished(lambda glob=glob, name=name: con.execute(
-                f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet('
-                f"'{glob}', hive_partitioning = true, union_by_name = true)"
-            ))
-        else:
-            # A table with no data yet still answers queries, with zero rows. A real (empty)
-            # table rather than a registered frame, so cursors of this connection see it too.
-            empty = t.table(name).empty().to_arrow()  # noqa: F841 - read by DuckDB below
-            con.execute(f'CREATE TABLE "{name}" AS SELECT * FROM empty')
-    if read_only_sandbox:
-        # The views read their Parquet lazily, so their folders stay readable; nothing else.
-        readable = [str(data_dir.root / "raw") + os.sep, str(data_dir.root / "derived") + os.sep]
-        con.execute("SET allowed_directories = $dirs", {"dirs": readable})
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
-    return con
-
-
-def scan(data_dir: DataDir, table: str) -> pl.LazyFrame:
-    """A Polars LazyFrame over a table's Parquet files (an empty contract frame if none)."""
-    import polars as pl
-
-    files = [str(p) for p in parquet_files(data_dir.table_dir(table))]
-    if not files:
-        return t.table(table).empty().lazy()
-    return pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
-
-
-def unreadable_files(folder: Path) -> list[Path]:
-    """Published Parquet files under ``folder`` whose footer cannot be read (truncated or
-    overwritten outside fleetlens: atomic publishing never leaves such a file)."""
-    bad = []
-    for path in parquet_files(folder):
-        try:
-            pq.read_metadata(path)
-        except FileNotFoundError:
-            continue  # deleted meanwhile (compaction): not damaged
-        except (OSError, pa.ArrowException):
-            bad.append(path)
-    return bad
-
-
-def damaged_error(data_dir: DataDir, bad: list[Path]) -> StorageError:
-    """The error for damaged files: which ones, and what to do about them."""
-    shown = ", ".join(str(p.relative_to(data_dir.root)) for p in bad[:3])
-    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-    return StorageError(
-        f"{len(bad)} Parquet file(s) in {data_dir.root} cannot be read (truncated or "
-        f"overwritten): {shown}{more}. Move them out of the data directory (keep them for "
-        "inspection) and run again; their rows are lost unless a copy exists elsewhere")
+        shutil.rmtree(folder)
 
 
 #: Tries of a read that lost a file between listing and opening it (see :func:`retry_vanished`).
@@ -385,3 +393,27 @@ def retry_vanished(read: Callable[[], T], attempts: int = READ_ATTEMPTS) -> T:
             if not is_vanished_file(error):
                 raise
     return read()
+
+
+# The readers live in their own module; every name stays importable from here.
+from fleetlens.pipeline.storage.readers import (  # noqa: E402
+    connect,
+    damaged_error,
+    parquet_source,
+    polars_options,
+    read_parquet_if_exists,
+    scan,
+    table_glob,
+    tables_named_in,
+    unreadable_files,
+)
+
+__all__ = [
+    "DEFAULT_WAL_DIR", "ENV_WAL_DIR", "MAX_COMPONENT", "PARQUET_SUFFIX", "READ_ATTEMPTS",
+    "TMP_SUFFIX", "URL_SCHEME", "DataDir", "StorageError", "connect", "damaged_error",
+    "existing_tables", "fsync_dir", "has_parquet", "hour_partition", "is_remote",
+    "is_vanished_file", "parquet_files", "parquet_source", "polars_options",
+    "read_parquet_if_exists", "remove_stale_tmp", "remove_tree", "retry_vanished", "safe_component",
+    "scan", "table_glob", "tables_named_in", "tmp_path_for", "unreadable_files",
+    "write_bytes_atomic", "write_json_atomic", "write_parquet_atomic",
+]
