@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.pipeline.output import format_option, render_rows
 from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
 
 NS = 1_000_000_000
@@ -79,9 +80,8 @@ def analyze(data_dir: str | None, config_file: str | None, follow: bool, interva
 @_DATA_DIR
 @_CONFIG
 @click.option("--since", default=None,
-              help="Only incidents starting after: 2h, an ISO time, or a Unix time (s, ms or ns).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-              show_default=True)
+              help="Only incidents starting after: 2h, now-2h, an ISO time, or a Unix time.")
+@format_option()
 @click.option("--refresh/--no-refresh", default=None,
               help="Recompute from the data first [default: only if never computed].")
 def incidents(data_dir: str | None, config_file: str | None, since: str | None, fmt: str,
@@ -104,8 +104,8 @@ def incidents(data_dir: str | None, config_file: str | None, since: str | None, 
     top = read_table(root, t.CAUSES).filter(pl.col(c.RANK) == 1).select(
         c.INCIDENT_ID, c.CAUSE, c.SUBJECT, c.SUMMARY)
     table = table.join(top, on=c.INCIDENT_ID, how="left").sort(c.START_NS, descending=True)
-    if fmt == "json":
-        click.echo(json.dumps(table.to_dicts(), indent=2))
+    if fmt != "table":
+        click.echo(render_rows(table, fmt), nl=False)
         return
     from fleetlens.analytics.cli_table import incidents_table
 
@@ -115,8 +115,7 @@ def incidents(data_dir: str | None, config_file: str | None, since: str | None, 
 @click.command()
 @click.argument("ident", metavar="INCIDENT_ID")
 @_DATA_DIR
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "html"]),
-              default="text", show_default=True)
+@format_option("text", "markdown", "html", "json", default="text")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of stdout.")
 def explain(ident: str, data_dir: str | None, fmt: str, output: str | None) -> None:
@@ -144,8 +143,7 @@ def explain(ident: str, data_dir: str | None, fmt: str, output: str | None) -> N
 @_CONFIG
 @click.option("--refit", is_flag=True, help="Recompute now and refit Prophet (if enabled).")
 @click.option("--series", "pattern", default=None, help="Only series containing this text.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-              show_default=True)
+@format_option()
 def baselines(data_dir: str | None, config_file: str | None, refit: bool, pattern: str | None,
               fmt: str) -> None:
     """Show each series' latest value against its baseline band (rolling and Prophet)."""
@@ -165,8 +163,8 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
     if pattern:
         table = table.filter(pl.col(c.SERIES).str.contains(pattern, literal=True))
     latest = table.sort(c.TS_NS).group_by(c.SERIES, c.METHOD).last().sort(c.SERIES, c.METHOD)
-    if fmt == "json":
-        click.echo(json.dumps(latest.to_dicts(), indent=2))
+    if fmt != "table":
+        click.echo(render_rows(latest, fmt), nl=False)
         return
     from fleetlens.analytics.cli_table import baselines_table
 
@@ -180,8 +178,7 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
 @click.option("--sla", default=None,
               help="Override [analytics] sla, e.g. 'ttft_p99_s=0.5,tpot_p99_s=0.05'.")
 @click.option("--samples", type=int, default=None, help="Bootstrap resamples for rank CIs.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-              show_default=True)
+@format_option()
 def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
                 sla: str | None, samples: int | None, fmt: str) -> None:
     """Rank (model, GPU model, config) by latency, throughput per GPU and J/token."""
@@ -214,6 +211,9 @@ def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
     if fmt == "json":
         click.echo(json.dumps({"leaderboard": board.to_dicts(), "sla": limits,
                                "best_under_sla": best}, indent=2, default=str))
+        return
+    if fmt == "csv":  # the ranking itself; the SLA pick is a column of the table view only
+        click.echo(render_rows(board, fmt), nl=False)
         return
     from fleetlens.analytics.cli_table import leaderboard_table
 

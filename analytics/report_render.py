@@ -166,4 +166,16 @@ def to_html(report: Report) -> str:
     return "\n".join(parts) + "\n"
 
 
-RENDERERS = {"text": to_text, "markdown": to_markdown, "html": to_html}
+def to_json(report: Report) -> str:
+    """The report as one JSON object: the incident, its ranked causes with their evidence,
+    the metric against its baseline around the incident, the slowest requests, provenance."""
+    import json
+
+    return json.dumps({
+        "incident": report.incident, "causes": report.causes,
+        "series": report.series.to_dicts(), "slowest_requests": report.slowest.to_dicts(),
+        "provenance": report.provenance,
+    }, indent=2, default=str) + "\n"
+
+
+RENDERERS = {"text": to_text, "markdown": to_markdown, "html": to_html, "json": to_json}
