@@ -13,7 +13,7 @@ import polars as pl
 
 from fleetlens.analytics.attribution import Tables, attribute_all
 from fleetlens.analytics.attribution.split import split_by_cause
-from fleetlens.analytics.baselines import rolling_baseline, to_baselines_table
+from fleetlens.analytics.baselines import EXCLUDED, rolling_baseline, to_baselines_table
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
@@ -97,7 +97,14 @@ def detect_unpoisoned(series: pl.DataFrame, config: AnalyticsConfig,
     if excluded.is_empty():
         return banded, anomalies
     banded = rolling_baseline(series, config, exclude=excluded).collect()
-    return banded, _detect(banded, config, window_s)
+    anomalies = _detect(banded, config, window_s)
+    # Incidents only the second pass found are marked too (Prophet leaves them out).
+    found = incident_windows(anomalies, banded, config, window_s)
+    keys = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME, c.TS_NS]
+    banded = banded.join(found.with_columns(pl.lit(True).alias("_found")), on=keys,
+                         how="left", maintain_order="left").with_columns(
+        (pl.col(EXCLUDED) | pl.col("_found").fill_null(False)).alias(EXCLUDED)).drop("_found")
+    return banded, anomalies
 
 
 def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) -> Analysis:

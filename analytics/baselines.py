@@ -22,7 +22,8 @@ MAD_TO_SIGMA = 1.4826
 IQR_TO_SIGMA = 1.349
 
 
-#: Marks windows left out of the statistics (inside a detected incident).
+#: Marks windows left out of the statistics (inside a detected incident); kept in the
+#: banded frame so other baselines (Prophet) leave them out too.
 EXCLUDED = "_excluded"
 
 
@@ -33,11 +34,12 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
     Input: the output of :func:`analytics.series.window_series` (or ``request_series``);
     ``exclude``: optional ``(service_name, model, host_name, ts_ns)`` windows that must not
     feed any baseline of that scope (windows inside detected incidents, see
-    :func:`incident_windows`). Output grain: unchanged (one row per series and window), with
-    ``expected, lower, upper, method`` added. Invariants: row count unchanged; ``lower <=
-    expected <= upper`` where ``expected`` is not null; ``expected`` is null until a series
-    has ``rolling_min_windows`` earlier (not excluded) windows; an excluded window is still
-    judged against the band of the clean windows before it.
+    :func:`analytics.detect.incident_windows`). Output grain: unchanged (one row per series
+    and window), with ``expected, lower, upper, method`` and :data:`EXCLUDED` added.
+    Invariants: row count unchanged; ``lower <= expected <= upper`` where ``expected`` is
+    not null; ``expected`` is null until a series has ``rolling_min_windows`` earlier (not
+    excluded) windows; an excluded window is still judged against the band of the clean
+    windows before it.
     """
     n, m = config.rolling_windows, config.rolling_min_windows
     # Row order is restored at the end (joins need not keep it).
@@ -85,7 +87,7 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
         (pl.col(c.EXPECTED) - pl.col("_half")).clip(lower_bound=0.0).alias(c.LOWER),
         (pl.col(c.EXPECTED) + pl.col("_half")).alias(c.UPPER),
         pl.lit(METHOD_ROLLING).alias(c.METHOD),
-    ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma", EXCLUDED)
+    ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma")
 
 
 def to_baselines_table(frame: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleetlens.analytics.baselines import METHOD_PROPHET
+from fleetlens.analytics.baselines import EXCLUDED, METHOD_PROPHET
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.provenance import read_json, write_json_atomic
 from fleetlens.pipeline.schema import columns as c
@@ -150,6 +150,8 @@ def refresh_prophet(data_dir: DataDir, banded: pl.DataFrame, config: AnalyticsCo
         return 0
     chosen = banded.filter(pl.col(c.LEVEL).is_in(list(config.prophet_levels))
                            & pl.col(c.METRIC).is_in(list(config.detect_metrics)))
+    if EXCLUDED in chosen.columns:  # windows inside incidents feed no baseline (issue 15)
+        chosen = chosen.filter(~pl.col(EXCLUDED))
     started = time.perf_counter()
     fitted = fit_prophet(chosen, config)
     # Same extra columns as the rolling rows, so readers filter both methods alike.

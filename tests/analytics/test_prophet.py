@@ -74,3 +74,30 @@ def test_refresh_prophet_publishes_on_schedule(tmp_path) -> None:
     assert set(table[c.METHOD]) == {"prophet"} and set(table[c.METRIC]) == {"e2e_p99_s"}
     assert refresh_prophet(root, banded, cfg) == 0  # not due: same data time
     assert refresh_prophet(root, banded, cfg, force=True) == 1
+
+
+@pytest.mark.slow
+def test_refresh_prophet_leaves_incident_windows_out(tmp_path) -> None:
+    # Issue 15: windows inside detected incidents feed no baseline, Prophet's included.
+    from fleetlens.analytics.baselines import EXCLUDED
+    from fleetlens.analytics.prophet_baselines import refresh_prophet
+    from fleetlens.analytics.runner import read_table
+    from fleetlens.pipeline.storage import DataDir
+
+    def banded(spike: float) -> pl.DataFrame:
+        frame = _daily("e2e_p99_s{service_name=chat,model=m,host_name=*}", days=2.2)
+        hours = (frame[c.TS_NS] - T0) // NS / 3600
+        incident = (hours >= 40) & (hours < 46)  # six hours at x`spike` inside the history
+        return frame.with_columns(
+            pl.when(incident).then(pl.col(c.VALUE) * spike).otherwise(pl.col(c.VALUE))
+            .alias(c.VALUE),
+            incident.alias(EXCLUDED), pl.lit("e2e_p99_s").alias(c.METRIC),
+            pl.lit("chat").alias(c.SERVICE_NAME), pl.lit("m").alias(c.MODEL),
+            pl.lit("*").alias(c.HOST_NAME), pl.lit("service").alias(c.LEVEL))
+
+    cfg = dataclasses.replace(AnalyticsConfig(), prophet_workers=1, prophet_refit_s=3600)
+    expected = []
+    for spike, root in ((1.0, DataDir(tmp_path / "a")), (20.0, DataDir(tmp_path / "b"))):
+        assert refresh_prophet(root, banded(spike), cfg) == 1
+        expected.append(read_table(root, t.BASELINES).sort(c.TS_NS)[c.EXPECTED].to_numpy())
+    assert np.allclose(expected[0], expected[1], rtol=1e-6)
