@@ -3,6 +3,7 @@ and a clear word when a command needs an extra that is not installed."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -106,8 +107,16 @@ def test_the_version_is_read_from_the_installed_metadata() -> None:
 def test_the_wheel_holds_one_namespace_with_pages_and_scenarios(tmp_path: Path) -> None:
     """Built as pip builds it (isolated, setuptools from PyPI): every module is under
     fleetlens/, and the files Streamlit and the simulator read at run time are inside."""
+    # From a copy: setuptools leaves build/ (a second copy of every module) in its source.
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in PYPROJECT["tool"]["setuptools"]["package-dir"].values():
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                          "-w", str(tmp_path), str(REPO)], capture_output=True, text=True,
+                          "-w", str(tmp_path), str(source)], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (wheel,) = tmp_path.glob("fleetlens-*.whl")
