@@ -6,7 +6,6 @@ lease, readers that lose a listed object, and collector -> store -> pipeline -> 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -16,7 +15,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetlens.collector.testing import free_port, wait_for_port
 from fleetlens.pipeline import joblock, lease
 from fleetlens.pipeline.partitions import existing_hours, publish, read_hours, read_raw
 from fleetlens.pipeline.schema import columns as c
@@ -214,90 +212,35 @@ def test_readers_tolerate_an_object_listed_then_deleted(s3: S3Server) -> None:
     assert read_hours(dd, t.REQUESTS, hours).height == 0
 
 
-# -- end to end ----------------------------------------------------------------------------
+def test_compaction_and_retention_on_an_s3_data_dir(s3: S3Server) -> None:
+    from fleetlens.pipeline.compact import compact
+    from fleetlens.pipeline.config import PipelineConfig
+    from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+    from tests.pipeline.fleet import make_fleet, write_batches
+    from tests.pipeline.rawdata import HOUR_NS
+    from tests.pipeline.rawdata import T0 as FLEET_T0
 
-def _fleetlens(args: list[str], env: dict[str, str], timeout: float = 300) -> str:
-    out = subprocess.run([sys.executable, "-m", "fleetlens", *args], capture_output=True,
-                         text=True, timeout=timeout, env=env)
-    assert out.returncode == 0, f"fleetlens {' '.join(args)}:\n{out.stderr[-4000:]}"
-    return out.stdout
+    dd = DataDir(_url(s3))
+    write_batches(dd, make_fleet(seed=3, seconds=400))
+    job = Pipeline(dd, PipelineConfig())
+    job.run_once()
 
+    def outputs() -> dict[str, bytes]:
+        return {str(p.relative_to(dd.root)): p.read_bytes()
+                for table in OUTPUTS for p in parquet_files(dd.derived(table))}
 
-def _collector(url: str, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
-    grpc = f"127.0.0.1:{free_port()}"
-    with open(log, "ab") as handle:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fleetlens", "collector", "--data-dir", url,
-             "--grpc-address", grpc, "--http-address", f"127.0.0.1:{free_port()}"],
-            stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        wait_for_port(grpc, 60, process)
-    except BaseException:
-        process.kill()
-        raise
-    return process, grpc
-
-
-def _download(url: str, local: Path) -> int:
-    """Copy every object under ``url`` into ``local`` byte for byte; returns how many."""
-    root = DataDir(url).root
-    count = 0
-    for obj in root.files():
-        target = local / str(obj.relative_to(root))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(obj.read_bytes())
-        count += 1
-    return count
-
-
-def _table(dd: DataDir, table: str) -> pl.DataFrame:
-    con = connect(dd, tables=[table])
-    frame = con.sql(f'select * from "{table}"').pl()
-    return frame.sort(frame.columns, nulls_last=True)
-
-
-@pytest.mark.e2e
-def test_collector_to_sql_and_dashboard_on_s3_equals_a_local_directory(
-        s3: S3Server, tmp_path: Path) -> None:
-    from fleetlens.dashboard import queries
-    from fleetlens.simulator import parse_scenario, run
-    from tests.simulator.test_simulate import small
-
-    url = _url(s3)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
-    env = {**base, **s3.env, "FLEETLENS_WAL_DIR": str(tmp_path / "wal")}
-    process, grpc = _collector(url, env, tmp_path / "collector.log")
-    try:
-        start_ns = (time.time_ns() // NS - 3600) * NS
-        result = run(parse_scenario(small(duration=60.0)), grpc, start_ns=start_ns)
-    finally:
-        process.terminate()
-        assert process.wait(60) == 0, (tmp_path / "collector.log").read_text()[-3000:]
-    assert result.exported.spans_failed == result.exported.spans_rejected == 0
-    remote = DataDir(url)
-    raw = scan(remote, t.SPANS).collect().unique([c.TRACE_ID, c.SPAN_ID])
-    assert raw.height == result.spans > 0
-    assert not list((tmp_path / "wal").rglob("*.wal"))  # all published, WAL emptied
-
-    # The same raw bytes in a local directory: every later step must give the same rows.
-    local = tmp_path / "local"
-    assert _download(url + "/raw", local / "raw") > 0
-    for root in (url, str(local)):
-        summary = json.loads(_fleetlens(["pipeline", "--data-dir", root, "--json"],
-                                        env).strip().splitlines()[-1])
-        assert summary["rows_written"][t.REQUESTS] > 0
-        _fleetlens(["analyze", "--data-dir", root], env)
-    here = DataDir(local)
-    for table in t.TABLES:
-        assert _table(remote, table).equals(_table(here, table)), table
-    assert _table(remote, t.WINDOWS).height > 0 and _table(remote, t.GPU_SAMPLES).height > 0
-
-    query = (f"select {c.SERVICE_NAME}, count(*) n from {t.REQUESTS} group by 1 order by 1")
-    answers = [_fleetlens(["sql", "--data-dir", root, "--format", "json", query], env)
-               for root in (url, str(local))]
-    assert answers[0] == answers[1] and json.loads(answers[0])
-
-    # The dashboard's data access: its queries over either directory give the same frames.
-    con_remote, con_local = connect(remote), connect(here)
-    assert queries.extent(con_remote) == queries.extent(con_local) != (None, None)
-    assert queries.options(con_remote) == queries.options(con_local)
+    before_files = len(list(parquet_files(dd.root / "raw")))
+    rows = connect(dd).sql(f"select count(*) from {t.SPANS}").fetchall()
+    before = outputs()
+    summary = compact(dd, PipelineConfig(), now_ns=FLEET_T0 + 10 * HOUR_NS)
+    assert summary.merged_files == before_files and summary.written_files == 2
+    assert len(list(parquet_files(dd.root / "raw"))) == 2  # one object per signal and hour
+    assert connect(dd).sql(f"select count(*) from {t.SPANS}").fetchall() == rows
+    assert job.run_once().dirty_hours == 0  # the state learned the merged objects
+    assert job.run_once(full=True).new_segments == 2
+    assert outputs() == before
+    cfg = PipelineConfig(raw_retention_days=1, windows_retention_days=3)
+    expired = compact(dd, cfg, now_ns=FLEET_T0 + 2 * 24 * HOUR_NS + 2 * HOUR_NS)
+    assert expired.expired_raw_hours == 2
+    assert list(parquet_files(dd.root / "raw")) == []
+    assert connect(dd).sql(f"select count(*) from {t.WINDOWS}").fetchall()[0][0] > 0
