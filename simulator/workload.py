@@ -16,6 +16,7 @@ import math
 import random
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import NormalDist
 
 from fleetlens.simulator.scenario import LengthDist, ScenarioError
 from fleetlens.simulator.specs import BLOCK_TOKENS
@@ -63,29 +64,13 @@ def sample_length(dist: LengthDist, rng: random.Random) -> int:
     elif dist.dist == "uniform":
         value = dist.min + u * (dist.max - dist.min + 1)
     else:  # lognormal by inverse CDF, so one uniform draw per sample
-        value = dist.median * math.exp(dist.sigma * _norm_ppf(min(max(u, 1e-12), 1 - 1e-12)))
+        value = dist.median * math.exp(dist.sigma * _NORMAL.inv_cdf(min(max(u, 1e-12), 1 - 1e-12)))
     return int(min(max(int(value), dist.min), dist.max))
 
 
-def _norm_ppf(p: float) -> float:
-    """Inverse of the standard normal CDF (Acklam's rational approximation)."""
-    a = (-39.69683028665376, 220.9460984245205, -275.9285104469687, 138.3577518672690,
-         -30.66479806614716, 2.506628277459239)
-    b = (-54.47609879822406, 161.5858368580409, -155.6989798598866, 66.80131188771972,
-         -13.28068155288572)
-    cc = (-0.007784894002430293, -0.3223964580411365, -2.400758277161838, -2.549732539343734,
-          4.374664141464968, 2.938163982698783)
-    d = (0.007784695709041462, 0.3224671290700398, 2.445134137142996, 3.754408661907416)
-    if p < 0.02425:
-        q = math.sqrt(-2 * math.log(p))
-        return (((((cc[0] * q + cc[1]) * q + cc[2]) * q + cc[3]) * q + cc[4]) * q + cc[5]) / (
-            (((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
-    if p > 1 - 0.02425:
-        return -_norm_ppf(1 - p)
-    q = p - 0.5
-    r = q * q
-    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
-        ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+#: The standard normal: its inverse CDF turns one uniform draw into a lognormal length
+#: (the standard library's, exact to double precision, instead of a hand approximation).
+_NORMAL = NormalDist()
 
 
 def read_azure(path: Path) -> list[tuple[int, int, int, None]]:
