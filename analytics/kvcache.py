@@ -14,6 +14,7 @@ import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.hardware import memory_gb, model_shape
+from fleetlens.pipeline.samples import counter_increase
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -27,8 +28,9 @@ KV_CAPACITY_SOURCE = "kv_capacity_source"
 
 
 def _counter_delta(column: str) -> pl.Expr:
-    # Reset-aware increase between consecutive samples of one instance.
-    return pl.col(column).diff().clip(lower_bound=0).fill_null(0).over(c.INSTANCE_ID)
+    # The pipeline's one definition of a counter's increase (a restart counts the new value,
+    # as Prometheus' increase() does); rows must be sorted by time within an instance.
+    return counter_increase(pl.col(column), [c.INSTANCE_ID]).fill_null(0)
 
 
 def kv_summary(engine: pl.DataFrame, instance_gpus: pl.DataFrame | None = None,
