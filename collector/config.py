@@ -33,6 +33,53 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class ForwardConfig:
+    """Edge mode: forward every acknowledged Export to a central collector over OTLP/gRPC.
+
+    ``address`` empty means a normal (central) collector that publishes Parquet itself.
+    """
+
+    address: str = ""
+    #: Bearer token the central collector expects (``FLEETLENS_COLLECTOR__FORWARD__AUTH_TOKEN``
+    #: keeps it off the command line).
+    auth_token: str | None = None
+    #: TLS: the CA that signed the central collector's certificate (None: the system roots),
+    #: and a client certificate for mutual TLS.
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    #: Plaintext gRPC; only allowed when set explicitly (data and token travel unencrypted).
+    insecure: bool = False
+    #: WAL bytes not yet forwarded, over all workers, above which Exports are refused
+    #: (UNAVAILABLE + RetryInfo) until the central collector takes some.
+    max_pending_bytes: int = 1024 * 1024 * 1024
+    #: Largest forwarded request (several acknowledged Exports of one signal are merged).
+    max_batch_bytes: int = 4 * 1024 * 1024
+    #: Seconds one forwarded Export may take before it is retried.
+    timeout_s: float = 30.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+    def validate(self) -> None:
+        if not self.address:
+            return
+        host, sep, port = self.address.rpartition(":")
+        require(bool(sep and host and port.isdigit() and 0 < int(port) < 65536),
+                "address", f"expected HOST:PORT, got {self.address!r}")
+        require((self.cert_file is None) == (self.key_file is None),
+                "cert_file", "cert_file and key_file must be set together")
+        require(not (self.insecure and (self.ca_file or self.cert_file)), "insecure",
+                "insecure (plaintext) cannot be combined with ca_file/cert_file")
+        require(self.auth_token is None or bool(self.auth_token.strip()), "auth_token",
+                "must not be empty")
+        require(self.max_pending_bytes > 0, "max_pending_bytes", "must be positive")
+        require(self.max_batch_bytes > 0, "max_batch_bytes", "must be positive")
+        require(self.timeout_s > 0, "timeout_s", "must be positive")
+
+
+@dataclass(frozen=True)
 class CollectorConfig:
     """Where the collector listens and how much it holds before it refuses."""
 
@@ -81,6 +128,12 @@ class CollectorConfig:
     http_idle_timeout_s: float = 60.0
     http_max_connections: int = 256
     http_threads: int = 8
+    #: The collector's own metrics (Prometheus text: otelcol_* names, process_* of the
+    #: supervisor and all workers) on their own port, without the ingest token; "" turns
+    #: it off. 8888 is the OpenTelemetry Collector's own default.
+    self_metrics_address: str = f"{LOOPBACK}:8888"
+    #: Edge mode (``--forward``): see :class:`ForwardConfig`.
+    forward: ForwardConfig = field(default_factory=ForwardConfig)
 
     def validate(self) -> None:
         for name in ("grpc_address", "http_address"):
@@ -106,3 +159,8 @@ class CollectorConfig:
                      "http_threads"):
             require(getattr(self, name) > 0, name, "must be positive")
         require(all(self.auth_tokens), "auth_tokens", "tokens must not be empty strings")
+        if self.self_metrics_address:
+            host, sep, port = self.self_metrics_address.rpartition(":")
+            require(bool(sep and host and port.isdigit() and 0 <= int(port) < 65536),
+                    "self_metrics_address",
+                    f"expected HOST:PORT or \"\" (off), got {self.self_metrics_address!r}")

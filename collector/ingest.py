@@ -13,11 +13,17 @@ from typing import Any
 
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.decode_common import Limits, NameLimiter, Outcome
-from fleetlens.collector.errors import InvalidRequest, Overloaded, TooLarge, Unauthenticated
+from fleetlens.collector.errors import (
+    ExportError,
+    InvalidRequest,
+    Overloaded,
+    TooLarge,
+    Unauthenticated,
+)
 from fleetlens.collector.rows import to_table
 from fleetlens.collector.signals import BY_CODE, Signal
 from fleetlens.collector.sink import Sink
-from fleetlens.collector.telemetry import Telemetry
+from fleetlens.collector.telemetry import REFUSED_OF, Telemetry
 from fleetlens.collector.wal import Record
 
 BEARER = "bearer "
@@ -155,15 +161,20 @@ class Ingest:
         outcome = self.decode(signal, request, received_ns, payload, peer)
         if parsed_here and outcome.unknown_fields:
             payload = self.known_fields(request, payload, known_dirty=True)
-        self._check_fits(outcome.shared_chars, "resource and scope text")
-        table = to_table(signal, outcome)
-        self._check_fits(table.nbytes, "rows")
-        if self.sink is None:
-            raise Overloaded("collector is starting; retry")
-        self.sink.accept(signal, received_ns, payload, table)
+        try:
+            self._check_fits(outcome.shared_chars, "resource and scope text")
+            table = to_table(signal, outcome)
+            self._check_fits(table.nbytes, "rows")
+            if self.sink is None:
+                raise Overloaded("collector is starting; retry")
+            self.sink.accept(signal, received_ns, payload, table)
+        except ExportError:  # refused whole after decoding: every item is refused
+            self.telemetry.add(REFUSED_OF[signal.counter], outcome.rows + outcome.rejected)
+            raise
         self.telemetry.add(signal.counter, outcome.rows)
         if outcome.rejected:
             self.telemetry.add("rejected_items", outcome.rejected)
+            self.telemetry.add(REFUSED_OF[signal.counter], outcome.rejected)
         self.telemetry.observe_export(time.perf_counter() - started)
         return signal.response_for(outcome)
 

@@ -20,6 +20,7 @@ import time
 
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.preflight import check_ports_free, warn_if_exposed
+from fleetlens.collector.self_metrics import bind
 from fleetlens.collector.telemetry import log, shared_array
 
 RESTART_DELAY_S = 0.5
@@ -54,8 +55,10 @@ def run(config: CollectorConfig, root: str) -> None:
     # Arrow's default mimalloc pool keeps freed pages; the system allocator gives them back
     # (about 70 MiB less RSS under load). Read when Arrow first allocates, so set it first.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    # Bound once, here: every worker accepts on it (see collector/self_metrics.py).
+    metrics_sock = bind(config.self_metrics_address) if config.self_metrics_address else None
     if count == 1:
-        _worker_main(config, root)
+        _worker_main(config, root, 0, None, None, metrics_sock)
         return
     context = multiprocessing.get_context("fork")
     array = shared_array(count)
@@ -65,7 +68,7 @@ def run(config: CollectorConfig, root: str) -> None:
 
     def start(slot: int) -> multiprocessing.process.BaseProcess:
         process = context.Process(target=_worker_main, name=f"collector-worker-{slot}",
-                                  args=(config, root, slot, array, os.getpid()))
+                                  args=(config, root, slot, array, os.getpid(), metrics_sock))
         process.start()
         return process
 

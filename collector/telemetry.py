@@ -38,9 +38,38 @@ SERIES: dict[str, tuple[str, str]] = {
     "wal_replayed_records": ("counter", "WAL records replayed at start-up."),
     "wal_torn_tails": ("counter", "WAL files that ended in a torn frame at replay."),
     "queue_bytes": ("gauge", "Bytes buffered and not yet published."),
+    "refused_spans": ("counter", "Spans of requests refused whole or in part (partial success)."),
+    "refused_data_points": ("counter", "Metric data points of requests refused whole or in "
+                            "part."),
+    "refused_log_records": ("counter", "Log records of requests refused whole or in part."),
+    "forwarded_requests": ("counter", "Edge mode: Export requests the central collector "
+                           "acknowledged."),
+    "forwarded_bytes": ("counter", "Edge mode: request bytes the central collector "
+                        "acknowledged."),
+    "forward_failures": ("counter", "Edge mode: forwarding attempts that failed (retried)."),
+    "forward_dropped_requests": ("counter", "Edge mode: requests the central collector "
+                                 "refused as permanently invalid (kept in wal/.quarantine)."),
+    "forward_pending_bytes": ("gauge", "Edge mode: WAL bytes not yet forwarded."),
     "export_seconds_sum": ("counter", "Total time spent in Export calls."),
     "export_seconds_count": ("counter", "Export calls answered."),
 }
+#: OpenTelemetry Collector internal metric names (``receiver="otlp"``) -> our series. The
+#: receivers share one ingest path, so there is no ``transport`` label: the counts cover
+#: OTLP/gRPC and OTLP/HTTP together.
+OTELCOL_RECEIVER: dict[str, tuple[str, str]] = {
+    "otelcol_receiver_accepted_spans": ("received_spans", "Spans accepted and made durable."),
+    "otelcol_receiver_refused_spans": ("refused_spans", "Spans refused."),
+    "otelcol_receiver_accepted_metric_points": ("received_data_points",
+                                                "Metric data points accepted and made durable."),
+    "otelcol_receiver_refused_metric_points": ("refused_data_points",
+                                               "Metric data points refused."),
+    "otelcol_receiver_accepted_log_records": ("received_log_records",
+                                              "Log records accepted and made durable."),
+    "otelcol_receiver_refused_log_records": ("refused_log_records", "Log records refused."),
+}
+#: Accepted-items series -> its refused-items series (per signal).
+REFUSED_OF = {"received_spans": "refused_spans", "received_data_points": "refused_data_points",
+              "received_log_records": "refused_log_records"}
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _NAMES = list(SERIES)
 _WIDTH = len(_NAMES) + len(LATENCY_BOUNDS) + 1
@@ -101,6 +130,14 @@ class Telemetry:
             lines.append(f'{metric}_bucket{{le="{label}"}} {cumulative:.17g}')
         lines += [f"{metric}_sum {self.total('export_seconds_sum'):.17g}",
                   f"{metric}_count {self.total('export_seconds_count'):.17g}"]
+        return "\n".join(lines) + "\n"
+
+    def otelcol(self) -> str:
+        """The receiver counters under the OTel Collector's own names, summed over workers."""
+        lines = []
+        for name, (series, text) in OTELCOL_RECEIVER.items():
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter",
+                      f'{name}_total{{receiver="otlp"}} {self.total(series):.17g}']
         return "\n".join(lines) + "\n"
 
     def summary(self) -> str:

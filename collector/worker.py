@@ -25,6 +25,7 @@ from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.grpc_server import start_grpc
 from fleetlens.collector.http_server import start_http
 from fleetlens.collector.ingest import Ingest
+from fleetlens.collector.self_metrics import start_self_metrics
 from fleetlens.collector.signals import BY_CODE
 from fleetlens.collector.sink import Segments, Sink
 from fleetlens.collector.telemetry import Telemetry, log
@@ -142,8 +143,11 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = None,
-               parent_pid: int | None = None) -> None:
-    """Run one collector process until SIGTERM or SIGINT, then drain and flush."""
+               parent_pid: int | None = None, metrics_sock: socket.socket | None = None) -> None:
+    """Run one collector process until SIGTERM or SIGINT, then drain and flush.
+
+    ``metrics_sock``: the self-metrics listening socket the supervisor bound (None: off).
+    """
     keep_out_pandas()
     limit_malloc_arenas()  # before gRPC starts its threads
     if parent_pid is not None:
@@ -169,6 +173,8 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     sink.start()
     grpc_server = start_grpc(config, ingest)
     http_server = start_http(config, ingest)
+    if metrics_sock is not None:
+        start_self_metrics(metrics_sock, telemetry, parent_pid or os.getpid())
     gc.freeze()  # start-up objects never become garbage: keep them out of every GC scan
     log.info("collector %s serving OTLP/gRPC on %s and OTLP/HTTP on %s%s, data in %s",
              writer_id, config.grpc_address, config.http_address,

@@ -1,0 +1,204 @@
+"""The collector's own metrics on their own port (``self_metrics_address``, default
+127.0.0.1:8888, the OpenTelemetry Collector's default), without the ingest token.
+
+``GET /metrics`` answers, in Prometheus text format, the receiver counters under the OTel
+Collector's names (``otelcol_receiver_accepted_spans_total{receiver="otlp"}``...), the
+``fleetlens_collector_*`` series that ``/metrics`` on the OTLP/HTTP port serves behind the
+token, and ``process_*`` summed over the supervisor and every worker.
+
+With several workers the supervisor binds the socket once, before it forks, and every worker
+accepts on it: whichever worker answers reads the shared telemetry array (one row per
+worker) and ``/proc`` of the whole process tree, so every answer covers the whole collector.
+Binding once also means a second collector on the same host gets a clear "address in use"
+instead of silently sharing the port (as SO_REUSEPORT would let it). A port in use turns
+self-metrics off with one error line; it never stops the collector from ingesting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from fleetlens.collector.telemetry import Telemetry, log
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Seconds a scrape connection may stay silent before it is dropped.
+CLIENT_TIMEOUT_S = 10.0
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def bind(address: str) -> socket.socket | None:
+    """A listening socket on ``HOST:PORT``, or None (logged) when it cannot be bound."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, int(port)))
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        log.error("self-metrics off: cannot listen on %s (%s); set self_metrics_address to "
+                  "another HOST:PORT, or \"\" to silence this", address, exc.strerror or exc)
+        return None
+    # Non-blocking: every worker waits on this one socket, and a worker that loses the race
+    # for a connection must get EAGAIN rather than block in accept().
+    sock.setblocking(False)
+    if not _is_loopback(host):
+        log.warning("self-metrics on %s are not loopback: anyone who reaches it can read "
+                    "the collector's counters (no token is asked)", address)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass
+class ProcStat:
+    """What ``process_*`` reports for one process."""
+
+    cpu_seconds: float
+    rss_bytes: int
+    virtual_bytes: int
+    open_fds: int
+    start_time_s: float
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def read_proc(pid: int) -> ProcStat | None:
+    """``/proc/<pid>`` figures, or None when the process is gone (a worker restarting)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # Fields after the command name (which may itself hold spaces and parentheses);
+    # rest[0] is field 3 (state), so field n is rest[n - 3].
+    rest = stat[stat.rindex(")") + 2:].split()
+    return ProcStat(cpu_seconds=(int(rest[11]) + int(rest[12])) / _TICKS,
+                    rss_bytes=int(rest[21]) * _PAGE, virtual_bytes=int(rest[20]),
+                    open_fds=fds, start_time_s=_boot_time() + int(rest[19]) / _TICKS)
+
+
+def collector_pids(supervisor_pid: int) -> list[int]:
+    """The supervisor and its child processes (the workers)."""
+    pids = [supervisor_pid]
+    try:
+        tasks = os.listdir(f"/proc/{supervisor_pid}/task")
+    except FileNotFoundError:
+        return pids
+    for task in tasks:
+        try:
+            children = Path(f"/proc/{supervisor_pid}/task/{task}/children").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        pids += [int(child) for child in children.split()]
+    return pids
+
+
+def max_fds(pid: int) -> int | None:
+    """The soft limit on open files of ``pid``."""
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                value = line.split()[3]
+                return int(value) if value.isdigit() else None
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def process_metrics(supervisor_pid: int) -> str:
+    """``process_*`` over the supervisor and every worker (sums; start time and max fds are
+    the supervisor's)."""
+    pids = collector_pids(supervisor_pid)
+    stats = [s for s in (read_proc(pid) for pid in pids) if s is not None]
+    series: list[tuple[str, str, str, float]] = [
+        ("process_cpu_seconds_total", "counter",
+         "User and system CPU time of the supervisor and every worker, in seconds.",
+         sum(s.cpu_seconds for s in stats)),
+        ("process_resident_memory_bytes", "gauge",
+         "Resident memory of the supervisor and every worker, summed.",
+         sum(s.rss_bytes for s in stats)),
+        ("process_virtual_memory_bytes", "gauge",
+         "Virtual memory of the supervisor and every worker, summed.",
+         sum(s.virtual_bytes for s in stats)),
+        ("process_open_fds", "gauge", "Open file descriptors of the supervisor and every "
+         "worker, summed.", sum(s.open_fds for s in stats)),
+        ("fleetlens_collector_processes", "gauge", "Processes counted in process_* "
+         "(the supervisor and its workers).", len(stats)),
+    ]
+    if stats and stats[0] is not None and supervisor_pid == pids[0]:
+        series.append(("process_start_time_seconds", "gauge", "Start time of the collector "
+                       "(its supervisor) since the Unix epoch, in seconds.", stats[0].start_time_s))
+    limit = max_fds(supervisor_pid)
+    if limit is not None:
+        series.append(("process_max_fds", "gauge", "Open file limit of one process.", limit))
+    lines = []
+    for name, kind, text, value in series:
+        family = name.removesuffix("_total") if kind == "counter" else name
+        lines += [f"# HELP {family} {text}", f"# TYPE {family} {kind}", f"{name} {value:.17g}"]
+    return "\n".join(lines) + "\n"
+
+
+def render(telemetry: Telemetry, supervisor_pid: int) -> str:
+    """The whole exposition answered on the self-metrics port."""
+    return telemetry.otelcol() + process_metrics(supervisor_pid) + telemetry.prometheus()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Any
+    timeout = CLIENT_TIMEOUT_S
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+        if self.path.split("?", 1)[0] != "/metrics":
+            self._reply(404, b"not found: the collector's metrics are at /metrics\n",
+                        "text/plain; charset=utf-8")
+            return
+        body = render(self.server.telemetry, self.server.supervisor_pid).encode()
+        self._reply(200, body, CONTENT_TYPE)
+
+    def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+        return  # one line per scrape would drown the collector's own log
+
+
+def start_self_metrics(sock: socket.socket, telemetry: Telemetry,
+                       supervisor_pid: int) -> ThreadingHTTPServer:
+    """Serve ``GET /metrics`` on the listening socket ``sock`` from a daemon thread."""
+    server = ThreadingHTTPServer(sock.getsockname()[:2], _Handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.daemon_threads = True
+    server.telemetry = telemetry  # type: ignore[attr-defined]
+    server.supervisor_pid = supervisor_pid  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, name="self-metrics", daemon=True).start()
+    return server
