@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import signal
 import threading
 
 import click
 
-from fleetlens.pipeline.schema.settings import DATA_DIR_HELP
+from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, is_loopback
 
 
 @click.command()
@@ -35,7 +34,7 @@ def exporter(data_dir: str | None, config_file: str | None, address: str, port: 
     from fleetlens.pipeline.cli import resolve_data_dir
 
     root = resolve_data_dir(data_dir, config_file, must_exist=False)
-    if not _is_loopback(address):
+    if not is_loopback(address, resolve=True):
         click.echo(f"warning: the exporter listens on {address}, beyond this machine; it has "
                    "no authentication (put it behind your network policy or a proxy)", err=True)
     registry = CollectorRegistry(auto_describe=False)
@@ -53,12 +52,3 @@ def exporter(data_dir: str | None, config_file: str | None, address: str, port: 
     server.shutdown()
     thread.join(timeout=5)
     click.echo("stopped", err=True)
-
-
-def _is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False

@@ -7,11 +7,11 @@ with the workers' own SO_REUSEPORT, finds it first and says so in one line.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.telemetry import log
+from fleetlens.pipeline.schema.settings import is_loopback
 
 
 class PortInUse(RuntimeError):
@@ -46,13 +46,8 @@ def check_ports_free(config: CollectorConfig) -> None:
 
 
 def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: resolve it as the server will
-        return all(ipaddress.ip_address(info[4][0]).is_loopback
-                   for info in socket.getaddrinfo(host, None))
+    # a host name is resolved as the server will bind it
+    return is_loopback(host, resolve=True)
 
 
 def unauthenticated_reason(config: CollectorConfig) -> str | None:

@@ -7,11 +7,11 @@ explicitly with ``allow_unauthenticated = true`` (e.g. behind an authenticating 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fleetlens.pipeline.schema.settings import is_loopback as settings_is_loopback
 from fleetlens.pipeline.schema.settings import load_section, require
 
 LOOPBACK = "127.0.0.1"
@@ -64,13 +64,9 @@ class DashboardConfig:
 
 
 def is_loopback(address: str) -> bool:
-    """Whether ``address`` (an IP or ``localhost``) only accepts connections from this host."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
+    """Whether ``address`` (an IP, ``localhost`` or a name) only accepts connections from this
+    host (the one check in :mod:`pipeline.schema.settings`, names resolved as Streamlit will)."""
+    return settings_is_loopback(address, resolve=True)
 
 
 def load_dashboard_config(

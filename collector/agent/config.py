@@ -21,11 +21,11 @@ the GPUs that pod uses.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from fleetlens.pipeline.schema.settings import is_loopback as settings_is_loopback
 from fleetlens.pipeline.schema.settings import require
 
 LOOPBACK = "127.0.0.1"
@@ -43,13 +43,9 @@ def split_host_port(address: str) -> tuple[str, int] | None:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (plaintext is acceptable there)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """Whether ``host`` names this machine only (plaintext is acceptable there); the one
+    check of :mod:`pipeline.schema.settings`, without resolving names (a client's view)."""
+    return settings_is_loopback(host)
 
 
 def metrics_url(url: str) -> str:

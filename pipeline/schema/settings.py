@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
+import socket
 import tomllib
 import types
 import typing
@@ -251,3 +253,22 @@ def require(condition: bool, field: str, message: str) -> None:
     """Raise a :class:`ConfigError` for ``field`` unless ``condition`` holds (for ``validate``)."""
     if not condition:
         raise ConfigError(f"{field}: {message}")
+
+
+def is_loopback(host: str, *, resolve: bool = False) -> bool:
+    """Whether ``host`` (an IP, ``localhost`` or, with ``resolve``, any name) reaches this
+    machine only. Listeners resolve names as the server will bind them; clients need not.
+    The one check behind every "loopback unless configured" default and its warnings."""
+    host = host.strip("[]")  # [::1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        if not resolve or not host:
+            return False
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)

@@ -1,5 +1,5 @@
-"""One grammar for durations and times: the same text means the same thing in `--since`,
-scenario starts and SLO rules."""
+"""One definition of each thing: one grammar for durations and times (the same text means the
+same in `--since`, scenario starts and SLO rules), and one loopback check."""
 
 from __future__ import annotations
 
@@ -54,3 +54,16 @@ def test_the_same_text_means_the_same_everywhere() -> None:
         parse_start("last tuesday")
     with pytest.raises(ValueError, match="not a time; use now, now-2h"):
         parse_time("yesterday", time.time_ns())
+
+
+@pytest.mark.parametrize("host,resolve,expected", [
+    ("127.0.0.1", False, True), ("127.5.0.9", False, True), ("::1", False, True),
+    ("[::1]", False, True), ("localhost", False, True), ("0.0.0.0", False, False),
+    ("10.1.2.3", False, False), ("::", False, False), ("", True, False),
+    ("gpu-07.example", False, False),  # a client never trusts a name it did not resolve
+    ("no-such-host.invalid", True, False),
+])
+def test_one_loopback_check(host: str, resolve: bool, expected: bool) -> None:
+    from fleetlens.pipeline.schema.settings import is_loopback
+
+    assert is_loopback(host, resolve=resolve) is expected
