@@ -17,7 +17,13 @@ from fleetlens.analytics.baselines import EXCLUDED, rolling_baseline, to_baselin
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
-from fleetlens.analytics.series import LEVEL_HOST, pick_window_s, request_series, window_series
+from fleetlens.analytics.series import (
+    LEVEL_HOST,
+    TTFT_PER_TOKEN,
+    pick_window_s,
+    request_series,
+    window_series,
+)
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -65,6 +71,10 @@ def all_series(tables: Tables, config: AnalyticsConfig, window_s: int) -> pl.Dat
     net = network_series(tables.requests, window_s)
     if net is not None:
         parts.append(net)
+    per_token = [m for m in metrics if m.startswith(TTFT_PER_TOKEN + "_")]
+    if per_token:  # not a `windows` column: from the requests, per host and per service
+        for scope in ([c.SERVICE_NAME, c.MODEL, c.HOST_NAME], [c.SERVICE_NAME, c.MODEL]):
+            parts.append(request_series(tables.requests, scope, window_s, per_token))
     if config.group_by:
         parts.append(request_series(tables.requests, list(config.group_by), window_s,
                                     [m for m in config.detect_metrics

@@ -77,6 +77,7 @@ class AnalyticsConfig:
     #: as much as at the tail, and everything moves e2e.
     detect_metrics: tuple[str, ...] = (
         "e2e_p99_s", "ttft_p99_s", "tpot_p99_s", "e2e_p50_s", "ttft_p50_s", "tpot_p50_s",
+        "ttft_per_token_p50_s",
     )
     #: More `windows` columns that get baselines (signals shown beside incidents).
     signal_metrics: tuple[str, ...] = (

@@ -72,6 +72,11 @@ def level_expr() -> pl.Expr:
     )
 
 
+#: Request-level metric family of TTFT per uncached prompt token: prefill-side causes (a
+#: slower or throttled GPU prefilling) move it whatever the prompt mix does, while longer
+#: prompts or lost prefix reuse move TTFT but not this (they have more tokens, not slower).
+TTFT_PER_TOKEN = "ttft_per_token"
+
 _REQUEST_METRICS = {
     "e2e": c.E2E_S, "ttft": c.TTFT_S, "tpot": c.TPOT_S, "queue": c.QUEUE_S,
     "prefill": c.PREFILL_S, "decode": c.DECODE_S, "network": c.NETWORK_S,
@@ -98,12 +103,16 @@ def request_series(requests: pl.LazyFrame | pl.DataFrame, dims: list[str], windo
         if metric == c.RPS:
             aggs.append((pl.len() / window_s).alias(metric))
             continue
-        base, _, rest = metric.partition("_")
+        if metric.startswith(TTFT_PER_TOKEN + "_"):
+            base, rest = TTFT_PER_TOKEN, metric.removeprefix(TTFT_PER_TOKEN + "_")
+        else:
+            base, _, rest = metric.partition("_")
         pct = rest.removesuffix("_s")
-        if base not in _REQUEST_METRICS or not pct.startswith("p"):
+        if base not in (*_REQUEST_METRICS, TTFT_PER_TOKEN) or not pct.startswith("p"):
             raise ValueError(f"cannot compute {metric!r} from requests")
-        aggs.append(pl.col(_REQUEST_METRICS[base]).quantile(int(pct[1:]) / 100, "linear")
-                    .alias(metric))
+        column = (_uncached_ttft() if base == TTFT_PER_TOKEN
+                  else pl.col(_REQUEST_METRICS[base]))
+        aggs.append(column.quantile(int(pct[1:]) / 100, "linear").alias(metric))
     grouped = (
         frame.with_columns((pl.col(c.ARRIVAL_NS) // step * step).alias(c.TS_NS))
         .group_by([c.TS_NS, *dims]).agg(aggs)
@@ -119,3 +128,10 @@ def request_series(requests: pl.LazyFrame | pl.DataFrame, dims: list[str], windo
     ).with_columns(level_expr().alias(c.LEVEL)).select(
         c.SERIES, c.METRIC, *_SCOPE, c.LEVEL, c.TS_NS, c.VALUE, c.REQUESTS
     )
+
+
+def _uncached_ttft() -> pl.Expr:
+    """TTFT per uncached prompt token of each request (seconds per token)."""
+    uncached = (pl.col(c.INPUT_TOKENS) - pl.col(c.CACHED_TOKENS).fill_null(0)).clip(
+        lower_bound=1)
+    return pl.col(c.TTFT_S) / uncached

@@ -89,8 +89,12 @@ def rank_candidates(facts: Facts, found: list[Candidate] | None = None) -> list[
     if facts.findings and facts.findings[0].score > 0:
         top = facts.findings[0]
         subject = fmt_subject(top.dimension, top.value)
+    cause = _PHASE_FALLBACK[phase]
+    parts = facts.phases.parts
+    if phase == "prefill" and parts.get("prefill_rate", 0.0) > parts.get("prefill_volume", 0.0):
+        cause = Cause.SLOW_GPU  # each token slower, not more tokens: no longer prompts
     return [Candidate(
-        _PHASE_FALLBACK[phase], subject, 0.01, facts.share(phase),
+        cause, subject, 0.01, facts.share(phase),
         f"{phase} time {facts.ms(phase):+.0f} ms ({facts.share(phase):.0%} of excess); "
         "no engine or GPU signal explains it",
         {"fallback": "dominant phase"},

@@ -200,3 +200,13 @@ def tp4_one_slow_gpu(seed: int = 21) -> tuple[SynthData, FleetSpec]:
         .alias(c.SM_CLOCK_MHZ),
     )
     return rewindow(data, spec), spec
+
+
+def slower_prefill(seed: int = 31) -> tuple[SynthData, FleetSpec]:
+    """Prefill 50% slower per token on h01 with the prompts unchanged, and no engine or GPU
+    signal to say why."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec)
+    on = _during(data, spec, c.ARRIVAL_NS) & (pl.col(c.HOST_NAME) == "h01")
+    data.requests = _scale(data.requests, on, {c.PREFILL_S: 1.5})
+    return rewindow(data, spec), spec

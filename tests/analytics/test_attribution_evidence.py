@@ -80,3 +80,11 @@ def test_a_slow_gpu_in_a_tensor_parallel_group_is_a_straggler_host() -> None:
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SUBJECT]) == ("slow_gpu", "host_name=h01"), causes
     assert "power_cap" not in _scores(causes)
+
+
+def test_an_unexplained_slower_prefill_is_not_called_long_prompts() -> None:
+    # Before: the dominant-phase fallback named long_prompts (0.01) for any prefill excess,
+    # though the prompts had not changed. Slower tokens, not more of them: slow_gpu.
+    _, causes = _ranked(cases.slower_prefill)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SCORE]) == ("slow_gpu", 0.01), causes

@@ -101,3 +101,21 @@ def test_detect_metrics_cover_each_mechanism() -> None:
     metrics = set(AnalyticsConfig().detect_metrics)
     assert {"tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s"} <= metrics
     dataclasses.replace(AnalyticsConfig()).validate()
+
+
+def test_a_slower_prefill_hidden_by_shorter_prompts_is_detected() -> None:
+    # Prompts on h01 halve while each token takes twice as long to prefill: TTFT does not
+    # move, TTFT per uncached token doubles (a prefill-side cause, detected on it).
+    spec = FleetSpec(duration_s=3 * 3600, seed=31)
+    data = generate(spec)
+    lo = spec.start_ns + 90 * STEP
+    on = (pl.col(c.HOST_NAME) == "h01") & pl.col(c.ARRIVAL_NS).is_between(
+        lo, lo + 10 * STEP, closed="left")
+    data.requests = data.requests.with_columns(
+        pl.when(on).then(pl.col(k) // 2).otherwise(pl.col(k)).alias(k)
+        for k in (c.INPUT_TOKENS, c.CACHED_TOKENS))
+    data = cases.rewindow(data, spec)
+    res = cases.run(data)
+    hits = res.incidents.filter(pl.col(c.START_NS).is_between(lo, lo + 3 * STEP))
+    assert hits.select(c.METRIC, c.HOST_NAME).rows() == [("ttft_per_token_p50_s", "h01")], (
+        res.incidents)
