@@ -49,3 +49,17 @@ def test_segments_are_cut_at_quiet_windows_only() -> None:
             {c.START_NS: T0 + 6 * m, c.END_NS: T0 + 8 * m},  # touching: no quiet window
             {c.START_NS: T0 + 10 * m, c.END_NS: T0 + 12 * m}]
     assert [len(s) for s in segments(rows)] == [3, 1]
+
+
+def test_a_segment_with_a_weak_top_cause_joins_its_neighbour() -> None:
+    # A 3-minute spike scored 0.06 for prefix_cache_drop ahead of a surge (0.71) became a
+    # false incident of its own; a weak top cause is no evidence the cause changed.
+    from fleetlens.analytics.attribution.split import _parts
+
+    seg = [[{c.START_NS: k}] for k in range(4)]
+    kv, surge = ("kv_cache_pressure", "host_name=h01"), ("traffic_surge", "service_name=chat")
+    weak = ("prefix_cache_drop", "service_name=chat")
+    assert _parts(seg, [(weak, 0.06), (surge, 0.7), (surge, 0.5), (kv, 0.9)]) == [
+        seg[0] + seg[1] + seg[2], seg[3]]
+    assert _parts(seg, [(kv, 0.9), (weak, 0.06), (surge, 0.7), (weak, 0.1)]) == [
+        seg[0] + seg[1], seg[2] + seg[3]]
