@@ -48,10 +48,6 @@ TIMED_OUT = Reply(408, b"request not received in time\n", close=True)
 HEAD_REFUSED = Reply(405, b"", headers=(("Allow", "GET, POST"),), close=True)
 
 
-class _Timeout(Exception):
-    """The client did not send the request (or the next byte) in time."""
-
-
 def _headers(event: h11.Request) -> Headers:
     found: Headers = {}
     for name, value in event.headers:
@@ -156,7 +152,8 @@ class HttpServer:
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
                          b"Connection: close\r\nContent-Type: text/plain\r\n"
                          + f"Content-Length: {len(BUSY.body)}\r\n\r\n".encode() + BUSY.body)
-            await asyncio.wait_for(writer.drain(), TLS_HANDSHAKE_S)
+            async with asyncio.timeout(TLS_HANDSHAKE_S):
+                await writer.drain()
             await self._linger(reader, writer)
         except OSError:  # TimeoutError included: the client is gone or not reading
             pass
@@ -182,7 +179,8 @@ class HttpServer:
         if conn.trailing_data[0]:
             return True  # pipelined: already here
         try:
-            data = await asyncio.wait_for(reader.read(_CHUNK), self.config.http_idle_timeout_s)
+            async with asyncio.timeout(self.config.http_idle_timeout_s):
+                data = await reader.read(_CHUNK)
         except TimeoutError:
             return False
         if not data:
@@ -190,44 +188,38 @@ class HttpServer:
         conn.receive_data(data)
         return True
 
-    async def _next(self, conn: h11.Connection, reader: asyncio.StreamReader,
-                    deadline: float) -> Any:
-        """The next h11 event, reading as needed until ``deadline`` (loop time)."""
+    @staticmethod
+    async def _next(conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
+        """The next h11 event, reading as needed (the caller bounds the time)."""
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            remaining = deadline - self.loop.time()
-            if remaining <= 0:
-                raise _Timeout
-            try:
-                data = await asyncio.wait_for(reader.read(_CHUNK), remaining)
-            except TimeoutError:
-                raise _Timeout from None
-            conn.receive_data(data)
+            conn.receive_data(await reader.read(_CHUNK))
 
     async def _request(self, conn: h11.Connection, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> Reply:
         """Read one whole request within the deadline (from its first byte, already in)
         and produce its reply."""
-        deadline = self.loop.time() + self.config.http_request_timeout_s
         todo: Plan | Reply | None = None
         try:
-            event = await self._next(conn, reader, deadline)
-            if not isinstance(event, h11.Request):
-                return Reply(400, b"expected a request\n", close=True)
-            if event.method == b"HEAD":  # an answer to HEAD may carry no body: refuse bare
-                return HEAD_REFUSED
-            todo = plan(self.ingest, event.method.decode("ascii").upper(),
-                        event.target.decode("ascii", "replace"), _headers(event))
-            if isinstance(todo, Reply):
-                if not todo.close:  # a GET: its (empty) body ends the request
-                    await self._body(conn, reader, deadline)
-                return todo
-            if conn.they_are_waiting_for_100_continue:
-                writer.write(conn.send(h11.InformationalResponse(status_code=100)))
-            body = await self._body(conn, reader, deadline)
-        except _Timeout:
+            # One deadline for the whole request, head and body: a trickle cannot extend it.
+            async with asyncio.timeout(self.config.http_request_timeout_s):
+                event = await self._next(conn, reader)
+                if not isinstance(event, h11.Request):
+                    return Reply(400, b"expected a request\n", close=True)
+                if event.method == b"HEAD":  # an answer to HEAD has no body: refuse bare
+                    return HEAD_REFUSED
+                todo = plan(self.ingest, event.method.decode("ascii").upper(),
+                            event.target.decode("ascii", "replace"), _headers(event))
+                if isinstance(todo, Reply):
+                    if not todo.close:  # a GET: its (empty) body ends the request
+                        await self._body(conn, reader)
+                    return todo
+                if conn.they_are_waiting_for_100_continue:
+                    writer.write(conn.send(h11.InformationalResponse(status_code=100)))
+                body = await self._body(conn, reader)
+        except TimeoutError:
             self.ingest.telemetry.add("invalid_requests")
             return TIMED_OUT
         except h11.RemoteProtocolError as exc:
@@ -243,11 +235,10 @@ class HttpServer:
         finally:
             self.exporting -= 1
 
-    async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader,
-                    deadline: float) -> bytes:
+    async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader) -> bytes:
         body = bytearray()
         while True:
-            event = await self._next(conn, reader, deadline)
+            event = await self._next(conn, reader)
             if isinstance(event, h11.EndOfMessage):
                 return bytes(body)
             if isinstance(event, h11.Data):
@@ -268,7 +259,9 @@ class HttpServer:
                                           reason=HTTPStatus(reply.status).phrase))
             data += conn.send(h11.Data(data=reply.body)) + conn.send(h11.EndOfMessage())
             writer.write(data)
-            await asyncio.wait_for(writer.drain(), self.config.http_request_timeout_s)
+            if writer.transport.get_write_buffer_size():  # the client is slow to read
+                async with asyncio.timeout(self.config.http_request_timeout_s):
+                    await writer.drain()
         except (TimeoutError, h11.LocalProtocolError, OSError):
             return False
         return True
@@ -279,14 +272,11 @@ class HttpServer:
             return  # TLS cannot half-close
         try:
             writer.write_eof()
-            deadline = self.loop.time() + LINGER_S
             drained = 0
-            while drained < LINGER_BYTES and (left := deadline - self.loop.time()) > 0:
-                data = await asyncio.wait_for(reader.read(_CHUNK), left)
-                if not data:
-                    return
-                drained += len(data)
-        except (TimeoutError, OSError):
+            async with asyncio.timeout(LINGER_S):
+                while drained < LINGER_BYTES and (data := await reader.read(_CHUNK)):
+                    drained += len(data)
+        except OSError:  # TimeoutError included
             return
 
 
