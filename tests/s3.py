@@ -95,13 +95,12 @@ def moto_server(log_dir: Path) -> Iterator[S3Server]:
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A moto S3 server for the module, with this process's environment pointed at it."""
     with moto_server(tmp_path_factory.mktemp("moto")) as server:
-        saved = {k: os.environ.get(k) for k in server.env}
+        # every AWS_* variable: opening a bucket exports what it resolved (s3config.export)
+        saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
         os.environ.update(server.env)
         try:
             yield server
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            for key in [k for k in os.environ if k.startswith("AWS_")]:
+                del os.environ[key]
+            os.environ.update(saved)

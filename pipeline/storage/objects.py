@@ -152,8 +152,11 @@ class _mapped:
 
 @functools.cache
 def bucket(name: str) -> Bucket:
-    """The process's client of bucket ``name`` (settings resolved once, from the environment)."""
-    return Bucket(s3config.resolve(name))
+    """The process's client of bucket ``name`` (settings resolved once, from the environment
+    and the AWS files, and exported to the environment for libraries that read it)."""
+    settings = s3config.resolve(name)
+    s3config.export(settings)
+    return Bucket(settings)
 
 
 class ObjectPath:

@@ -9,7 +9,9 @@ other S3-compatible servers), then the shared files (``AWS_SHARED_CREDENTIALS_FI
 
 One resolved :class:`S3Settings` feeds all three clients that touch the store, so they cannot
 disagree: obstore (listing, publishing, state and lease objects), Polars (``storage_options``)
-and, for DuckDB only, an s3fs filesystem registered with the connection.
+and, for DuckDB only, an s3fs filesystem registered with the connection. :func:`export` also
+puts what came from the files into this process's environment (never over a variable that is
+set), for the few Polars reads that take plain ``s3://`` strings from ``parquet_files``.
 """
 
 from __future__ import annotations
@@ -132,3 +134,18 @@ def resolve(bucket: str, env: dict[str, str] | None = None) -> S3Settings:
                 or conf.get("endpoint_url"))
     return S3Settings(bucket, region, endpoint or None, key_id or None, secret or None,
                       token or None)
+
+
+def export(settings: S3Settings, env: dict[str, str] | None = None) -> None:
+    """Set the standard AWS variables of ``settings`` that the environment lacks."""
+    target = os.environ if env is None else env
+    wanted = {"AWS_REGION": settings.region, "AWS_ENDPOINT_URL": settings.endpoint,
+              "AWS_ALLOW_HTTP": "true" if settings.allow_http else None,
+              "AWS_ACCESS_KEY_ID": settings.key_id, "AWS_SECRET_ACCESS_KEY": settings.secret,
+              "AWS_SESSION_TOKEN": settings.token}
+    if target.get("AWS_ACCESS_KEY_ID"):  # never mix a key id from one place, a secret from another
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            wanted.pop(key)
+    for key, value in wanted.items():
+        if value and not target.get(key):
+            target[key] = value

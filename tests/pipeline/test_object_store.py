@@ -6,6 +6,7 @@ lease, readers that lose a listed object, and collector -> store -> pipeline -> 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -107,6 +108,26 @@ def test_a_missing_bucket_is_a_clear_error(s3: S3Server) -> None:
         DataDir("s3://no-such-bkt/x").require()
     with pytest.raises(StorageError, match="names no bucket"):
         DataDir("s3:///x")
+
+
+def test_credentials_and_endpoint_come_from_the_aws_files(s3: S3Server, tmp_path: Path) -> None:
+    url = _url(s3)
+    write_parquet_atomic(_spans(3), DataDir(url).raw_segment_path("spans", T0, "w", 0))
+    (tmp_path / "credentials").write_text(
+        "[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n"
+        "[bench]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    (tmp_path / "config").write_text(
+        f"[profile bench]\nregion = us-east-1\nendpoint_url = {s3.endpoint}\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "FLEETLENS_"))}
+    env.update(HOME=str(tmp_path), AWS_PROFILE="bench",
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "credentials"),
+               AWS_CONFIG_FILE=str(tmp_path / "config"))
+    out = subprocess.run([sys.executable, "-m", "fleetlens", "sql", "--data-dir", url,
+                          "--format", "csv", f"select count(*) as n from {t.SPANS}"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["n", "3"]
 
 
 def test_conditional_state_writes_lose_no_update_when_two_writers_race(s3: S3Server) -> None:

@@ -40,15 +40,19 @@ def _fleetlens(args: list[str], env: dict[str, str], timeout: float = 300) -> st
 
 def _collector(url: str, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
     grpc = f"127.0.0.1:{free_port()}"
+    config = log.with_suffix(".toml")
+    config.write_text('[collector]\nself_metrics_address = ""\n')  # no fixed port to share
     with open(log, "ab") as handle:
         process = subprocess.Popen(
             [sys.executable, "-m", "fleetlens", "collector", "--data-dir", url,
-             "--grpc-address", grpc, "--http-address", f"127.0.0.1:{free_port()}"],
+             "--config", str(config), "--grpc-address", grpc,
+             "--http-address", f"127.0.0.1:{free_port()}", "--workers", "1"],
             stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         wait_for_port(grpc, 60, process)
     except BaseException:
         process.kill()
+        sys.stderr.write(log.read_text()[-3000:])
         raise
     return process, grpc
 
