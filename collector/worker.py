@@ -22,6 +22,7 @@ from collections import defaultdict
 from typing import Any
 
 from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.forward import ForwardSink
 from fleetlens.collector.grpc_server import start_grpc
 from fleetlens.collector.http_server import start_http
 from fleetlens.collector.ingest import Ingest
@@ -163,22 +164,27 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     segs = Segments(data_dir, writer_id)
     ingest = Ingest(config, None, telemetry)
     wal = Wal(data_dir.wal, writer_id)
-    replay_orphans(data_dir, ingest, segs, telemetry)
-    if removed := remove_stale_tmp(data_dir):
-        log.info("removed %d stale temporary Parquet files", removed)
-    sink = Sink(segs, wal, telemetry, flush_rows=config.flush_rows,
-                flush_interval_s=config.flush_interval_s,
-                max_buffered_bytes=config.max_buffered_bytes)
-    ingest.sink = sink
+    sink: Sink | ForwardSink
+    if config.forward.enabled:  # edge mode: no Parquet here, dead WALs are forwarded too
+        sink = ForwardSink(wal, telemetry, config.forward)
+    else:
+        replay_orphans(data_dir, ingest, segs, telemetry)
+        if removed := remove_stale_tmp(data_dir):
+            log.info("removed %d stale temporary Parquet files", removed)
+        sink = Sink(segs, wal, telemetry, flush_rows=config.flush_rows,
+                    flush_interval_s=config.flush_interval_s,
+                    max_buffered_bytes=config.max_buffered_bytes)
+    ingest.sink = sink  # type: ignore[assignment]  # both take accept() the same way
     sink.start()
     grpc_server = start_grpc(config, ingest)
     http_server = start_http(config, ingest)
     if metrics_sock is not None:
         start_self_metrics(metrics_sock, telemetry, parent_pid or os.getpid())
     gc.freeze()  # start-up objects never become garbage: keep them out of every GC scan
-    log.info("collector %s serving OTLP/gRPC on %s and OTLP/HTTP on %s%s, data in %s",
+    log.info("collector %s serving OTLP/gRPC on %s and OTLP/HTTP on %s%s, data in %s%s",
              writer_id, config.grpc_address, config.http_address,
-             " with TLS" if config.tls.enabled else "", data_dir.root)
+             " with TLS" if config.tls.enabled else "", data_dir.root,
+             f", forwarding to {config.forward.address}" if config.forward.enabled else "")
     # Short waits: a signal delivered to one of gRPC's threads only runs its Python
     # handler when the main thread next wakes up.
     last_summary = time.monotonic()

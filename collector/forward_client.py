@@ -1,0 +1,119 @@
+"""The edge collector's OTLP/gRPC client to the central collector, and what each answer means.
+
+An edge never drops what it acknowledged because the link or the central side is unwell, so
+the classification is stricter than the OTLP client rules: only an answer that blames the
+*bytes* (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED without RetryInfo: too large) is permanent.
+Answers that blame the setup (UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED, a bad
+certificate) are retried, slowly and loudly, until someone fixes it: the WAL keeps the data,
+and its bound refuses new Exports once it is full.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from fleetlens.collector.config import ForwardConfig
+from fleetlens.collector.errors import RETRY_INFO_KEY
+from fleetlens.collector.signals import Signal
+
+_AUTHORIZATION = "authorization"
+#: Answers about the request bytes themselves: resending them cannot succeed.
+_PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT}
+#: Answers about the edge's setup (token, certificate, wrong endpoint): retried, logged.
+SETUP_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+               grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND,
+               grpc.StatusCode.FAILED_PRECONDITION}
+
+
+class Verdict(enum.Enum):
+    """What to do after one forwarded Export."""
+
+    SENT = "sent"  # the central collector made it durable (some items may be rejected)
+    RETRY = "retry"  # not stored; send the same bytes again later
+    PERMANENT = "permanent"  # these bytes will never be accepted
+
+
+@dataclass
+class Answer:
+    """One forwarded Export's outcome."""
+
+    verdict: Verdict
+    detail: str = ""
+    #: Items the central collector rejected within an accepted request (partial success).
+    rejected: int = 0
+    code: grpc.StatusCode | None = None
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise RuntimeError(f"cannot read forward TLS file {path}: {exc.strerror}") from None
+
+
+def channel_for(config: ForwardConfig) -> grpc.Channel:
+    """A channel to ``config.address``: TLS unless ``insecure``; mutual TLS with a cert.
+
+    Raises:
+        RuntimeError: a TLS file cannot be read.
+    """
+    options = [("grpc.max_send_message_length", -1), ("grpc.enable_retries", 0),
+               # notice a dead central collector within seconds on an idle link
+               ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)]
+    if config.insecure:
+        return grpc.insecure_channel(config.address, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(config.ca_file), private_key=_read(config.key_file),
+        certificate_chain=_read(config.cert_file))
+    return grpc.secure_channel(config.address, credentials, options=options)
+
+
+def _has_retry_info(error: grpc.RpcError) -> bool:
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    return any(key == RETRY_INFO_KEY for key, _ in trailers or ())
+
+
+def classify(error: grpc.RpcError) -> Answer:
+    """The verdict for a failed call (see the module docstring)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    detail = f"{code.name}: {error.details() if hasattr(error, 'details') else error}"
+    if code in _PERMANENT or (code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                              and not _has_retry_info(error)):
+        return Answer(Verdict.PERMANENT, detail, code=code)
+    return Answer(Verdict.RETRY, detail, code=code)
+
+
+class ForwardClient:
+    """Sends Export request bytes to the central collector (one channel, reused)."""
+
+    def __init__(self, config: ForwardConfig) -> None:
+        self.config = config
+        self.channel = channel_for(config)
+        self._metadata = ((_AUTHORIZATION, f"Bearer {config.auth_token}"),) \
+            if config.auth_token else None
+        self._calls: dict[str, Any] = {}
+
+    def send(self, signal: Signal, payload: bytes) -> Answer:
+        """Export ``payload`` (serialized request bytes) and classify the answer."""
+        call = self._calls.get(signal.grpc_method)
+        if call is None:
+            call = self.channel.unary_unary(signal.grpc_method, request_serializer=None,
+                                            response_deserializer=signal.response.FromString)
+            self._calls[signal.grpc_method] = call
+        try:
+            response = call(payload, timeout=self.config.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as error:
+            return classify(error)
+        partial = response.partial_success
+        rejected = getattr(partial, signal.rejected_field)
+        return Answer(Verdict.SENT, partial.error_message, rejected=rejected)
+
+    def close(self) -> None:
+        self.channel.close()
