@@ -3,8 +3,10 @@ Content-Length or chunked), ``GET /metrics`` (Prometheus self-telemetry) and ``G
 
 HTTP/1.1 is parsed by h11 (strict framing: digits-only Content-Length, a body that ends early
 is an error, chunked bodies) on one asyncio loop per worker, so an idle or trickling
-connection costs a socket, not a thread. Chosen over ``http.server`` and uvicorn by
-measurement (docs/benchmarks.md, ``bench/ingest.py --http``). Bounds, each from the config:
+connection costs a socket, not a thread. Measured against ``http.server`` and uvicorn
+(``bench/ingest.py --http``, docs/benchmarks.md): uvicorn costs the same CPU within noise but
+has no deadline for reading a request; ``http.server`` costs about 20% less CPU per small
+request but holds a thread per connection. Bounds, each from the config:
 
 - ``http_max_connections`` open connections; one more is answered 503 + Retry-After.
 - ``http_threads`` threads run Exports (decode, WAL fsync); the loop never blocks on them.
