@@ -41,9 +41,9 @@ class S3Server:
         return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint,
                 "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_CONFIG_FILE": os.devnull}
 
-    def bucket(self, stem: str = "fleet") -> str:
-        """Create a new bucket (a fresh name, so tests never share one); returns its name."""
-        name = f"{stem}-{secrets.token_hex(4)}"
+    def bucket(self, stem: str = "fleet", name: str | None = None) -> str:
+        """Create a bucket (a fresh name unless given, so tests never share one)."""
+        name = name or f"{stem}-{secrets.token_hex(4)}"
         request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
         with urllib.request.urlopen(request, timeout=10) as reply:
             assert reply.status == 200
@@ -57,14 +57,15 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_server(log_dir: Path) -> Iterator[S3Server]:
-    """Start ``moto_server -H 127.0.0.1 -p PORT``; stop it by its PID on exit."""
+def moto_server(log_dir: Path, port: int | None = None) -> Iterator[S3Server]:
+    """Start ``moto_server -H 127.0.0.1 -p PORT`` (a free port unless given); stop it by its
+    PID on exit. Its buckets live in its memory: a restarted server has none."""
     for module in ("obstore", "s3fs", "moto"):
         pytest.importorskip(module, reason="the [s3] extra (obstore, s3fs, moto[server])")
     binary = Path(sys.executable).parent / "moto_server"
     if not binary.exists():
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = _free_port()
+    port = port or _free_port()
     log_path = log_dir / f"moto-{port}.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)],

@@ -21,7 +21,7 @@ from fleetlens.collector.testing import free_port, vllm_trace_request, wait_for_
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, connect, parquet_files, scan
-from tests.s3 import S3Server, s3_server  # noqa: F401 - the fixture `s3`
+from tests.s3 import S3Server, moto_server, s3_server  # noqa: F401 - the fixture `s3`
 
 pytestmark = pytest.mark.e2e
 NS = 1_000_000_000
@@ -151,3 +151,47 @@ def test_two_collector_replicas_share_nothing_but_the_bucket(s3: S3Server,
     assert spans.unique([c.TRACE_ID, c.SPAN_ID]).height == sent
     for n in (1, 2):
         assert not list((tmp_path / f"wal{n}").rglob("*.wal"))  # everything published
+
+
+def test_acknowledged_spans_survive_an_object_store_outage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store goes away while the collector acknowledges (its WAL is local); publishing
+    fails and is retried, and once the store is back every acknowledged span is in it."""
+    from fleetlens.collector.testing import trace_request, vllm_span
+
+    with moto_server(tmp_path) as first:
+        port = int(first.endpoint.rpartition(":")[2])
+        name = first.bucket()
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("FLEETLENS_", "AWS_"))},
+               **first.env, "FLEETLENS_WAL_DIR": str(tmp_path / "wal")}
+        process, address = _collector(f"s3://{name}/fleet", env, tmp_path / "collector.log")
+    # the server is gone (SIGTERM by PID): the collector still acknowledges
+    start_ns = (time.time_ns() // NS - 600) * NS
+    import random
+
+    rng = random.Random(5)
+    request = trace_request([vllm_span(rng, start_ns=start_ns + i * NS) for i in range(200)])
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = svc.TraceServiceStub(channel).Export(request, timeout=30)
+        assert not reply.partial_success.rejected_spans
+        time.sleep(7)  # past flush_interval_s: at least one publish has failed
+        with moto_server(tmp_path, port=port) as second:  # back, empty: recreate the bucket
+            second.bucket(name=name)
+            for key, value in second.env.items():
+                monkeypatch.setenv(key, value)
+            remote = DataDir(f"s3://{name}/fleet")
+            deadline = time.monotonic() + 120
+            while not list(parquet_files(remote.raw("spans"))):
+                assert time.monotonic() < deadline, "nothing published after the outage"
+                time.sleep(0.5)
+            process.terminate()
+            assert process.wait(60) == 0
+            spans = scan(remote, t.SPANS).collect()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = (tmp_path / "collector.log").read_text()
+    assert "publishing Parquet failed (will retry)" in log or "flush failed" in log, log[-2000:]
+    assert spans.unique([c.TRACE_ID, c.SPAN_ID]).height == 200
+    assert not list((tmp_path / "wal").rglob("*.wal"))
