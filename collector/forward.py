@@ -47,7 +47,7 @@ from fleetlens.collector.wal import (
 
 POLL_S = 0.2
 RETRY_FIRST_S = 0.5
-RETRY_MAX_S = 15.0
+RETRY_MAX_S = 5.0
 #: Seconds a stopping edge keeps trying to forward what is left (the rest waits on disk).
 CLOSE_GRACE_S = 5.0
 #: The current WAL file is sealed at this size even while older files wait (a file is read
@@ -71,6 +71,7 @@ class ForwardSink:
         self._orphans: list[tuple[Path, int]] = []  # adopted directories and their locks
         self._full = False
         self._down_since: float | None = None
+        self._down_code: Any = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="forwarder", daemon=True)
 
@@ -207,7 +208,7 @@ class ForwardSink:
             return all(self._send(path, records, i, i + 1, cursor) for i in range(first, end))
         if answer.verdict is Verdict.RETRY:
             self.telemetry.add("forward_failures")
-            self._went_down(answer.detail, answer.code in SETUP_CODES)
+            self._went_down(answer.detail, answer.code)
             return False
         if answer.verdict is Verdict.PERMANENT:
             dead_letter(path, first, records[first], answer.detail)
@@ -221,18 +222,22 @@ class ForwardSink:
         self.telemetry.add("forwarded_bytes", len(payload))
         return True
 
-    def _went_down(self, detail: str, setup: bool) -> None:
+    def _went_down(self, detail: str, code: Any) -> None:
+        """Log an outage once, and again whenever its cause (the status code) changes."""
         if self._down_since is None:
             self._down_since = time.monotonic()
-            hint = " (check forward.auth_token / TLS settings)" if setup else ""
-            log.error("cannot forward to %s: %s%s; %d bytes wait in the WAL, retrying",
-                      self.config.address, detail, hint, self.pending_bytes)
+        elif code == self._down_code:
+            return
+        self._down_code = code
+        hint = " (check forward.auth_token / TLS settings)" if code in SETUP_CODES else ""
+        log.error("cannot forward to %s: %s%s; %d bytes wait in the WAL, retrying",
+                  self.config.address, detail, hint, self.pending_bytes)
 
     def _came_back(self) -> None:
         if self._down_since is not None:
             log.info("forwarding to %s again after %.1f s", self.config.address,
                      time.monotonic() - self._down_since)
-            self._down_since = None
+            self._down_since = self._down_code = None
 
     def _release_orphans(self) -> None:
         """Remove adopted directories whose every file was forwarded."""
