@@ -16,7 +16,7 @@ from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_
 from fleetlens.pipeline.storage import DataDir, StorageError, write_json_atomic
 
 if TYPE_CHECKING:
-    from fleetlens.pipeline.runner import RunSummary
+    from fleetlens.pipeline.runner import Pipeline, RunSummary
 
 _DATA_DIR_HELP = DATA_DIR_HELP
 #: Median export delays (seconds) outside this range are reported host by host: exporters
@@ -87,9 +87,16 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
     @click.option("--analyze/--no-analyze", "analyze", default=None, hidden=after_run is None,
                   help="After each run with new data, detect incidents and post new ones to "
                        "the [analytics] webhooks and stdout [default: with --follow].")
+    @click.option("--runner", type=click.Choice(RUNNERS), default="local", show_default=True,
+                  help="Run the hours in this process (local) or as Ray tasks (ray: same "
+                       "files; needs the 'ray' extra).")
+    @click.option("--ray-address", default=None, metavar="HOST:PORT",
+                  help="With --runner ray: the head of the Ray cluster to join [default: "
+                       "$RAY_ADDRESS, else start Ray on this machine].")
     def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
                  full: bool, follow: bool, interval: float | None, progress: bool | None,
-                 as_json: bool, analyze: bool | None) -> None:
+                 as_json: bool, analyze: bool | None, runner: str,
+                 ray_address: str | None) -> None:
         """Turn raw telemetry into requests, samples, windows and per-request energy.
 
         Processes only raw segments that are new since the last run (state in
@@ -98,17 +105,45 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
         incidents (baselines, incidents, causes) and posts the new ones.
         """
         hook = after_run if (follow if analyze is None else analyze) else None
+        job = make_job(runner, ray_address)
         _run_pipeline(data_dir, config_file, window_s, full, follow, interval, progress,
-                      as_json, hook)
+                      as_json, hook, job)
 
     return pipeline
 
 
+#: ``--runner`` choices: this process, or Ray tasks (:mod:`pipeline.ray_runner`)
+RUNNERS = ("local", "ray")
+#: What builds the job: (data dir, config, progress callback) -> a Pipeline
+JobFactory = Callable[..., "Pipeline"]
+RAY_MISSING = ("--runner ray needs Ray, which could not be imported ({error}); install it "
+               "with `pip install 'fleetlens[ray]'` (ray==2.60.0)")
+
+
+def make_job(runner: str, ray_address: str | None) -> JobFactory:
+    """The job class for ``--runner`` (imports Ray only for ``ray``), as a clean
+    command-line error when the options do not fit or Ray is not installed."""
+    if runner == "local":
+        if ray_address is not None:
+            raise click.UsageError("--ray-address needs --runner ray")
+        from fleetlens.pipeline.runner import Pipeline
+
+        return Pipeline
+    try:
+        from fleetlens.pipeline.ray_runner import RayPipeline
+    except ImportError as exc:
+        raise click.ClickException(RAY_MISSING.format(error=exc)) from None
+    return lambda dd, cfg, progress=None: RayPipeline(dd, cfg, progress, address=ray_address)
+
+
 def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
                   full: bool, follow: bool, interval: float | None, progress: bool | None,
-                  as_json: bool, after_run: AfterRun | None) -> None:
-    from fleetlens.pipeline.runner import Pipeline
+                  as_json: bool, after_run: AfterRun | None,
+                  job_factory: JobFactory | None = None) -> None:
+    if job_factory is None:
+        from fleetlens.pipeline.runner import Pipeline
 
+        job_factory = Pipeline
     try:
         cfg = load_pipeline_config(config_file, window_s=window_s)
     except ConfigError as exc:
@@ -117,7 +152,7 @@ def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int |
     root = resolve_data_dir(data_dir, config_file, must_exist=not follow)
     show = sys.stderr.isatty() if progress is None else progress
     bar, report = _progress_printer(show)
-    job = Pipeline(root, cfg, progress=report)
+    job = job_factory(root, cfg, progress=report)
     pause = interval if interval is not None else cfg.follow_interval_s
     stop = _StopFlag(enabled=follow)
     first = True

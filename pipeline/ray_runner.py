@@ -1,0 +1,145 @@
+"""The pipeline on Ray (``fleetlens pipeline --runner ray``): the same run, hours as tasks.
+
+The unit of work is the one the local runner already uses, the UTC hour: phase 1 of an hour
+(:func:`~fleetlens.pipeline.runner.phase1_hour`) and phase 2 of an hour
+(:func:`~fleetlens.pipeline.runner.phase2_hour`) run as Ray tasks, and this driver publishes
+what they return, phase 1 in hour order and phase 2 in hour order, through the same
+:class:`~fleetlens.pipeline.runner.Pipeline` code as the local runner (discovery, state, job
+lock, the read-modify-write of crossing requests' energy). The tasks publish nothing, so the
+files are byte-identical to the local runner's by construction, whichever node ran a task and
+however often Ray retried it.
+
+Phase 2 of hour h reads the phase-1 partitions up to ``h + 1 h + max_request_s + gap + slot``:
+it is submitted as soon as those are published (so the two phases overlap, as locally). Tasks
+read the data directory themselves, so every node must see it at the same path (one machine,
+a shared file system, or the object store of DESIGN.md section 8).
+
+Ray is optional: only this module imports it, and only ``--runner ray`` imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import polars as pl
+import ray
+
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.partitions import HOUR_NS, NS
+from fleetlens.pipeline.runner import (
+    Phase2Output,
+    Pipeline,
+    Progress,
+    RunSummary,
+    phase1_files,
+    phase1_hour,
+    phase2_hour,
+)
+from fleetlens.pipeline.state import PipelineState
+from fleetlens.pipeline.storage import DataDir
+
+#: Retries of a task whose worker or node died (Ray re-runs it, elsewhere if need be). An
+#: exception raised by the task itself (a damaged segment) is not retried: it would fail
+#: the same way again, and the driver reports it.
+MAX_RETRIES = 3
+#: Tasks in flight per CPU of the cluster: enough to keep every CPU busy while the driver
+#: publishes, without holding every hour's output in the object store at once.
+IN_FLIGHT_PER_CPU = 2
+
+
+#: Spread hours over the nodes: Ray's default packs tasks onto the driver's node until half
+#: its CPUs are busy, which leaves a small cluster's other nodes idle.
+_TASK = {"max_retries": MAX_RETRIES, "retry_exceptions": False, "scheduling_strategy": "SPREAD"}
+
+
+@ray.remote(**_TASK)
+def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]],
+                 hour: int) -> list[tuple[str, pl.DataFrame]]:
+    return phase1_hour(cfg, files, hour)
+
+
+@ray.remote(**_TASK)
+def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]) -> Phase2Output:
+    return phase2_hour(dd, cfg, hour, dirty)
+
+
+def connect(address: str | None = None) -> None:
+    """Join the Ray cluster at ``address`` (``HOST:PORT`` of its head), or start a Ray
+    instance on this machine when ``address`` is None; nothing when already connected.
+
+    The driver advertises 127.0.0.1 when it starts Ray itself, so nothing it starts is
+    reachable from other machines (see docs/operations.md for a real cluster's ports).
+    """
+    if ray.is_initialized():
+        return
+    options = {"log_to_driver": False, "logging_level": logging.WARNING,
+               "configure_logging": True}
+    if address is None:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **options)
+    else:
+        ray.init(address=address, **options)
+
+
+class RayPipeline(Pipeline):
+    """:class:`Pipeline` whose per-hour phases run as Ray tasks (same files, same state).
+
+    Args:
+        address: the Ray cluster to join (``HOST:PORT``); None starts Ray on this machine.
+    """
+
+    def __init__(self, data_dir: DataDir, cfg: PipelineConfig,
+                 progress: Progress | None = None, *, address: str | None = None) -> None:
+        super().__init__(data_dir, cfg, progress)
+        self.address = address
+
+    def run_once(self, *, full: bool = False) -> RunSummary:
+        """As :meth:`Pipeline.run_once`, connecting to Ray first."""
+        connect(self.address)
+        return super().run_once(full=full)
+
+    def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
+                dirty2: set[int], summary: RunSummary) -> None:
+        """Submit phase-1 hours, and phase-2 hours once the phase-1 partitions they read are
+        published; publish results in hour order per phase as they come back."""
+        horizon = HOUR_NS + self.cfg.max_request_s * NS + self.gap_ns + self.cfg.slot_s * NS
+        cap = max(2, IN_FLIGHT_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
+        todo1, todo2 = deque(hours1), deque(hours2)
+        run1: deque[tuple[int, ray.ObjectRef]] = deque()
+        run2: deque[tuple[int, ray.ObjectRef]] = deque()
+        done1 = done2 = 0
+
+        def frontier() -> int | None:
+            """The first phase-1 hour not yet published (None: all are)."""
+            return run1[0][0] if run1 else (todo1[0] if todo1 else None)
+
+        while todo1 or run1 or todo2 or run2:
+            while len(run1) + len(run2) < cap:
+                first = frontier()
+                if todo2 and (first is None or todo2[0] + horizon <= first):
+                    self._flush()  # the task reads what this driver published
+                    hour = todo2.popleft()
+                    run2.append((hour, _phase2_task.remote(self.dd, self.cfg, hour, dirty2)))
+                elif todo1:
+                    hour = todo1.popleft()
+                    files = phase1_files(state, self.dd, self.cfg, hour)
+                    run1.append((hour, _phase1_task.remote(self.cfg, files, hour)))
+                else:
+                    break
+            heads = [queue[0][1] for queue in (run1, run2) if queue]
+            if not heads:  # phase-2 hours wait for phase-1 hours not yet submitted
+                continue
+            ready, _ = ray.wait(heads, num_returns=1)
+            if run1 and run1[0][1] in ready:
+                hour, ref = run1.popleft()
+                frames = ray.get(ref)
+                self._flush()  # at most one hour of output waiting to be written
+                for table, frame in frames:
+                    self._publish(table, hour, frame, summary)
+                done1 += 1
+                self.progress("normalize", done1, len(hours1))
+            else:
+                hour, ref = run2.popleft()
+                self._publish_phase2(hour, ray.get(ref), summary)
+                done2 += 1
+                self.progress("energy+windows", done2, len(hours2))
