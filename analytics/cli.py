@@ -47,6 +47,21 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
         raise click.BadParameter(str(exc)) from None
 
 
+def _remote(runner: str, ray_address: str | None):  # noqa: ANN202 - RayAnalytics or None
+    """``--runner``/``--ray-address`` as the run's ``remote`` (Ray imported only for ray)."""
+    if runner == "local":
+        if ray_address is not None:
+            raise click.UsageError("--ray-address needs --runner ray")
+        return None
+    try:
+        from fleetlens.analytics.ray_tasks import RayAnalytics
+    except ImportError as exc:
+        raise click.ClickException(
+            f"--runner ray needs Ray, which could not be imported ({exc}); install it with "
+            "`pip install 'fleetlens[ray]'` (ray==2.60.0)") from None
+    return RayAnalytics(ray_address)
+
+
 @click.command()
 @_DATA_DIR
 @_CONFIG
@@ -54,18 +69,25 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
 @click.option("--interval", type=float, default=10.0, show_default=True,
               help="Seconds between runs with --follow.")
 @click.option("--refit", is_flag=True, help="Refit Prophet baselines now (if enabled).")
+@click.option("--runner", type=click.Choice(("local", "ray")), default="local",
+              show_default=True, help="Attribute incidents and fit Prophet here (local) or "
+              "as Ray tasks (ray: same tables; needs the 'ray' extra).")
+@click.option("--ray-address", default=None, metavar="HOST:PORT",
+              help="With --runner ray: the head of the Ray cluster to join [default: "
+                   "$RAY_ADDRESS, else start Ray on this machine].")
 def analyze(data_dir: str | None, config_file: str | None, follow: bool, interval: float,
-            refit: bool) -> None:
+            refit: bool, runner: str, ray_address: str | None) -> None:
     """Compute baselines, incidents and ranked causes from the pipeline's tables.
 
     New incidents are printed as JSON lines and posted to [analytics] webhooks.
     """
     from fleetlens.analytics.runner import run
 
+    remote = _remote(runner, ray_address)
     config = load_analytics_config(config_file)
     root = _root(data_dir, config_file, must_exist=not follow)
     while True:
-        result = run(root, config, echo=click.echo, refit_prophet=refit)
+        result = run(root, config, echo=click.echo, refit_prophet=refit, remote=remote)
         for error in result.post_errors:
             click.echo(f"webhook failed: {error}", err=True)
         click.echo(f"analytics: {result.analysis.incidents.height} incidents "

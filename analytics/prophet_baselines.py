@@ -14,6 +14,7 @@ import math
 import multiprocessing
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -93,13 +94,21 @@ def resample(series: pl.DataFrame, step_s: int) -> pl.DataFrame:
             .sort(c.SERIES, c.TS_NS))
 
 
+#: Runs ``fn(chunk, params)`` for every chunk somewhere else (e.g. as Ray tasks,
+#: :mod:`analytics.ray_tasks`) and returns the results in chunk order.
+MapChunks = Callable[[Callable[..., Any], list[Any], dict[str, Any]], list[Any]]
+
+
 def fit_prophet(series: pl.DataFrame, config: AnalyticsConfig, *,
-                workers: int | None = None) -> pl.DataFrame:
+                workers: int | None = None, map_chunks: MapChunks | None = None
+                ) -> pl.DataFrame:
     """Stage: long series frame -> `baselines` rows with method ``prophet``.
 
     Input: ``series, ts_ns, value`` rows (any step). Output grain: one row per (series,
     ``prophet_step_s`` bucket) from the series' first bucket to ``prophet_refit_s`` past its
-    last. Series with less than ``prophet_min_history_s`` of data are skipped.
+    last. Series with less than ``prophet_min_history_s`` of data are skipped. The fits run
+    in ``workers`` local processes, or through ``map_chunks`` when given (each series is
+    fitted alone, so where it runs changes nothing).
     """
     require_prophet()
     step = config.prophet_step_s * NS
@@ -119,7 +128,9 @@ def fit_prophet(series: pl.DataFrame, config: AnalyticsConfig, *,
     workers = workers or config.prophet_workers
     size = max(1, math.ceil(len(tasks) / (workers * 4)))
     chunks = [tasks[i:i + size] for i in range(0, len(tasks), size)]
-    if workers == 1:
+    if map_chunks is not None:
+        results = map_chunks(_fit_chunk, chunks, params)
+    elif workers == 1:
         results = [_fit_chunk(chunk, params) for chunk in chunks]
     else:
         ctx = multiprocessing.get_context("spawn")
@@ -136,10 +147,10 @@ def fit_prophet(series: pl.DataFrame, config: AnalyticsConfig, *,
 
 
 def refresh_prophet(data_dir: DataDir, banded: pl.DataFrame, config: AnalyticsConfig, *,
-                    force: bool = False) -> int:
+                    force: bool = False, map_chunks: MapChunks | None = None) -> int:
     """Refit Prophet baselines when ``prophet_refit_s`` has passed (in data time) since the
     last fit, or when ``force``; publish them. Returns the number of series fitted (0 when
-    not due)."""
+    not due). ``map_chunks``: see :func:`fit_prophet`."""
     from fleetlens.analytics.runner import publish, state_dir
 
     state_path = state_dir(data_dir) / STATE_FILE
@@ -153,7 +164,7 @@ def refresh_prophet(data_dir: DataDir, banded: pl.DataFrame, config: AnalyticsCo
     if EXCLUDED in chosen.columns:  # windows inside incidents feed no baseline (issue 15)
         chosen = chosen.filter(~pl.col(EXCLUDED))
     started = time.perf_counter()
-    fitted = fit_prophet(chosen, config)
+    fitted = fit_prophet(chosen, config, map_chunks=map_chunks)
     # Same extra columns as the rolling rows, so readers filter both methods alike.
     scope = chosen.select(c.SERIES, c.METRIC, c.SERVICE_NAME, c.MODEL, c.HOST_NAME,
                           c.LEVEL).unique(c.SERIES)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import polars as pl
 
@@ -47,6 +48,23 @@ class RunResult:
 def state_dir(data_dir: DataDir) -> Path:
     """Where analytics keeps its state (webhook deliveries, provenance, Prophet schedule)."""
     return data_dir.state / "analytics"
+
+
+class Remote(Protocol):
+    """Where the heavy parts of a run go instead of this process (``--runner ray``:
+    :class:`analytics.ray_tasks.RayAnalytics`); the published tables are the same."""
+
+    def analyse(self, root: DataDir, tables: Tables, config: AnalyticsConfig) -> Analysis:
+        """:func:`analytics.analyse.analyse` of ``tables`` (those of :func:`tables_for`)."""
+
+    def map_chunks(self, fn: Callable[..., Any], chunks: list[Any],
+                   params: dict[str, Any]) -> list[Any]:
+        """``[fn(chunk, params) for chunk in chunks]``, run elsewhere (Prophet fits)."""
+
+
+def tables_for(root: DataDir, config: AnalyticsConfig) -> Tables:
+    """The tables one run analyses: the data directory's, the last ``history_s`` of them."""
+    return _limit(Tables.from_data_dir(root), config.history_s)
 
 
 def _limit(tables: Tables, history_s: int) -> Tables:
@@ -89,7 +107,7 @@ def publish(data_dir: DataDir, table: str, frame: pl.DataFrame, ts_col: str,
 
 def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
         notify: bool = True, echo: Callable[[str], None] | None = None,
-        refit_prophet: bool = False) -> RunResult:
+        refit_prophet: bool = False, remote: Remote | None = None) -> RunResult:
     """Analyse a data directory and publish `baselines`, `incidents` and `causes`.
 
     Args:
@@ -98,6 +116,7 @@ def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
         notify: post incidents not posted before to ``config.webhooks`` and ``echo``.
         echo: called with one JSON line per new incident (e.g. ``click.echo``).
         refit_prophet: refit Prophet baselines now even when not due.
+        remote: run attribution and Prophet fits there (e.g. Ray tasks) instead of here.
 
     Holds the data directory's job lock (:mod:`pipeline.joblock`) for the whole run: it reads
     a consistent set of the pipeline's partitions, and retention deletes none under it.
@@ -106,7 +125,7 @@ def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
     config = config or AnalyticsConfig()
     started = time.perf_counter()
     with exclusive(root, "analytics"):
-        result = _run(root, config, refit_prophet)
+        result = _run(root, config, refit_prophet, remote)
     if notify:
         # Outside the job lock: a slow webhook must not hold up the pipeline or compaction
         # (webhook.py takes its own lock against a second analyze posting the same).
@@ -116,9 +135,10 @@ def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
     return result
 
 
-def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool) -> RunResult:
-    tables = _limit(Tables.from_data_dir(root), config.history_s)
-    analysis = analyse(tables, config)
+def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
+         remote: Remote | None = None) -> RunResult:
+    tables = tables_for(root, config)
+    analysis = remote.analyse(root, tables, config) if remote else analyse(tables, config)
     since = None
     if analysis.banded.height:
         since = int(analysis.banded[c.TS_NS].min())
@@ -131,8 +151,9 @@ def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool) -> RunResu
     if config.prophet and analysis.window_s:
         from fleetlens.analytics.prophet_baselines import refresh_prophet
 
-        result.prophet_series = refresh_prophet(root, analysis.banded, config,
-                                                force=refit_prophet)
+        result.prophet_series = refresh_prophet(
+            root, analysis.banded, config, force=refit_prophet,
+            map_chunks=remote.map_chunks if remote else None)
     write_json_atomic(state_dir(root) / "provenance.json", provenance(root, analysis))
     return result
 
@@ -145,4 +166,4 @@ def read_table(data_dir: DataDir, table: str) -> pl.DataFrame:
     return pl.read_parquet(files, missing_columns="insert")
 
 
-__all__ = ["RunResult", "publish", "read_table", "run", "state_dir"]
+__all__ = ["Remote", "RunResult", "publish", "read_table", "run", "state_dir", "tables_for"]
