@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -68,8 +70,36 @@ def dashboard(data_dir: str | None, config_path: str | None, address: str | None
     host = f"[{cfg.address}]" if ":" in cfg.address else cfg.address
     click.echo(f"fleetlens dashboard: http://{host}:{cfg.port} (data: {root.root}, "
                f"auth: {cfg.auth})", err=True)
-    argv = streamlit_argv(cfg.address, cfg.port)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # exec: the server keeps this PID, so whoever started us can stop it by PID.
-    os.execvpe(argv[0], argv, env)
+    serve(streamlit_argv(cfg.address, cfg.port), env)
+
+
+#: What the first page run imports and builds: a cold page load paid 2-3 s for it.
+WARM_MODULES = ("duckdb", "polars", "plotly.graph_objects", "fleetlens.dashboard.data",
+                "fleetlens.dashboard.ui", "fleetlens.dashboard.ranking",
+                "fleetlens.dashboard.incident", "fleetlens.dashboard.charts")
+
+
+def warm_up() -> None:
+    """Import the pages' libraries and build one chart, so the first user does not wait
+    for it. Runs beside the server's start; any failure is left to the page to report."""
+    try:
+        for name in WARM_MODULES:
+            importlib.import_module(name)
+        import plotly.graph_objects as go
+
+        go.Figure(go.Scatter(x=[0], y=[0])).to_json()  # loads plotly's lazy validators
+    except Exception:  # noqa: BLE001 - warming is an optimisation only
+        pass
+
+
+def serve(argv: list[str], env: dict[str, str]) -> None:
+    """Run Streamlit in this process (it keeps this PID, so whoever started us can stop it
+    by PID) while a thread warms the imports the first page needs."""
+    os.environ.clear()
+    os.environ.update(env)
+    threading.Thread(target=warm_up, name="fleetlens-warm-up", daemon=True).start()
+    from streamlit.web import cli as streamlit_cli
+
+    # argv is ``python -m streamlit run APP ...``: Streamlit's own command line parses it.
+    sys.argv = ["streamlit", *argv[3:]]
+    streamlit_cli.main(prog_name="streamlit")
