@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +13,10 @@ from typing import Any
 import grpc
 import pyarrow.parquet as pq
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from fleetlens.collector.cli import collector, load
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.forward_files import batches
 from fleetlens.collector.testing import (
@@ -239,3 +243,38 @@ def test_merged_export_requests_parse_as_one_request() -> None:
 def test_bad_forward_settings_are_config_errors(forward: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         build(CollectorConfig, {"forward": forward}, "collector")
+
+
+def test_the_edge_daemonset_example_parses_with_the_real_cli(tmp_path, monkeypatch) -> None:
+    """deploy/k8s/edge/: the args parse with the real command, the env configures forwarding."""
+    path = Path(__file__).parents[2] / "deploy" / "k8s" / "edge" / "edge-collector-daemonset.yaml"
+    (doc,) = yaml.safe_load_all(path.read_text())
+    (container,) = doc["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[0] == "collector"
+    params = collector.make_context("collector", list(args[1:])).params
+    assert params["forward"] == "fleetlens-collector.fleetlens.svc:4317"
+    assert params["grpc_address"].startswith("127.0.0.1:")  # node-local only
+    monkeypatch.chdir(tmp_path)  # no ./fleetlens.toml
+    for name in [k for k in os.environ if k.startswith("FLEETLENS_")]:
+        monkeypatch.delenv(name)
+    for entry in container["env"]:
+        monkeypatch.setenv(entry["name"], entry.get("value", "token-from-secret"))
+    config, _ = load(None, {"forward": {"address": params["forward"],
+                                        "ca_file": params["forward_ca"]}})
+    assert config.forward.enabled and config.forward.auth_token == "token-from-secret"
+    assert config.forward.max_pending_bytes == 8 * 1024**3
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--forward", "central"], "forward.address"),
+    (["--forward", "h:1", "--forward-insecure", "--forward-ca", "ca.pem"], "forward.insecure"),
+    (["--forward", "h:1", "--forward-cert", "c.pem"], "forward.cert_file"),
+    (["--self-metrics-address", "8888"], "self_metrics_address"),
+])
+def test_forward_options_reach_the_config_checks(tmp_path, monkeypatch, args: list[str],
+                                                 message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(collector, ["--data-dir", str(tmp_path / "d"), *args])
+    assert result.exit_code != 0
+    assert "invalid configuration" in result.output and message in result.output
