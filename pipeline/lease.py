@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fleetlens.pipeline.storage.objects import ObjectPath, VersionConflict
+from fleetlens.pipeline.storage import ObjectPath, VersionConflict
 
 ENV_LEASE_S = "FLEETLENS_LEASE_S"
 DEFAULT_LEASE_S = 60.0

@@ -18,7 +18,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetlens.pipeline.storage import DataDir, StorageError, is_remote, write_json_atomic
+from fleetlens.pipeline.storage import (
+    DataDir,
+    StorageError,
+    VersionConflict,
+    is_remote,
+    write_json_atomic,
+)
 
 STATE_FILE = "pipeline.json"
 STATE_VERSION = 1
@@ -111,8 +117,6 @@ class PipelineState:
         path = data_dir.state / STATE_FILE
         if not is_remote(path):
             return write_json_atomic(path, body)
-        from fleetlens.pipeline.storage.objects import VersionConflict
-
         data = json.dumps(body, indent=1, sort_keys=True).encode()
         key = str(path)
         if self.loaded:
