@@ -842,6 +842,11 @@ class ObjectPath:
         #: Whether a listing found this path as a folder (True) or an object (False).
         self._folder_known = True if folder else (False if stat is not None else None)
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # Pickled as bucket name and key (a Ray task gets the DataDir): the client, its locks
+        # and connections stay here, and the other process opens its own from its settings.
+        return _object_path, (self.bucket.name, self.key)
+
     @classmethod
     def from_url(cls, url: str) -> ObjectPath:
         """The path of an ``s3://bucket/prefix`` URL.
@@ -1019,6 +1024,11 @@ class ObjectPath:
 
     def iterdir(self) -> Iterator[ObjectPath]:
         return self.glob("*")
+
+
+def _object_path(bucket: str, key: str) -> ObjectPath:
+    """An unpickled :class:`ObjectPath`: this process's client of the bucket."""
+    return ObjectPath(bucket_client(bucket), key)
 
 
 def _match(parts: tuple[str, ...], pattern: list[str]) -> bool:

@@ -101,6 +101,18 @@ def test_publish_list_scan_and_query_an_s3_data_dir(s3: S3Server) -> None:
     assert existing_hours(dd, t.REQUESTS) == []
 
 
+def test_an_s3_data_dir_survives_pickling(s3: S3Server) -> None:
+    """Ray tasks get the DataDir pickled (pipeline --runner ray): it must travel as its URL,
+    not as a client with locks and sockets, and reopen the bucket on the other side."""
+    import pickle
+
+    dd = DataDir(_url(s3))
+    write_parquet_atomic(_spans(2), dd.raw_segment_path("spans", T0, "w", 0))
+    copy = pickle.loads(pickle.dumps(dd))
+    assert copy.root == dd.root and copy.wal == dd.wal and copy.remote
+    assert scan(copy, t.SPANS).collect().height == 2
+
+
 def test_a_missing_bucket_is_a_clear_error(s3: S3Server) -> None:
     from fleetlens.pipeline.storage import StorageError
 
