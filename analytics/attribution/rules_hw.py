@@ -105,7 +105,12 @@ def _slowdown(s: dict) -> float:
 
 
 def _hw(f: Facts, gpu: str) -> float:
-    return max(thermal_strength(f, gpu), power_strength(f, gpu))
+    """Evidence that ``gpu`` is throttled, or at least not at its usual clock: a slow GPU
+    and a collective stall are slow *at normal clocks* (a clock down 10% or more, whatever
+    the reason bits say, is no normal clock)."""
+    clock_drop = 1 - ratio(f.signals.gpus.get(gpu, {}).get("sm_clock"))
+    return max(thermal_strength(f, gpu), power_strength(f, gpu),
+               clip01((clock_drop - 0.03) / 0.07))
 
 
 def _host_gpus(f: Facts, host: str) -> list[str]:

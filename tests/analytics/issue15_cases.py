@@ -210,3 +210,16 @@ def slower_prefill(seed: int = 31) -> tuple[SynthData, FleetSpec]:
     on = _during(data, spec, c.ARRIVAL_NS) & (pl.col(c.HOST_NAME) == "h01")
     data.requests = _scale(data.requests, on, {c.PREFILL_S: 1.5})
     return rewindow(data, spec), spec
+
+
+def thermal_bits_without_heat(seed: int = 41) -> tuple[SynthData, FleetSpec]:
+    """One GPU on h01 reports the thermal-slowdown bit and runs slower, but its temperature
+    did not move (62 C as before): no thermal evidence."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    target = gpu(1, 0)
+    data = generate(spec, [Injected("thermal_throttle", f"gpu_uuid={target}", START,
+                                    DURATION)])
+    on = _during(data, spec, c.TS_NS) & (pl.col(c.GPU_UUID) == target)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(pl.col(c.TEMP_C) - 28).otherwise(pl.col(c.TEMP_C)).alias(c.TEMP_C))
+    return rewindow(data, spec), spec

@@ -88,3 +88,13 @@ def test_an_unexplained_slower_prefill_is_not_called_long_prompts() -> None:
     _, causes = _ranked(cases.slower_prefill)
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SCORE]) == ("slow_gpu", 0.01), causes
+
+
+def test_thermal_needs_the_temperature_up_and_slow_gpu_needs_normal_clocks() -> None:
+    # Before: thermal_throttle 1.00 from the reason bit alone, at an unchanged 62 C. With
+    # only the temperature rule, slow_gpu (0.26) then claimed the GPU "with normal clocks"
+    # while its SM clock was down 27%. Now: thermal stays weak (no heat) and slow_gpu is out.
+    _, causes = _ranked(cases.thermal_bits_without_heat)
+    scores = _scores(causes)
+    assert "slow_gpu" not in scores, causes
+    assert scores.get("thermal_throttle", 0.0) < 0.1, causes
