@@ -239,8 +239,9 @@ def prefix_drop(f: Facts) -> Candidate:
     share = _load_share(f)
     return Candidate(
         Cause.PREFIX_CACHE_DROP, subject, weigh(strength, share), share,
-        f"prefill {f.ms('prefill'):+.0f} ms ({share:.0%} of excess) on "
-        f"{_where(subject)}: prefix cache hit rate {value(hit, 0):.0%} -> {value(hit):.0%}",
+        f"prefill {f.ms('prefill'):+.0f} ms, queue {f.ms('queue'):+.0f} ms on "
+        f"{_where(subject)}: prefix cache hit rate {value(hit, 0):.0%} -> {value(hit):.0%} "
+        f"({share:.0%} of excess)",
         {c.PREFIX_HIT_RATE: hit, "cached_ratio": cached, "per_host_strength": per_host},
     )
 
