@@ -195,3 +195,32 @@ def test_acknowledged_spans_survive_an_object_store_outage(
     assert "publishing Parquet failed (will retry)" in log or "flush failed" in log, log[-2000:]
     assert spans.unique([c.TRACE_ID, c.SPAN_ID]).height == 200
     assert not list((tmp_path / "wal").rglob("*.wal"))
+
+
+@pytest.mark.slow
+def test_the_ray_runner_on_a_bucket_publishes_the_local_runners_bytes(
+        s3: S3Server, tmp_path: Path) -> None:
+    """`pipeline --runner ray` on an s3:// data directory: the tasks on the Ray nodes get the
+    DataDir pickled (as its URL) and read the bucket with the nodes' own AWS settings."""
+    from fleetlens.pipeline.config import PipelineConfig
+    from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+    from tests.pipeline.fleet import make_fleet, write_batches
+    from tests.pipeline.raycluster import connected_cluster, ray_env
+
+    fleet = make_fleet(seed=7, hosts=2, seconds=2 * 3600, rps=0.2, sample_hz=0.5, batches=2)
+    local, remote = DataDir(tmp_path / "local"), DataDir(_url(s3))
+    write_batches(local, fleet)
+    write_batches(remote, fleet)
+    Pipeline(local, PipelineConfig()).run_once()
+    with connected_cluster() as cluster:  # its nodes inherit this process's AWS_* settings
+        ran = subprocess.run(
+            [sys.executable, "-m", "fleetlens", "pipeline", "--data-dir", str(remote.root),
+             "--runner", "ray", "--ray-address", cluster.address, "--json", "--no-progress"],
+            capture_output=True, text=True, timeout=300, env=ray_env())
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+    def outputs(dd: DataDir) -> dict[str, bytes]:
+        return {str(p.relative_to(dd.root)): p.read_bytes()
+                for table in OUTPUTS for p in parquet_files(dd.derived(table))}
+
+    assert outputs(remote) == outputs(local) and len(outputs(local)) > 10
