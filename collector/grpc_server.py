@@ -48,7 +48,7 @@ class _ExportHandler(grpc.GenericRpcHandler):
             metadata = dict(context.invocation_metadata() or ())
             self.ingest.authenticate(metadata.get(_AUTHORIZATION))
             # peer ("ipv4:127.0.0.1:51234") names the connection for its name budget.
-            return self.ingest.export(signal, payload, peer=context.peer())
+            return self.ingest.export(signal, payload, peer=context.peer(), transport="grpc")
         except ExportError as error:
             abort_grpc(context, error)
         except Exception as exc:  # a bug must never look like success: retryable refusal

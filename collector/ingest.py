@@ -126,7 +126,7 @@ class Ingest:
         return outcome
 
     def export(self, signal: Signal, payload: bytes, request: Any = None,
-               peer: str | None = None) -> Any:
+               peer: str | None = None, transport: str = "http") -> Any:
         """Handle one Export: returns the response message once the rows are durable.
 
         Args:
@@ -135,6 +135,7 @@ class Ingest:
             request: the parsed request when the receiver already has it (OTLP/JSON).
             peer: the client connection (gRPC ``context.peer()``), for per-connection
                 budgets; None when unknown.
+            transport: the receiver (``grpc`` or ``http``), for the item counters.
 
         Raises:
             ExportError: the request is refused as a whole.
@@ -144,13 +145,14 @@ class Ingest:
                 raise Overloaded("collector is shutting down; retry")
             self._inflight += 1
         try:
-            return self._export(signal, payload, request, peer)
+            return self._export(signal, payload, request, peer, transport)
         finally:
             with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
 
-    def _export(self, signal: Signal, payload: bytes, request: Any, peer: str | None) -> Any:
+    def _export(self, signal: Signal, payload: bytes, request: Any, peer: str | None,
+                transport: str) -> Any:
         started = time.perf_counter()
         parsed_here = request is None  # OTLP/JSON requests are encoded from known fields
         if parsed_here:
@@ -169,12 +171,13 @@ class Ingest:
                 raise Overloaded("collector is starting; retry")
             self.sink.accept(signal, received_ns, payload, table)
         except ExportError:  # refused whole after decoding: every item is refused
-            self.telemetry.add(REFUSED_OF[signal.counter], outcome.rows + outcome.rejected)
+            self.telemetry.add_items(REFUSED_OF[signal.counter], transport,
+                                     outcome.rows + outcome.rejected)
             raise
-        self.telemetry.add(signal.counter, outcome.rows)
+        self.telemetry.add_items(signal.counter, transport, outcome.rows)
         if outcome.rejected:
             self.telemetry.add("rejected_items", outcome.rejected)
-            self.telemetry.add(REFUSED_OF[signal.counter], outcome.rejected)
+            self.telemetry.add_items(REFUSED_OF[signal.counter], transport, outcome.rejected)
         self.telemetry.observe_export(time.perf_counter() - started)
         return signal.response_for(outcome)
 

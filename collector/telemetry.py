@@ -53,9 +53,8 @@ SERIES: dict[str, tuple[str, str]] = {
     "export_seconds_sum": ("counter", "Total time spent in Export calls."),
     "export_seconds_count": ("counter", "Export calls answered."),
 }
-#: OpenTelemetry Collector internal metric names (``receiver="otlp"``) -> our series. The
-#: receivers share one ingest path, so there is no ``transport`` label: the counts cover
-#: OTLP/gRPC and OTLP/HTTP together.
+#: OpenTelemetry Collector internal metric names (``receiver="otlp"``, ``transport`` grpc or
+#: http) -> our series.
 OTELCOL_RECEIVER: dict[str, tuple[str, str]] = {
     "otelcol_receiver_accepted_spans": ("received_spans", "Spans accepted and made durable."),
     "otelcol_receiver_refused_spans": ("refused_spans", "Spans refused."),
@@ -70,8 +69,14 @@ OTELCOL_RECEIVER: dict[str, tuple[str, str]] = {
 #: Accepted-items series -> its refused-items series (per signal).
 REFUSED_OF = {"received_spans": "refused_spans", "received_data_points": "refused_data_points",
               "received_log_records": "refused_log_records"}
+#: The receivers, as the ``transport`` label names them.
+TRANSPORTS = ("grpc", "http")
+#: ``<series>@<transport>`` item counters behind the ``transport`` label of the otelcol_*
+#: series (kept out of the ``fleetlens_collector_*`` output, which sums the transports).
+_SPLIT = [f"{series}@{transport}" for series, _ in OTELCOL_RECEIVER.values()
+          for transport in TRANSPORTS]
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-_NAMES = list(SERIES)
+_NAMES = list(SERIES) + _SPLIT
 _WIDTH = len(_NAMES) + len(LATENCY_BOUNDS) + 1
 
 
@@ -132,12 +137,19 @@ class Telemetry:
                   f"{metric}_count {self.total('export_seconds_count'):.17g}"]
         return "\n".join(lines) + "\n"
 
+    def add_items(self, series: str, transport: str, amount: float) -> None:
+        """Add items to a per-signal series and to its share of ``transport``."""
+        self.add(series, amount)
+        if transport in TRANSPORTS:
+            self.add(f"{series}@{transport}", amount)
+
     def otelcol(self) -> str:
         """The receiver counters under the OTel Collector's own names, summed over workers."""
         lines = []
         for name, (series, text) in OTELCOL_RECEIVER.items():
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter",
-                      f'{name}_total{{receiver="otlp"}} {self.total(series):.17g}']
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter"]
+            lines += [f'{name}_total{{receiver="otlp",transport="{transport}"}} '
+                      f'{self.total(f"{series}@{transport}"):.17g}' for transport in TRANSPORTS]
         return "\n".join(lines) + "\n"
 
     def summary(self) -> str:

@@ -83,6 +83,14 @@ def test_self_metrics_port_covers_every_worker_and_the_supervisor(tmp_path: Path
     logs = [log_request([f"line {i}-{j}" for j in range(3)]) for i in range(7)]
     with running_collector(tmp_path / "data", config=config, workers=2) as col:
         _send(col.grpc_address, spans + metrics + logs)
+        for seed in (101, 102):  # OTLP/HTTP too: 5 spans each
+            body = vllm_trace_request(5, seed=seed).SerializeToString()
+            post = urllib.request.Request(
+                f"{col.http_url}/v1/traces", data=body, method="POST",
+                headers={"Content-Type": "application/x-protobuf",
+                         "Authorization": f"Bearer {TOKEN}"})
+            with urllib.request.urlopen(post, timeout=30) as reply:
+                assert reply.status == 200
         pids = collector_pids(col.pid)
         assert len(pids) == 3, pids  # the supervisor and its two workers
         answers = []
@@ -93,14 +101,18 @@ def test_self_metrics_port_covers_every_worker_and_the_supervisor(tmp_path: Path
             answers.append(answer)
             # CPU only grows while all three live: the sum lies between the two readings
             assert before <= answer["process_cpu_seconds_total"] <= after
+        grpc_, http = "{receiver=otlp,transport=grpc}", "{receiver=otlp,transport=http}"
         for answer in answers:
-            assert answer['otelcol_receiver_accepted_spans_total{receiver=otlp}'] == \
-                sum(span_counts) + 1
-            assert answer['otelcol_receiver_refused_spans_total{receiver=otlp}'] == 1
-            assert answer['otelcol_receiver_accepted_metric_points_total{receiver=otlp}'] == 50
-            assert answer['otelcol_receiver_refused_metric_points_total{receiver=otlp}'] == 0
-            assert answer['otelcol_receiver_accepted_log_records_total{receiver=otlp}'] == 21
-            assert answer["fleetlens_collector_received_spans_total"] == sum(span_counts) + 1
+            assert answer[f"otelcol_receiver_accepted_spans_total{grpc_}"] == sum(span_counts) + 1
+            assert answer[f"otelcol_receiver_accepted_spans_total{http}"] == 10
+            assert answer[f"otelcol_receiver_refused_spans_total{grpc_}"] == 1
+            assert answer[f"otelcol_receiver_refused_spans_total{http}"] == 0
+            assert answer[f"otelcol_receiver_accepted_metric_points_total{grpc_}"] == 50
+            assert answer[f"otelcol_receiver_refused_metric_points_total{grpc_}"] == 0
+            assert answer[f"otelcol_receiver_accepted_log_records_total{grpc_}"] == 21
+            assert answer[f"otelcol_receiver_accepted_log_records_total{http}"] == 0
+            assert answer["fleetlens_collector_received_spans_total"] == sum(span_counts) + 11
+            assert not any("@" in name for name in answer)  # the split stays in otelcol_*
             assert answer["fleetlens_collector_processes"] == 3
             rss = sum(read_proc(p).rss_bytes for p in pids)  # type: ignore[union-attr]
             assert rss / 2 < answer["process_resident_memory_bytes"] < rss * 2
@@ -130,9 +142,10 @@ def test_self_metrics_off_with_an_empty_address_and_a_busy_port_does_not_stop_in
             running_collector(tmp_path / "c", config={"self_metrics_address": busy}) as second:
         second.export(vllm_trace_request(3))  # still ingests
         assert f"self-metrics off: cannot listen on {busy}" in second.logs()
-        assert _scrape(busy)["otelcol_receiver_accepted_spans_total{receiver=otlp}"] == 0
+        name = "otelcol_receiver_accepted_spans_total{receiver=otlp,transport=grpc}"
+        assert _scrape(busy)[name] == 0
         first.export(vllm_trace_request(2))
-        assert _scrape(busy)["otelcol_receiver_accepted_spans_total{receiver=otlp}"] == 2
+        assert _scrape(busy)[name] == 2
 
 
 @pytest.mark.parametrize("address", ["8888", "localhost:", "127.0.0.1:99999"])
