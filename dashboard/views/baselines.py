@@ -56,5 +56,8 @@ cols[1].metric("During incidents (shaded)", known.height,
                f"of {observed.filter(pl.col('in_incident')).height} incident windows",
                delta_color="off")
 st.caption("The newest window is left out while it fills.")
-st.dataframe(anomalies.select("time", "actual", c.EXPECTED, c.LOWER, c.UPPER), hide_index=True,
-             key="bl_anomalies")
+if anomalies.height:
+    st.dataframe(anomalies.select("time", "actual", c.EXPECTED, c.LOWER, c.UPPER),
+                 hide_index=True, key="bl_anomalies")
+else:
+    st.caption("No window left the band outside incidents.")
