@@ -24,7 +24,8 @@ def phase_excess_chart(phases: pl.DataFrame) -> go.Figure:
     excess: a phase that got faster shows as a short grey bar labelled with its value."""
     excess = phases["excess_ms"].to_list()
     top = max([v for v in excess if v > 0], default=0.0)
-    floor = -NEGATIVE_ROOM * top if top else min(excess + [0.0])
+    lowest = min(excess + [0.0])
+    floor = max(lowest, -NEGATIVE_ROOM * top) if top else lowest
     labels = [f"{v:+,.1f} ms · {share:.0%}" if v > 0 else f"{v:+,.1f} ms (faster)"
               for v, share in zip(excess, phases["share"].to_list(), strict=True)]
     colours = [PHASE_COLOURS.get(ph, "#999") if v > 0 else "#c7c7c7"

@@ -179,3 +179,13 @@ def test_baselines_leave_out_the_filling_window_and_count_incidents_apart(app, d
     assert during.height and during[c.TS_NS].min() >= start - 60 * 10**9
     assert during[c.TS_NS].max() < end
     assert during["anomaly"].any()  # the spike leaves the band inside the incident
+
+
+def test_phase_chart_has_no_empty_negative_half() -> None:
+    from fleetlens.dashboard.charts import phase_excess_chart
+
+    phases = pl.DataFrame({"phase": ["queue", "prefill", "decode", "overhead"],
+                           "excess_ms": [127_000.0, 137.0, 4965.0, -0.01],
+                           "share": [0.96, 0.001, 0.04, 0.0]})
+    lo, hi = phase_excess_chart(phases).layout.yaxis.range
+    assert -0.2 * hi < lo <= 0  # no room drawn for a negative excess that is not there
