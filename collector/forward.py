@@ -150,15 +150,22 @@ class ForwardSink:
         self._enqueue(sealed)
 
     def _run(self) -> None:
-        self._adopt_orphans()
-        delay = POLL_S
-        while not self._stop.wait(delay):
+        adopted, delay = False, POLL_S
+        while True:
             try:
+                if not adopted:
+                    self._adopt_orphans()
+                    adopted = True
                 done = self.forward_pending()
             except Exception:  # a disk error on a cursor, say: keep the thread, retry later
                 log.exception("forwarding failed; will retry")
                 done = False
+            # Also while the central collector is down: the other workers' bound must see
+            # a backlog this worker adopted before it accepts anything itself.
+            self.telemetry.set("forward_pending_bytes", self.pending_bytes)
             delay = POLL_S if done else min(RETRY_MAX_S, max(RETRY_FIRST_S, delay * 2))
+            if self._stop.wait(delay):
+                return
 
     def forward_pending(self) -> bool:
         """Seal the current file when due and forward every queued file, oldest first.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,33 @@ def test_forward_options_reach_the_config_checks(tmp_path, monkeypatch, args: li
     result = CliRunner().invoke(collector, ["--data-dir", str(tmp_path / "d"), *args])
     assert result.exit_code != 0
     assert "invalid configuration" in result.output and message in result.output
+
+
+def test_a_restarted_edge_counts_the_backlog_it_adopted(tmp_path) -> None:
+    """The WAL a killed edge left counts against the bound (and shows on the self-metrics
+    port) as soon as the next edge process adopts it, before it accepts anything."""
+    pki = make_pki(tmp_path / "pki")
+    metrics = f"127.0.0.1:{free_port()}"
+    config = edge_config(pki, f"127.0.0.1:{free_port()}")  # nothing listens there
+    config["self_metrics_address"] = metrics
+    name = "fleetlens_collector_forward_pending_bytes"
+    with running_collector(tmp_path / "edge", config=config, workers=2) as edge:
+        for seed in range(4):
+            edge.export(vllm_trace_request(30, seed=seed))
+        edge.kill()
+    left = sum(p.stat().st_size for p in (tmp_path / "edge" / "wal").rglob("*.wal"))
+    assert left > 4 * 30 * 500
+    with running_collector(tmp_path / "edge", config=config, workers=2) as edge:
+        wait_until(lambda: _scrape_value(metrics, name) == left, 20, "the adopted backlog")
+        assert "forwarding the WAL" in edge.logs()
+
+
+def _scrape_value(address: str, name: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    return None
