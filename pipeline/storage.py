@@ -378,7 +378,9 @@ def remove_tree(folder: Path | ObjectPath) -> None:
 
 #: Tries of a read that lost a file between listing and opening it (see :func:`retry_vanished`).
 READ_ATTEMPTS = 4
-_VANISHED = ("No such file or directory", "No files found that match the pattern")
+_VANISHED = ("No such file or directory", "No files found that match the pattern",
+             # DuckDB over s3fs: an object listed by the glob, gone when opened
+             "FileNotFoundError: ")
 
 
 def is_vanished_file(error: BaseException) -> bool:
@@ -992,6 +994,7 @@ class ObjectPath:
         if not missing_ok:
             self.stat()  # FileNotFoundError as for a file (S3's DELETE of nothing succeeds)
         self.bucket.delete([self.key])
+        self._stat = None  # gone: the next stat asks the store
 
     def files(self) -> Iterator[ObjectPath]:
         """Every object under this folder, with its size and time (no further request)."""

@@ -277,3 +277,27 @@ def test_compaction_and_retention_on_an_s3_data_dir(s3: S3Server) -> None:
     assert expired.expired_raw_hours == 2
     assert list(parquet_files(dd.root / "raw")) == []
     assert connect(dd).sql(f"select count(*) from {t.WINDOWS}").fetchall()[0][0] > 0
+
+
+def test_a_duckdb_read_that_loses_an_object_after_listing_it_is_retried(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB lists the objects of a view, then opens them through s3fs: an object deleted in
+    between (compaction, retention) fails the read with s3fs's FileNotFoundError inside a
+    DuckDB error, which readers must take for a vanished file and list again."""
+    dd = DataDir(_url(s3))
+    kept, lost = (dd.raw_segment_path("spans", T0, "w", i) for i in range(2))
+    write_parquet_atomic(_spans(2), kept)
+    write_parquet_atomic(_spans(3, T0 + 10 * NS), lost)
+    fs = dd.root.bucket.filesystem()  # the filesystem connect() registers with DuckDB
+    opened = fs._open
+
+    def open_after_a_delete(path: str, *args: object, **kwargs: object) -> object:
+        if path.endswith(lost.name) and lost.is_file():
+            lost.unlink()  # listed by the glob, gone before it is opened
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "_open", open_after_a_delete)
+    rows = retry_vanished(
+        lambda: connect(dd).sql(f"select count(*) from {t.SPANS}").fetchall())
+    assert rows == [(2,)] and not lost.is_file()
+
