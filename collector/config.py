@@ -57,6 +57,9 @@ class ForwardConfig:
     max_batch_bytes: int = 4 * 1024 * 1024
     #: Seconds one forwarded Export may take before it is retried.
     timeout_s: float = 30.0
+    #: gRPC compression of forwarded requests: "gzip" (the OTLP exporters' default; the link
+    #: to the central collector is often the scarce part) or "none".
+    compression: str = "gzip"
 
     @property
     def enabled(self) -> bool:
@@ -77,6 +80,25 @@ class ForwardConfig:
         require(self.max_pending_bytes > 0, "max_pending_bytes", "must be positive")
         require(self.max_batch_bytes > 0, "max_batch_bytes", "must be positive")
         require(self.timeout_s > 0, "timeout_s", "must be positive")
+        require(self.compression in ("gzip", "none"), "compression",
+                f"expected \"gzip\" or \"none\", got {self.compression!r}")
+
+    def check_files(self) -> None:
+        """Fail early, in one line, on a TLS file the workers could not read.
+
+        Raises:
+            RuntimeError: naming the setting and the file.
+        """
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise RuntimeError(f"cannot read forward.{name} {path}: "
+                                   f"{exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ class ForwardClient:
         self._metadata = ((_AUTHORIZATION, f"Bearer {config.auth_token}"),) \
             if config.auth_token else None
         self._calls: dict[str, Any] = {}
+        self._compression = (grpc.Compression.Gzip if config.compression == "gzip"
+                             else grpc.Compression.NoCompression)
 
     def send(self, signal: Signal, payload: bytes) -> Answer:
         """Export ``payload`` (serialized request bytes) and classify the answer."""
@@ -108,7 +110,8 @@ class ForwardClient:
                                             response_deserializer=signal.response.FromString)
             self._calls[signal.grpc_method] = call
         try:
-            response = call(payload, timeout=self.config.timeout_s, metadata=self._metadata)
+            response = call(payload, timeout=self.config.timeout_s, metadata=self._metadata,
+                            compression=self._compression)
         except grpc.RpcError as error:
             return classify(error)
         partial = response.partial_success

@@ -52,6 +52,7 @@ def run(config: CollectorConfig, root: str) -> None:
     count = worker_count(config)
     warn_if_exposed(config)
     check_ports_free(config)  # one clear line instead of every worker failing in turn
+    config.forward.check_files()  # likewise for the edge's TLS files
     # Arrow's default mimalloc pool keeps freed pages; the system allocator gives them back
     # (about 70 MiB less RSS under load). Read when Arrow first allocates, so set it first.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

@@ -309,3 +309,21 @@ def _scrape_value(address: str, name: str) -> float | None:
             if sample.name == name:
                 return sample.value
     return None
+
+
+def test_an_unreadable_forward_tls_file_stops_the_edge_with_one_line(tmp_path) -> None:
+    missing = tmp_path / "no-such-ca.crt"
+    result = CliRunner().invoke(collector, [
+        "--data-dir", str(tmp_path / "d"), "--grpc-address", f"127.0.0.1:{free_port()}",
+        "--http-address", f"127.0.0.1:{free_port()}", "--self-metrics-address", "",
+        "--forward", "127.0.0.1:1", "--forward-ca", str(missing)])
+    assert result.exit_code != 0
+    assert f"cannot read forward.ca_file {missing}: No such file or directory" in result.output
+
+
+def test_forwarding_without_compression_works_too(tmp_path) -> None:
+    request = vllm_trace_request(8, seed=8)
+    with central_and_edge(tmp_path, forward={"compression": "none"}) as (central, edge):
+        edge.export(request)
+        wait_until(lambda: set(span_keys(central.data_dir)) == sent_span_keys(request), 30,
+                   "the forwarded spans")
