@@ -149,9 +149,11 @@ def process_metrics(supervisor_pid: int) -> str:
         ("fleetlens_collector_processes", "gauge", "Processes counted in process_* "
          "(the supervisor and its workers).", len(stats)),
     ]
-    if stats and stats[0] is not None and supervisor_pid == pids[0]:
+    supervisor = read_proc(supervisor_pid)
+    if supervisor is not None:
         series.append(("process_start_time_seconds", "gauge", "Start time of the collector "
-                       "(its supervisor) since the Unix epoch, in seconds.", stats[0].start_time_s))
+                       "(its supervisor) since the Unix epoch, in seconds.",
+                       supervisor.start_time_s))
     limit = max_fds(supervisor_pid)
     if limit is not None:
         series.append(("process_max_fds", "gauge", "Open file limit of one process.", limit))

@@ -118,6 +118,8 @@ def test_self_metrics_port_covers_every_worker_and_the_supervisor(tmp_path: Path
             assert rss / 2 < answer["process_resident_memory_bytes"] < rss * 2
             assert answer["process_open_fds"] >= 3 * 3  # stdin/out/err of each, at least
             assert answer["process_max_fds"] > 0
+            assert answer["process_start_time_seconds"] == \
+                read_proc(col.pid).start_time_s  # type: ignore[union-attr]  # the supervisor's
         assert "self-metrics off" not in col.logs()
         # /metrics on the OTLP/HTTP port still requires the token
         with pytest.raises(urllib.error.HTTPError) as refused:
