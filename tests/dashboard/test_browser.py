@@ -151,6 +151,7 @@ def check_page(page, path: str) -> None:  # noqa: ANN001
     assert page.locator('[data-testid="stException"]').count() == 0, path
     assert page.locator('[data-testid="stAlertContentError"]').count() == 0, path
     assert page.get_by_text("Page not found").count() == 0, path
+    assert page.locator('[role="dialog"]').count() == 0, (path, "a dialog is open")
     cells = page.evaluate("""() => Array.from(document.querySelectorAll(
         '[data-testid="stDataFrame"]')).map(t => t.querySelectorAll('[role="gridcell"]').length)""")
     assert all(cells), (path, "a table shows no rows", cells)
