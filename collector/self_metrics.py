@@ -21,7 +21,6 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -169,33 +168,37 @@ def render(telemetry: Telemetry, supervisor_pid: int) -> str:
     return telemetry.otelcol() + process_metrics(supervisor_pid) + telemetry.prometheus()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: Any
-    timeout = CLIENT_TIMEOUT_S
-    protocol_version = "HTTP/1.1"
+def start_self_metrics(sock: socket.socket, telemetry: Telemetry, supervisor_pid: int) -> Any:
+    """Serve ``GET /metrics`` on the listening socket ``sock`` from a daemon thread.
 
-    def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
-        if self.path.split("?", 1)[0] != "/metrics":
-            self._reply(404, b"not found: the collector's metrics are at /metrics\n",
-                        "text/plain; charset=utf-8")
-            return
-        body = render(self.server.telemetry, self.server.supervisor_pid).encode()
-        self._reply(200, body, CONTENT_TYPE)
+    http.server is imported here, in the workers: the supervisor only binds (it would cost
+    it about 4 MiB of RSS for nothing).
+    """
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    def _reply(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    class _Handler(BaseHTTPRequestHandler):
+        server: Any
+        timeout = CLIENT_TIMEOUT_S
+        protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
-        return  # one line per scrape would drown the collector's own log
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+            if self.path.split("?", 1)[0] != "/metrics":
+                self._reply(404, b"not found: the collector's metrics are at /metrics\n",
+                            "text/plain; charset=utf-8")
+                return
+            body = render(self.server.telemetry, self.server.supervisor_pid).encode()
+            self._reply(200, body, CONTENT_TYPE)
 
+        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-def start_self_metrics(sock: socket.socket, telemetry: Telemetry,
-                       supervisor_pid: int) -> ThreadingHTTPServer:
-    """Serve ``GET /metrics`` on the listening socket ``sock`` from a daemon thread."""
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+            return  # one line per scrape would drown the collector's own log
+
     server = ThreadingHTTPServer(sock.getsockname()[:2], _Handler, bind_and_activate=False)
     server.socket.close()
     server.socket = sock

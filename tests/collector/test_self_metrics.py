@@ -4,6 +4,8 @@ process_* over the supervisor and every worker; /metrics on the OTLP/HTTP port k
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -154,3 +156,12 @@ def test_self_metrics_off_with_an_empty_address_and_a_busy_port_does_not_stop_in
 def test_a_bad_self_metrics_address_is_a_config_error(address: str) -> None:
     with pytest.raises(ConfigError, match="self_metrics_address"):
         build(CollectorConfig, {"self_metrics_address": address}, "collector")
+
+
+def test_the_supervisor_binds_without_importing_an_http_server() -> None:
+    """The supervisor stays small: http.server (about 4 MiB of RSS) loads in workers only."""
+    probe = ("import sys, fleetlens.collector.supervisor as s; "
+             "assert s.bind; print('http.server' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip()
+    assert out == "False"
