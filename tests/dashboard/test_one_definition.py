@@ -189,3 +189,17 @@ def test_phase_chart_has_no_empty_negative_half() -> None:
                            "share": [0.96, 0.001, 0.04, 0.0]})
     lo, hi = phase_excess_chart(phases).layout.yaxis.range
     assert -0.2 * hi < lo <= 0  # no room drawn for a negative excess that is not there
+
+
+def test_leaderboard_chart_labels_are_not_clipped(app) -> None:
+    import json
+
+    open_page(app, "leaderboard")
+    pareto = next(ch for ch in app.get("plotly_chart")
+                  if "Pareto" in json.loads(ch.proto.spec)["layout"]["title"]["text"])
+    spec = json.loads(pareto.proto.spec)
+    trace = spec["data"][0]
+    assert trace["cliponaxis"] is False  # labels may leave the plot area, not be cut
+    assert all(len(label) <= 40 for label in trace["text"])  # short labels; full in hover
+    lo, hi = spec["layout"]["xaxis"]["range"]
+    assert lo < min(trace["x"]) and max(trace["x"]) < hi  # room around the points
