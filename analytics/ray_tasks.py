@@ -18,7 +18,6 @@ Ray is optional: only this module imports it, and only ``--runner ray`` imports 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from fleetlens.analytics.attribution.rank import attribute, clean_baseline
 from fleetlens.analytics.attribution.split import split_by_cause
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.runner import tables_for
+from fleetlens.pipeline.ray_runner import connect
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir
 
@@ -55,18 +55,6 @@ def _attribute_task(root: DataDir, config: AnalyticsConfig, window_s: int,
 @ray.remote(**_TASK)
 def _call_task(fn: Callable[..., Any], chunk: Any, params: dict[str, Any]) -> Any:
     return fn(chunk, params)
-
-
-def connect(address: str | None = None) -> None:
-    """Join the Ray cluster at ``address`` (``HOST:PORT``), or start Ray on this machine
-    (advertising 127.0.0.1 only) when None; nothing when already connected."""
-    if ray.is_initialized():
-        return
-    options = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if address is None:
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **options)
-    else:
-        ray.init(address=address, **options)
 
 
 def _chunks(items: list[Any]) -> list[list[Any]]:

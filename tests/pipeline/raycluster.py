@@ -43,7 +43,12 @@ def ray_env() -> dict[str, str]:
 class RayCluster:
     """Head plus ``add_node()`` workers; ``address`` is the head's GCS address."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None, node_args: tuple[str, ...] = ()
+                 ) -> None:
+        """``env``: more environment for every node (e.g. POLARS_MAX_THREADS); ``node_args``:
+        more ``ray start`` arguments for every node (e.g. ``--object-store-memory``)."""
+        self.env = {**ray_env(), **(env or {})}
+        self.node_args = list(node_args)
         # Short: Ray's unix socket paths under it must stay under 108 bytes.
         self.temp_dir = Path(tempfile.mkdtemp(prefix="flray", dir="/tmp"))
         self.port = free_port()
@@ -55,10 +60,10 @@ class RayCluster:
                "--dashboard-agent-listen-port", str(free_port()),
                "--dashboard-agent-grpc-port", str(free_port()),
                "--runtime-env-agent-port", str(free_port()),
-               "--metrics-export-port", str(free_port()), *args]
+               "--metrics-export-port", str(free_port()), *self.node_args, *args]
         # Own session: the node's processes share its process group, killed as one.
         with (self.temp_dir / f"{name}.log").open("w") as log:  # the child keeps its copy
-            node = subprocess.Popen(cmd, env=ray_env(), stdout=log, stderr=subprocess.STDOUT,
+            node = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self.nodes.append(node)
         return node

@@ -68,6 +68,22 @@ def test_cli_ray_runner_publishes_the_local_runners_bytes(tmp_path, fleet, clust
 
 
 @pytest.mark.slow
+def test_damaged_segment_on_ray_is_named_not_retried(tmp_path, cluster) -> None:
+    """A raw segment cut short fails the task that reads it: the run stops with the local
+    runner's message naming the file (a permanent error: Ray does not rerun the task)."""
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, make_fleet(seed=1, seconds=60))
+    damaged = sorted((dd.root / "raw" / "spans").rglob("*.parquet"))[0]
+    with open(damaged, "r+b") as handle:
+        handle.truncate(500)
+    ran = _fleetlens("pipeline", "--data-dir", str(dd.root), "--runner", "ray",
+                     "--ray-address", cluster.address, "--no-progress", env=ray_env())
+    assert ran.returncode == 1, ran.stderr[-3000:]
+    assert str(damaged.relative_to(dd.root)) in ran.stderr
+    assert "Traceback" not in ran.stderr and "will be retried" not in ran.stdout + ran.stderr
+
+
+@pytest.mark.slow
 def test_worker_node_killed_mid_run_outputs_identical(tmp_path, fleet, cluster,
                                                      capfd) -> None:
     """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs one of the
