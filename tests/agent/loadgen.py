@@ -27,6 +27,7 @@ class Request:
     status: int = 0
     sent_at: float = 0.0
     lag_s: float = 0.0
+    latency_s: float = 0.0  # client-side, from sending to the whole answer
 
     @property
     def span_request_id(self) -> str:
@@ -85,8 +86,22 @@ async def _run(port: int, plan: list[Request], timeout_s: float) -> None:
         req.sent_at = time.monotonic() - start
         req.lag_s = req.sent_at - req.at_s
         await _post(port, req, timeout_s)
+        req.latency_s = time.monotonic() - start - req.sent_at
 
     await asyncio.gather(*(one(r) for r in plan))
+
+
+def poisson(rng: random.Random, rate: float, start_s: float, end_s: float) -> list[float]:
+    """Arrival offsets of a Poisson process of ``rate`` per second in [start_s, end_s): the
+    open-loop arrivals of many independent clients."""
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, not {rate}")
+    out, at = [], start_s
+    while True:
+        at += rng.expovariate(rate)
+        if at >= end_s:
+            return out
+        out.append(at)
 
 
 def run(port: int, plan: list[Request], timeout_s: float = 180.0) -> list[Request]:

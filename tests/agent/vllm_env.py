@@ -147,13 +147,16 @@ def free_port() -> int:
 def running_vllm(python: Path, model: Path, log_path: Path, *, otlp_endpoint: str,
                  service_name: str, resource_attributes: Mapping[str, str],
                  args: Sequence[str] = (), kv_cache_space_gib: int | None = 1,
-                 start_timeout: float = 300.0) -> Iterator[VllmServer]:
+                 start_timeout: float = 300.0, port: int | None = None
+                 ) -> Iterator[VllmServer]:
     """Start ``vllm.entrypoints.openai.api_server`` serving ``model`` as ``tiny``.
 
     ``kv_cache_space_gib`` sets ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB only); pass ``None`` with
     ``--kv-cache-memory-bytes`` in ``args`` for a tiny cache (the variable would override it).
+    ``port``: a loopback port to listen on (a restart keeps its address, so the agent
+    scraping it follows); a free one when ``None``.
     """
-    port = free_port()
+    port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLEETLENS_"))}
     env.update({
         "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
