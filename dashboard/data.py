@@ -17,6 +17,7 @@ import streamlit as st
 
 from fleetlens.dashboard import explore, incident, queries, ranking
 from fleetlens.dashboard.config import DashboardConfig, load_dashboard_config
+from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_vanished
 
 #: Every query a page may load, by name.
@@ -62,16 +63,23 @@ def data_dir() -> DataDir:
     return DataDir.from_env()
 
 
+#: The tables the pages read. A view over Parquet reads every file's footer when it is made,
+#: so the raw metric points and logs (most of a live directory's files) get none: that was
+#: part of every cold page load. The SQL console has its own connection over every table.
+DASHBOARD_TABLES = (t.SPANS, t.REQUESTS, t.WINDOWS, t.GPU_SAMPLES, t.ENGINE_SAMPLES,
+                    t.REQUEST_ENERGY, t.INSTANCE_GPUS, t.BASELINES, t.INCIDENTS, t.CAUSES)
+
+
 def present_tables(root: DataDir) -> tuple[str, ...]:
     """Tables with data; part of the connection's cache key, so new tables get views."""
-    return tuple(existing_tables(root))
+    return tuple(existing_tables(root, DASHBOARD_TABLES))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _connection(root: str, present: tuple[str, ...]) -> duckdb.DuckDBPyConnection:
     # ``present`` is only a cache key: a table that gains its first file gets a real view.
     del present
-    return connect(DataDir(root))
+    return connect(DataDir(root), tables=DASHBOARD_TABLES)
 
 
 def connection() -> duckdb.DuckDBPyConnection:

@@ -191,3 +191,27 @@ def test_request_latency_column_of_a_window_percentile() -> None:
     assert [c.request_latency_column(x) for x in (
         "ttft_p99_s", "e2e_p50_s", "queue_p90_s", "rps", "kv_cache_usage_max", "ttft_p42_s",
         "ttft_s")] == ["ttft_s", "e2e_s", "queue_s", None, None, None, None]
+
+
+def test_dashboard_connection_has_views_for_exactly_the_tables_its_pages_read(demo_data
+                                                                              ) -> None:
+    """Raw metric points and logs (most files of a live directory) get no view: making one
+    reads every file's footer. Every table a page query names must have one."""
+    import re
+    from pathlib import Path
+
+    from fleetlens.dashboard import data
+
+    pages = Path(data.__file__).parent
+    named = set()
+    for path in [*pages.glob("*.py"), *pages.glob("views/*.py")]:
+        if path.name != "sql_console.py":  # the console has its own connection
+            named |= set(re.findall(r"\bt\.([A-Z_]+)\b", path.read_text()))
+    used = {getattr(t, n) for n in named if isinstance(getattr(t, n, None), str)
+            and getattr(t, n) in t.TABLES}
+    assert used <= set(data.DASHBOARD_TABLES), used - set(data.DASHBOARD_TABLES)
+    con = data._connection(str(demo_data[0].root), data.present_tables(demo_data[0]))
+    views = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables")
+             .fetchall()}
+    assert views == set(data.DASHBOARD_TABLES)
+    assert t.METRIC_POINTS not in views
