@@ -20,6 +20,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import click
 
@@ -54,15 +55,16 @@ def check_dashboard(url: str, timeout_s: float) -> str:
     return body
 
 
-def check_pipeline(state_dir: str, max_age_s: float, now: float | None = None) -> float:
-    """The heartbeat's age in seconds, or raise when it is missing, unreadable or too old."""
+def check_pipeline(state_dir: Any, max_age_s: float, now: float | None = None) -> float:
+    """The heartbeat's age in seconds, or raise when it is missing, unreadable or too old.
+
+    ``state_dir`` is the data directory's ``state`` folder: a local path or, for an ``s3://``
+    data directory, an object path (both read the same way)."""
     from fleetlens.pipeline.cli import HEARTBEAT_FILE
 
-    path = os.path.join(state_dir, HEARTBEAT_FILE)
+    path = state_dir / HEARTBEAT_FILE
     try:
-        with open(path) as handle:
-            beat = json.load(handle)
-        at = float(beat["unix_s"])
+        at = float(json.loads(path.read_text())["unix_s"])
     except FileNotFoundError:
         raise click.ClickException(f"pipeline: no heartbeat at {path} yet") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -74,11 +76,12 @@ def check_pipeline(state_dir: str, max_age_s: float, now: float | None = None) -
     return age
 
 
-def _data_state_dir(data_dir: str | None) -> str:
-    """DATA_DIR/state, with the data directory found as every command finds it."""
+def _data_state_dir(data_dir: str | None) -> Any:
+    """DATA_DIR/state, with the data directory found as every command finds it (a local
+    folder or an ``s3://`` URL)."""
     from fleetlens.pipeline.cli import resolve_data_dir
 
-    return str(resolve_data_dir(data_dir, None, must_exist=False).state)
+    return resolve_data_dir(data_dir, None, must_exist=False).state
 
 
 @click.group(invoke_without_command=True)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fleetlens.collector.testing import running_collector
+from tests.s3 import s3_server  # noqa: F401 - the fixture `s3`
 
 
 def fleetlens(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -96,3 +97,14 @@ def test_without_a_subcommand_it_checks_what_fleetlens_health_names(tmp_path: Pa
     out = fleetlens("health", env={**env, "FLEETLENS_HEALTH": "pipeline,colector"})
     assert out.returncode == 2 and "colector" in out.stderr
     assert fleetlens("health", env=env).returncode == 2  # nothing named: a usage error
+
+
+def test_pipeline_health_on_an_s3_data_dir(s3, tmp_path: Path) -> None:  # noqa: ANN001
+    url = f"s3://{s3.bucket()}/fleet"
+    env = {**s3.env, "FLEETLENS_WAL_DIR": str(tmp_path / "wal")}
+    out = fleetlens("health", "pipeline", "--data-dir", url, env=env)
+    assert out.returncode == 1 and "no heartbeat" in out.stderr, out.stderr
+    run = fleetlens("pipeline", "--data-dir", url, "--no-progress", env=env)
+    assert run.returncode == 0, run.stderr
+    out = fleetlens("health", "pipeline", "--data-dir", url, env=env)
+    assert out.returncode == 0, out.stderr
