@@ -73,6 +73,7 @@ class ForwardSink:
         self._down_since: float | None = None
         self._down_code: Any = None
         self._stop = threading.Event()
+        self._deadline: float | None = None  # set by close(): the end of its grace period
         self._thread = threading.Thread(target=self._run, name="forwarder", daemon=True)
 
     # -- accepting ---------------------------------------------------------------------
@@ -209,11 +210,19 @@ class ForwardSink:
               cursor: Cursor) -> bool:
         signal = BY_CODE[records[first].signal]
         payload = b"".join(r.payload for r in records[first:end])
-        answer = self.client.send(signal, payload)
+        if self._deadline is None:  # the forwarding thread: cancelled when stopping
+            answer = self.client.send(signal, payload, abort=self._stop)
+        else:  # close(): what is left of the grace period bounds every call
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                return False
+            answer = self.client.send(signal, payload, timeout=min(left, self.config.timeout_s))
         if answer.verdict is Verdict.PERMANENT and end - first > 1:
             # The merged batch may be what is refused (too large): one request at a time.
             return all(self._send(path, records, i, i + 1, cursor) for i in range(first, end))
         if answer.verdict is Verdict.RETRY:
+            if self._stop.is_set() and self._deadline is None:
+                return False  # cancelled because the collector stops: close() takes over
             self.telemetry.add("forward_failures")
             self._went_down(answer.detail, answer.code)
             return False
@@ -258,7 +267,7 @@ class ForwardSink:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        deadline = time.monotonic() + CLOSE_GRACE_S
+        deadline = self._deadline = time.monotonic() + CLOSE_GRACE_S
         done = False
         while not done and time.monotonic() < deadline:
             try:

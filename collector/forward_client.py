@@ -11,6 +11,7 @@ and its bound refuses new Exports once it is full.
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,16 +103,33 @@ class ForwardClient:
         self._compression = (grpc.Compression.Gzip if config.compression == "gzip"
                              else grpc.Compression.NoCompression)
 
-    def send(self, signal: Signal, payload: bytes) -> Answer:
-        """Export ``payload`` (serialized request bytes) and classify the answer."""
+    def send(self, signal: Signal, payload: bytes, *, timeout: float | None = None,
+             abort: threading.Event | None = None) -> Answer:
+        """Export ``payload`` (serialized request bytes) and classify the answer.
+
+        Args:
+            timeout: seconds for this call (default ``timeout_s``).
+            abort: cancels the call when set (a stopping edge must not sit out a deadline
+                against a central collector that does not answer); answered RETRY.
+        """
         call = self._calls.get(signal.grpc_method)
         if call is None:
             call = self.channel.unary_unary(signal.grpc_method, request_serializer=None,
                                             response_deserializer=signal.response.FromString)
             self._calls[signal.grpc_method] = call
+        future = call.future(payload, timeout=timeout or self.config.timeout_s,
+                             metadata=self._metadata, compression=self._compression)
+        if abort is not None:
+            finished = threading.Event()
+            future.add_done_callback(lambda _: finished.set())
+            while not finished.wait(0.1):
+                if abort.is_set():
+                    future.cancel()
+                    return Answer(Verdict.RETRY, "cancelled: the collector is stopping")
         try:
-            response = call(payload, timeout=self.config.timeout_s, metadata=self._metadata,
-                            compression=self._compression)
+            response = future.result()
+        except grpc.FutureCancelledError:
+            return Answer(Verdict.RETRY, "cancelled: the collector is stopping")
         except grpc.RpcError as error:
             return classify(error)
         partial = response.partial_success

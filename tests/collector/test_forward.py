@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -327,3 +329,37 @@ def test_forwarding_without_compression_works_too(tmp_path) -> None:
         edge.export(request)
         wait_until(lambda: set(span_keys(central.data_dir)) == sent_span_keys(request), 30,
                    "the forwarded spans")
+
+
+def test_a_central_collector_that_never_answers_does_not_hold_up_a_stopping_edge(
+        tmp_path) -> None:
+    """A central side that takes the call and never answers (hung): SIGTERM cancels the call
+    in flight and the edge stops within its grace, long before the 120 s call deadline,
+    keeping what it could not forward."""
+    pki = make_pki(tmp_path / "pki")
+    release = threading.Event()
+
+    def hang(request: bytes, context: grpc.ServicerContext) -> bytes:
+        release.wait(180)
+        return b""
+
+    class Hung(grpc.GenericRpcHandler):
+        def service(self, details: Any) -> Any:
+            return grpc.unary_unary_rpc_method_handler(hang)
+
+    server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[Hung()])
+    credentials = grpc.ssl_server_credentials(
+        [(pki["server_key"].read_bytes(), pki["server_cert"].read_bytes())])
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    try:
+        config = edge_config(pki, f"127.0.0.1:{port}", timeout_s=120.0)
+        with running_collector(tmp_path / "edge", config=config) as edge:
+            edge.export(vllm_trace_request(10, seed=3))
+            time.sleep(1.0)  # the forwarding call hangs by now
+            assert edge.stop(timeout=60) == 0  # not SIGKILLed after 60 s
+            assert "not yet forwarded" in edge.logs()
+    finally:
+        release.set()
+        server.stop(0)
+    assert list((tmp_path / "edge" / "wal").rglob("*.wal"))  # kept for the next start
