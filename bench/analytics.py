@@ -36,10 +36,10 @@ from fleetlens.analytics.config import AnalyticsConfig  # noqa: E402
 from fleetlens.analytics.report import build_report  # noqa: E402
 from fleetlens.analytics.report_render import to_text  # noqa: E402
 from fleetlens.analytics.runner import run  # noqa: E402
-from fleetlens.analytics.synthetic import FleetSpec, Injected, generate  # noqa: E402
-from fleetlens.analytics.synthetic_io import write_tables  # noqa: E402
 from fleetlens.pipeline.schema import columns as c  # noqa: E402
 from fleetlens.pipeline.storage import DataDir  # noqa: E402
+from tests.analytics.synthetic import FleetSpec, Injected, generate  # noqa: E402
+from tests.analytics.synthetic_io import write_tables  # noqa: E402
 
 NS = 1_000_000_000
 H = 3600

@@ -12,9 +12,9 @@ import polars as pl
 from fleetlens.analytics.analyse import Analysis, analyse
 from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.config import AnalyticsConfig
-from fleetlens.analytics.synthetic import NS, FleetSpec, Injected, SynthData, generate
-from fleetlens.analytics.synthetic_windows import windows_from
 from fleetlens.pipeline.schema import columns as c
+from tests.analytics.synthetic import NS, FleetSpec, Injected, SynthData, generate
+from tests.analytics.synthetic_windows import windows_from
 
 H = 3600
 START = 1.5 * H

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from fleetlens.analytics.synthetic_windows import windows_from
 from fleetlens.pipeline.schema import Cause, conform
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.schema.causes import parse_subject
+from tests.analytics.synthetic_windows import windows_from
 
 NS = 1_000_000_000
 THERMAL_BIT = 0x20

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleetlens.analytics.synthetic import SynthData
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import conform
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+from tests.analytics.synthetic import SynthData
 
 
 def write_tables(data: SynthData, data_dir: DataDir, name: str = "synthetic.parquet") -> None:

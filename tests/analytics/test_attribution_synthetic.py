@@ -8,10 +8,10 @@ import pytest
 from fleetlens.analytics.analyse import analyse
 from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.config import AnalyticsConfig
-from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
 from fleetlens.pipeline.schema import CAUSES, validate
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
+from tests.analytics.synthetic import FleetSpec, Injected, generate
 
 H = 3600
 

@@ -8,10 +8,10 @@ import pytest
 
 from fleetlens.analytics.baselines import rolling_baseline, to_baselines_table
 from fleetlens.analytics.series import request_series, window_series
-from fleetlens.analytics.synthetic import FleetSpec, generate
 from fleetlens.pipeline.schema import FLEET_WIDE, validate
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
+from tests.analytics.synthetic import FleetSpec, generate
 
 from .conftest import NS, T0
 

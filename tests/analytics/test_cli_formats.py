@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.runner import run
-from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
-from fleetlens.analytics.synthetic_io import write_tables
 from fleetlens.cli import cli
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.storage import DataDir
+from tests.analytics.synthetic import FleetSpec, Injected, generate
+from tests.analytics.synthetic_io import write_tables
 
 H = 3600
 

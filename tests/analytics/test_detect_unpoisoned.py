@@ -13,8 +13,8 @@ from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.baselines import EXCLUDED
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.detect import incident_windows
-from fleetlens.analytics.synthetic import FleetSpec, generate
 from fleetlens.pipeline.schema import columns as c
+from tests.analytics.synthetic import FleetSpec, generate
 
 from . import issue15_cases as cases
 from .conftest import NS, T0

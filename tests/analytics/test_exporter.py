@@ -19,12 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.runner import read_table, run
-from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
-from fleetlens.analytics.synthetic_io import write_tables
 from fleetlens.collector.testing import free_port
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, scan, write_parquet_atomic
+from tests.analytics.synthetic import FleetSpec, Injected, generate
+from tests.analytics.synthetic_io import write_tables
 from tests.conftest import REPO
 
 H = 3600

@@ -24,8 +24,8 @@ from fleetlens.analytics.leaderboard import (
     pareto,
     prepare,
 )
-from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
 from fleetlens.pipeline.schema import columns as c
+from tests.analytics.synthetic import FleetSpec, Injected, generate
 
 from .conftest import NS, T0
 

@@ -19,11 +19,11 @@ from polars.testing import assert_frame_equal
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.prophet_baselines import fit_prophet
 from fleetlens.analytics.runner import read_table, run
-from fleetlens.analytics.synthetic import FleetSpec, Injected, generate
-from fleetlens.analytics.synthetic_io import write_tables
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, parquet_files
+from tests.analytics.synthetic import FleetSpec, Injected, generate
+from tests.analytics.synthetic_io import write_tables
 from tests.pipeline.raycluster import connected_cluster, ray_env
 
 REPO = Path(__file__).resolve().parents[2]

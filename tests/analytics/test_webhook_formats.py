@@ -14,9 +14,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from fleetlens.analytics.config import SEVERITIES
-from fleetlens.analytics.synthetic_io import write_tables
 from fleetlens.cli import cli
 from fleetlens.pipeline.storage import DataDir
+from tests.analytics.synthetic_io import write_tables
 from tests.analytics.webhook_receiver import H, config_file, fleet, serve, until
 
 SECRET = "a-long-shared-secret-for-hmac"

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetlens.analytics.synthetic import FleetSpec, Injected, SynthData, generate
-from fleetlens.analytics.synthetic_io import write_tables
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.storage import DataDir
+from tests.analytics.synthetic import FleetSpec, Injected, SynthData, generate
+from tests.analytics.synthetic_io import write_tables
 
 H = 3600
 NS = 1_000_000_000
