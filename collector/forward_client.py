@@ -21,6 +21,8 @@ import grpc
 from fleetlens.collector.config import ForwardConfig
 from fleetlens.collector.errors import RETRY_INFO_KEY
 from fleetlens.collector.signals import Signal
+from fleetlens.collector.telemetry import log
+from fleetlens.pipeline.schema.settings import is_loopback
 
 _AUTHORIZATION = "authorization"
 #: Answers about the request bytes themselves: resending them cannot succeed.
@@ -69,6 +71,9 @@ def channel_for(config: ForwardConfig) -> grpc.Channel:
                # notice a dead central collector within seconds on an idle link
                ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)]
     if config.insecure:
+        if not is_loopback(config.address.rpartition(":")[0], resolve=True):
+            log.warning("forwarding to %s in plaintext (forward.insecure): telemetry and the "
+                        "token cross the network unencrypted", config.address)
         return grpc.insecure_channel(config.address, options=options)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_read(config.ca_file), private_key=_read(config.key_file),

@@ -16,7 +16,6 @@ self-metrics off with one error line; it never stops the collector from ingestin
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetlens.collector.telemetry import Telemetry, log
+from fleetlens.pipeline.schema.settings import is_loopback
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Seconds a scrape connection may stay silent before it is dropped.
@@ -54,17 +54,10 @@ def bind(address: str) -> socket.socket | None:
     # Non-blocking: every worker waits on this one socket, and a worker that loses the race
     # for a connection must get EAGAIN rather than block in accept().
     sock.setblocking(False)
-    if not _is_loopback(host):
+    if not is_loopback(host, resolve=True):
         log.warning("self-metrics on %s are not loopback: anyone who reaches it can read "
                     "the collector's counters (no token is asked)", address)
     return sock
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 @dataclass

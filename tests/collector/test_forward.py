@@ -363,3 +363,15 @@ def test_a_central_collector_that_never_answers_does_not_hold_up_a_stopping_edge
         release.set()
         server.stop(0)
     assert list((tmp_path / "edge" / "wal").rglob("*.wal"))  # kept for the next start
+
+
+def test_plaintext_forwarding_off_loopback_is_warned_about(caplog) -> None:
+    """Channels connect lazily: nothing here leaves the machine."""
+    from fleetlens.collector.config import ForwardConfig
+    from fleetlens.collector.forward_client import channel_for
+
+    for address, warned in (("192.0.2.1:4317", True), ("127.0.0.1:4317", False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="fleetlens.collector"):
+            channel_for(ForwardConfig(address=address, insecure=True)).close()
+        assert ("in plaintext" in caplog.text) is warned, address
