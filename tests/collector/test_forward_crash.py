@@ -80,7 +80,7 @@ def _client(address: str, index: int, ledger: Ledger, stop: threading.Event) -> 
     channel.close()
 
 
-def test_sigkill_central_and_edge_at_random_moments_loses_and_duplicates_nothing(
+def test_sigkill_central_and_edge_at_random_moments_loses_nothing_after_dedup(
         tmp_path) -> None:
     rng = random.Random(17)
     pki = make_pki(tmp_path / "pki")
