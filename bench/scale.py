@@ -1,0 +1,170 @@
+"""Pipeline scale-out: the bench day on Ray, 1 node x 1 CPU against 2 nodes x 1 CPU, and the
+local runner on the same CPUs.
+
+Generates ``--hours`` of the bench fleet (``bench/pipeline.py``: 16 hosts x 4 GPUs, 116
+requests/s, 10 Hz GPU samples), then times full recomputes, each run its own driver process,
+the setups taking turns:
+
+- ``local``: the local runner (two hours of phase 1 at once on threads, Polars' own threads);
+- ``ray-1``: a one-node Ray cluster with one CPU, ``POLARS_MAX_THREADS=1`` in its workers so
+  a task uses the one CPU it was given;
+- ``ray-2``: the same with a second node (one CPU, one Polars thread).
+
+Clusters run on this machine on 127.0.0.1 (``tests/pipeline/raycluster.py``: started with
+``ray start``, stopped by process group). It prints the median wall time of ``--repeat`` runs
+per setup, the ratio ray-2 / ray-1 (target <= 0.6) and ray-2 / local, and checks that every
+run's derived files are byte-identical to the local runner's.
+
+    .venv/bin/python bench/scale.py --hours 2 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fleetlens.pipeline.runner import OUTPUTS  # noqa: E402
+from fleetlens.pipeline.storage import DataDir, parquet_files  # noqa: E402
+from tests.pipeline.raycluster import RayCluster, ray_env  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("bench_pipeline", REPO / "bench" / "pipeline.py")
+bench_pipeline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_pipeline)
+
+#: Object store per node: an hour's phase-1 output is about 100 MB at the bench's rates.
+OBJECT_STORE_BYTES = 1 << 30
+
+_DRIVER = """
+import json, resource, sys, time
+sys.path.insert(0, {repo!r})
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.storage import DataDir
+address = {address!r}
+if address is None:
+    from fleetlens.pipeline.runner import Pipeline as Job
+    job = Job(DataDir({data!r}), PipelineConfig())
+else:
+    from fleetlens.pipeline.ray_runner import RayPipeline, connect
+    connect(address)  # joining the cluster is not the pipeline's time
+    job = RayPipeline(DataDir({data!r}), PipelineConfig(), address=address)
+def cpu():
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+began, cpu0 = time.perf_counter(), cpu()  # imports and joining the cluster left out
+summary = job.run_once(full=True)
+print(json.dumps({{"wall_s": time.perf_counter() - began, "hours": summary.dirty_hours,
+                  "driver_cpu_s": cpu() - cpu0}}))
+"""
+
+
+def digest(root: Path) -> str:
+    """One hash over every derived file (path and bytes)."""
+    dd, total = DataDir(root), hashlib.sha256()
+    for table in OUTPUTS:
+        for path in parquet_files(dd.derived(table)):
+            total.update(str(path.relative_to(root)).encode())
+            total.update(hashlib.sha256(path.read_bytes()).digest())
+    return total.hexdigest()
+
+
+def run_once(data: Path, address: str | None) -> dict:
+    """One full recompute by a driver process of its own; its wall time and outputs."""
+    code = _DRIVER.format(repo=str(REPO), data=str(data), address=address)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=ray_env(), check=False)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["digest"] = digest(data)
+    return result
+
+
+def start_cluster(nodes: int) -> RayCluster:
+    """A cluster of ``nodes`` one-CPU nodes, one Polars thread per worker, all joined."""
+    cluster = RayCluster(env={"POLARS_MAX_THREADS": "1"},
+                         node_args=("--object-store-memory", str(OBJECT_STORE_BYTES)))
+    try:
+        cluster.start_head()
+        for _ in range(nodes - 1):
+            cluster.add_node()
+        _wait_nodes(cluster.address, nodes)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait_nodes(address: str, count: int) -> None:
+    code = (f"import ray, time; ray.init(address={address!r}, log_to_driver=False)\n"
+            f"while sum(n['Alive'] for n in ray.nodes()) < {count}: time.sleep(0.2)\n")
+    # A loaded 2-core machine has taken minutes to start a node.
+    subprocess.run([sys.executable, "-c", code], env=ray_env(), check=True, timeout=300,
+                   capture_output=True)
+
+
+def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
+    """``repeat`` rounds of local, ray-1, ray-2 one after the other (both clusters up all
+    along), so a change in the machine's load hits every setup alike. The first round also
+    starts Ray's worker processes: the medians leave that out."""
+    clusters = {}
+    runs: dict[str, list[dict]] = {"local": [], "ray-1": [], "ray-2": []}
+    try:
+        clusters = {"ray-1": start_cluster(1), "ray-2": start_cluster(2)}
+        for _ in range(repeat):
+            for label in runs:
+                address = clusters[label].address if label in clusters else None
+                runs[label].append(run_once(data, address))
+                last = runs[label][-1]
+                print(f"  {label}: {last['wall_s']:.2f} s wall, driver "
+                      f"{last['driver_cpu_s']:.1f} CPU-s, {last['hours']} hours", flush=True)
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hours", type=float, default=2.0,
+                        help="hours of the bench fleet to generate (the bench day is 24)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per setup")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="fleetlens-scale-"))
+    try:
+        began = time.perf_counter()
+        start = (time.time_ns() // bench_pipeline.HOUR_NS - 48) * bench_pipeline.HOUR_NS
+        spans, points = bench_pipeline.write_hours(
+            DataDir(root), start, args.hours, 1, np.full(bench_pipeline.GPUS, 1e7), "gen")
+        print(f"{args.hours:g} h of the bench fleet: {spans:,} spans, {points:,} metric "
+              f"points, generated in {time.perf_counter() - began:.1f} s", flush=True)
+        runs = interleaved(root, args.repeat)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
+    same = len({r["digest"] for v in runs.values() for r in v}) == 1
+    for label, value in med.items():
+        print(f"{label}: median {value:.2f} s wall of {args.repeat}")
+    print(f"ray-2 / ray-1: {med['ray-2'] / med['ray-1']:.2f} (target <= 0.6); "
+          f"ray-2 / local: {med['ray-2'] / med['local']:.2f}; ray-1 / local: "
+          f"{med['ray-1'] / med['local']:.2f}; outputs identical in every run: {same}")
+    print(json.dumps({"hours": args.hours, "spans": spans, "points": points,
+                      **{f"{k}_s": round(v, 2) for k, v in med.items()},
+                      "ratio_2_1": round(med["ray-2"] / med["ray-1"], 3), "identical": same}))
+
+
+if __name__ == "__main__":
+    main()
