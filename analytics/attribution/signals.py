@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from fleetlens.analytics.attribution.context import IncidentContext
+from fleetlens.pipeline.samples import counter_increase
 from fleetlens.pipeline.schema import columns as c
 
 #: NVML clocks-event-reason bits (nvmlClocksEventReason*).
@@ -51,20 +52,24 @@ def _pairs(base: dict[str, dict[str, Any]], inc: dict[str, dict[str, Any]]
     return result
 
 
-def _counter_rate(column: str, minutes: float) -> pl.Expr:
-    # Sum of positive steps per instance copes with resets; rate per minute.
-    return pl.col(column).diff().clip(lower_bound=0).sum() / max(minutes, 1e-9)
+_INCREASES = {c.PREEMPTIONS_TOTAL: "_pre", c.PREFIX_CACHE_HITS_TOTAL: "_hits",
+              c.PREFIX_CACHE_QUERIES_TOTAL: "_q"}
 
 
 def _engine(frame: pl.DataFrame, minutes: float) -> dict[str, dict[str, Any]]:
     if frame.is_empty():
         return {}
-    per_instance = frame.sort(c.TS_NS).group_by(c.HOST_NAME, c.INSTANCE_ID).agg(
+    # The pipeline's one definition of a counter's increase: a restart counts the new value.
+    instance = [c.HOST_NAME, c.INSTANCE_ID]
+    frame = frame.sort(c.TS_NS).with_columns(
+        counter_increase(pl.col(column), instance).fill_null(0).alias(alias)
+        for column, alias in _INCREASES.items())
+    per_instance = frame.group_by(*instance).agg(
         pl.col(c.KV_CACHE_USAGE).mean().alias("kv_mean"),
         pl.col(c.KV_CACHE_USAGE).max().alias("kv_max"),
-        _counter_rate(c.PREEMPTIONS_TOTAL, minutes).alias("preempt_per_min"),
-        pl.col(c.PREFIX_CACHE_HITS_TOTAL).diff().clip(lower_bound=0).sum().alias("_hits"),
-        pl.col(c.PREFIX_CACHE_QUERIES_TOTAL).diff().clip(lower_bound=0).sum().alias("_q"),
+        (pl.col("_pre").sum() / max(minutes, 1e-9)).alias("preempt_per_min"),
+        pl.col("_hits").sum().alias("_hits"),
+        pl.col("_q").sum().alias("_q"),
         pl.col(c.NUM_WAITING).mean().alias("waiting"),
         pl.col(c.NUM_RUNNING).mean().alias("running"),
     )

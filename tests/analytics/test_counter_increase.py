@@ -36,3 +36,12 @@ def test_a_restart_keeps_the_increase_after_it() -> None:
 def test_a_missing_sample_does_not_lose_the_increase_across_it() -> None:
     frame = engine([0, None, 6, 9], hits=[0, 10, None, 30], queries=[0, 20, 40, 60])
     assert kv_summary(frame).row(0, named=True)[c.PREEMPTIONS] == 9
+
+
+def test_attribution_signals_count_the_increase_after_a_restart() -> None:
+    from fleetlens.analytics.attribution.signals import _engine
+
+    frame = engine([10, 20, 5, 8], hits=[100, 200, 50, 80], queries=[200, 400, 100, 160])
+    host = _engine(frame, minutes=1.0)["h1"]
+    assert host["preempt_per_min"] == 18  # diff().clip(0) said 13
+    assert host[c.PREFIX_HIT_RATE] == 180 / 360
