@@ -16,17 +16,22 @@ import pytest
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, parquet_files
 from tests.pipeline.fleet import make_fleet, write_batches
 from tests.pipeline.raycluster import connected_cluster, ray_env, task_titles
 
 REPO = Path(__file__).resolve().parents[2]
 HOUR_S = 3600
+ANALYTICS = (t.BASELINES, t.INCIDENTS, t.CAUSES)
 
 
 def _digest(dd: DataDir) -> dict[str, str]:
+    """Hashes of the pipeline's derived files and the analytics' tables."""
+    files = [p for table in OUTPUTS for p in parquet_files(dd.derived(table))]
+    files += [p for table in ANALYTICS for p in parquet_files(dd.table_dir(table))]
     return {str(p.relative_to(dd.root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for table in OUTPUTS for p in parquet_files(dd.derived(table))}
+            for p in files}
 
 
 def _fleetlens(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -49,22 +54,28 @@ def cluster():
 
 @pytest.mark.slow
 def test_cli_ray_runner_publishes_the_local_runners_bytes(tmp_path, fleet, cluster) -> None:
-    """`fleetlens pipeline --runner ray --ray-address` (a separate driver process) writes the
-    same files, byte for byte, as the local runner: a full run, then an incremental one."""
+    """`fleetlens pipeline --runner ray --ray-address --analyze` (a driver process of its own)
+    writes the same files, byte for byte, as `fleetlens pipeline --analyze`: the pipeline's
+    and the analytics' (attributed on the cluster too); a full run, then an incremental one."""
     local, remote = DataDir(tmp_path / "local"), DataDir(tmp_path / "ray")
     summaries = []
     for batches in (range(0, 2), range(2, 4)):  # the second run is incremental
         write_batches(local, fleet, batches)
         write_batches(remote, fleet, batches)
-        Pipeline(local, PipelineConfig()).run_once()
+        here = _fleetlens("pipeline", "--data-dir", str(local.root), "--json", "--no-progress",
+                          "--analyze")
+        assert here.returncode == 0, here.stderr[-3000:]
         ran = _fleetlens("pipeline", "--data-dir", str(remote.root), "--runner", "ray",
                          "--ray-address", cluster.address, "--json", "--no-progress",
-                         env=ray_env())
+                         "--analyze", env=ray_env())
         assert ran.returncode == 0, ran.stderr[-3000:]
-        summaries.append(json.loads(ran.stdout.strip().splitlines()[-1]))
+        summaries.append(json.loads(ran.stdout.splitlines()[0]))
+        # the summary, then one JSON line per new incident
+        assert len(ran.stdout.splitlines()) == len(here.stdout.splitlines())
         assert _digest(remote) == _digest(local)
     assert summaries[0]["dirty_hours"] >= 3 and summaries[1]["new_segments"] > 0
     assert len(_digest(local)) > 20
+    assert any(t.BASELINES in name for name in _digest(local))
 
 
 @pytest.mark.slow
