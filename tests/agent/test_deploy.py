@@ -191,3 +191,47 @@ def test_k8s_probes_for_the_dashboard_and_the_pipeline(k8s: dict) -> None:
     ctx = parse_command(command[1:])
     sub = ctx.command.get_command(ctx, command[2])
     sub.make_context(command[2], command[3:])  # the probe's arguments parse
+
+
+def _scale_docs() -> dict[tuple[str, str], dict]:
+    docs = {}
+    for path in sorted((DEPLOY / "k8s" / "scale").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            docs[(doc["kind"], doc["metadata"]["name"])] = doc
+    return docs
+
+
+def test_scale_out_layout_collectors_keep_a_wal_each_and_publish_to_the_bucket() -> None:
+    docs = _scale_docs()
+    secret = docs[("Secret", "fleetlens-s3")]["stringData"]
+    assert secret["FLEETLENS_DATA"].startswith("s3://")
+    sts = docs[("StatefulSet", "fleetlens-collector")]["spec"]
+    pod = sts["template"]["spec"]["containers"][0]
+    ctx = parse_command(pod["args"])
+    assert ctx.params["data_dir"] == "$(FLEETLENS_DATA)"  # the bucket URL from the Secret
+    env = {e["name"]: e.get("value") for e in pod["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["volumeMounts"]}
+    assert env["FLEETLENS_WAL_DIR"] == mounts["wal"]  # the WAL stays on the replica's volume
+    assert [t["metadata"]["name"] for t in sts["volumeClaimTemplates"]] == ["wal"]
+    hpa = docs[("HorizontalPodAutoscaler", "fleetlens-collector")]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                     "name": "fleetlens-collector"}
+    assert hpa["minReplicas"] >= 2
+
+
+def test_scale_out_layout_runs_pipeline_and_analyze_on_ray() -> None:
+    docs = _scale_docs()
+    assert ("RayCluster", "fleetlens-ray") in docs
+    submitted = []
+    for name in ("fleetlens-pipeline-ray", "fleetlens-analyze-ray"):
+        pod = docs[("CronJob", name)]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["command"][:3] == ["ray", "job", "submit"]
+        args = container["args"]
+        assert args[0] == "fleetlens"
+        ctx = parse_command(args[1:])
+        assert ctx.params["runner"] == "ray"
+        submitted.append(args[1])
+    assert submitted == ["pipeline", "analyze"]
+    dash = docs[("Deployment", "fleetlens-dashboard")]["spec"]["template"]["spec"]
+    parse_command(dash["containers"][0]["args"])
