@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetlens.analytics.accuracy import Score, score_clean, score_run
+from fleetlens.pipeline.schema import columns as c
 from fleetlens.simulator import parse_scenario
 from fleetlens.simulator import run as simulate
 from fleetlens.simulator.control import LatencyProbe, Verdict, validate, without_incidents
@@ -44,8 +45,8 @@ class RandomResult:
 
 def clean_seconds(truth: dict, warmup_s: float = WARMUP_S) -> float:
     """Judged time of a run outside every incident window plus grace, seconds."""
-    lo = truth["start_ns"] + warmup_s * NS
-    spans = sorted((max(g["start_ns"], lo), g["end_ns"] + GRACE_S * NS)
+    lo = truth[c.START_NS] + warmup_s * NS
+    spans = sorted((max(g[c.START_NS], lo), g[c.END_NS] + GRACE_S * NS)
                    for g in truth["incidents"])
     covered, reach = 0.0, lo
     for a, b in spans:
@@ -53,7 +54,7 @@ def clean_seconds(truth: dict, warmup_s: float = WARMUP_S) -> float:
         if b > a:
             covered += b - a
             reach = b
-    return max(truth["end_ns"] - lo - covered, 0.0) / NS
+    return max(truth[c.END_NS] - lo - covered, 0.0) / NS
 
 
 def describe(doc: dict) -> str:
@@ -114,7 +115,8 @@ def run_random(fleets: int, seed: int, size: FleetSize, workdir: Path,
                            "timings_s": {k: round(v, 1) for k, v in timings.items()}})
         log(f"fleet {fleet_seed}: {describe(doc)}: {kept}/{len(verdicts)} incidents kept, "
             f"recall {score.summary()['recall']:.2f}, top-1 {score.top1}/{score.detected}, "
-            f"false {score.false_incidents}, "
+            f"false {score.false_incidents} in the run, {score.clean_false_incidents} in "
+            f"{score.clean_days:.3f} clean days, "
             f"{ {k: round(v) for k, v in timings.items()} }")
         for note in score.misses:
             log(f"  {note}")
