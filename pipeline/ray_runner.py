@@ -65,11 +65,12 @@ def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]) -
 
 
 def connect(address: str | None = None) -> None:
-    """Join the Ray cluster at ``address`` (``HOST:PORT`` of its head), or start a Ray
-    instance on this machine when ``address`` is None; nothing when already connected.
+    """Join the Ray cluster at ``address`` (``HOST:PORT`` of its head; None: the one
+    ``$RAY_ADDRESS`` names, else a Ray instance started on this machine); nothing when
+    already connected.
 
-    The driver advertises 127.0.0.1 when it starts Ray itself, so nothing it starts is
-    reachable from other machines (see docs/operations.md for a real cluster's ports).
+    A Ray instance started here advertises 127.0.0.1, so no other machine can join it; Ray
+    still binds some of its ports on every interface (docs/operations.md says which).
     """
     if ray.is_initialized():
         return
