@@ -200,10 +200,17 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
 @click.option("--sla", default=None,
               help="Override [analytics] sla, e.g. 'ttft_p99_s=0.5,tpot_p99_s=0.05'.")
 @click.option("--samples", type=int, default=None, help="Bootstrap resamples for rank CIs.")
+@click.option("--include-incidents", is_flag=True,
+              help="Rank every request, also those of incidents and of the newest window.")
 @format_option()
 def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
-                sla: str | None, samples: int | None, fmt: str) -> None:
-    """Rank (model, GPU model, config) by latency, throughput per GPU and J/token."""
+                sla: str | None, samples: int | None, include_incidents: bool,
+                fmt: str) -> None:
+    """Rank (model, GPU model, config) by latency, throughput per GPU and J/token.
+
+    Ranks steady service, as the dashboard's leaderboard does: requests that arrived during
+    an incident of their scope, or in the newest (still filling) window, are left out.
+    """
     import dataclasses
 
     from fleetlens.analytics.leaderboard import best_under_sla, prepare
@@ -222,7 +229,10 @@ def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
         except ValueError:
             raise click.BadParameter(f"{sla!r}: expected column=limit[,column=limit]") from None
     root = _root(data_dir, config_file)
-    prepared = prepare(scan(root, t.REQUESTS).collect(), scan(root, t.INSTANCE_GPUS).collect(),
+    requests = scan(root, t.REQUESTS).collect()
+    if not include_incidents:
+        requests = _steady_requests(root, requests)
+    prepared = prepare(requests, scan(root, t.INSTANCE_GPUS).collect(),
                        scan(root, t.GPU_SAMPLES).collect(),
                        scan(root, t.REQUEST_ENERGY).collect())
     board = board_of(prepared, config, by_bucket=by_bucket)
@@ -240,3 +250,21 @@ def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
     from fleetlens.analytics.cli_table import leaderboard_table
 
     click.echo(leaderboard_table(board, best, limits), nl=False)
+
+
+def _steady_requests(root, requests):  # noqa: ANN001, ANN202 - DataDir, pl.DataFrame
+    """``requests`` less the newest window and the incidents of their scope (the dashboard's
+    leaderboard ranks the same requests: tests/analytics/test_cli_formats.py)."""
+    import polars as pl
+
+    from fleetlens.analytics.leaderboard import outside_incidents
+    from fleetlens.analytics.runner import read_table
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import has_parquet, scan
+
+    if has_parquet(root.table_dir(t.WINDOWS)):
+        newest = scan(root, t.WINDOWS).select(pl.col(c.WINDOW_START_NS).max()).collect().item()
+        if newest is not None:
+            requests = requests.filter(pl.col(c.ARRIVAL_NS) < newest)
+    return outside_incidents(requests, read_table(root, t.INCIDENTS))

@@ -64,3 +64,24 @@ def test_explain_as_json_holds_the_ranked_causes_and_evidence(root: str) -> None
 def test_an_unknown_format_is_a_usage_error(root: str) -> None:
     out = CliRunner().invoke(cli, ["incidents", "--data-dir", root, "--format", "xml"])
     assert out.exit_code == 2 and "table" in out.output and "csv" in out.output
+
+
+def test_the_leaderboard_ranks_steady_requests_like_the_dashboard(root: str) -> None:
+    import polars as pl
+
+    from fleetlens.analytics.leaderboard import outside_incidents
+    from fleetlens.analytics.runner import read_table
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import scan
+
+    data = DataDir(root)
+    requests = scan(data, t.REQUESTS).collect()
+    newest = scan(data, t.WINDOWS).select(pl.col(c.WINDOW_START_NS).max()).collect().item()
+    steady = outside_incidents(requests.filter(pl.col(c.ARRIVAL_NS) < newest),
+                               read_table(data, t.INCIDENTS))
+    assert 0 < steady.height < requests.height  # the injected incident's requests are out
+    ranked = json.loads(invoke("leaderboard", "--data-dir", root, "--format", "json"))
+    assert sum(row[c.REQUESTS] for row in ranked["leaderboard"]) == steady.height
+    everything = json.loads(invoke("leaderboard", "--data-dir", root, "--format", "json",
+                                   "--include-incidents"))
+    assert sum(row[c.REQUESTS] for row in everything["leaderboard"]) == requests.height
