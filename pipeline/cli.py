@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.output import format_option
 from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
 from fleetlens.pipeline.storage import DataDir, StorageError, write_json_atomic
 
@@ -83,7 +84,8 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
                   help="Seconds between runs with --follow [default: pipeline.follow_interval_s].")
     @click.option("--progress/--no-progress", default=None,
                   help="Show a progress bar [default: when stderr is a terminal].")
-    @click.option("--json", "as_json", is_flag=True, help="Print each run's summary as JSON.")
+    @format_option("table", "json")
+    @click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
     @click.option("--analyze/--no-analyze", "analyze", default=None, hidden=after_run is None,
                   help="After each run with new data, detect incidents and post new ones to "
                        "the [analytics] webhooks and stdout [default: with --follow].")
@@ -95,7 +97,7 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
                        "$RAY_ADDRESS, else start Ray on this machine].")
     def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
                  full: bool, follow: bool, interval: float | None, progress: bool | None,
-                 as_json: bool, analyze: bool | None, runner: str,
+                 fmt: str, as_json: bool, analyze: bool | None, runner: str,
                  ray_address: str | None) -> None:
         """Turn raw telemetry into requests, samples, windows and per-request energy.
 
@@ -107,7 +109,7 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
         hook = after_run if (follow if analyze is None else analyze) else None
         job = make_job(runner, ray_address)
         _run_pipeline(data_dir, config_file, window_s, full, follow, interval, progress,
-                      as_json, hook, job)
+                      as_json or fmt == "json", hook, job)
 
     return pipeline
 
@@ -253,11 +255,12 @@ def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
 @click.option("--dry-run", is_flag=True, help="Only print what would be merged or deleted.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@format_option("table", "json")
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Same as --format json.")
 @click.option("--every", type=click.FloatRange(min=60), default=None, metavar="SECONDS",
               help="Keep running, once every SECONDS (a service instead of a cron job).")
-def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_json: bool,
-            every: float | None) -> None:
+def compact(data_dir: str | None, config_file: str | None, dry_run: bool, fmt: str,
+            as_json: bool, every: float | None) -> None:
     """Merge small raw segments into one file per hour and apply retention.
 
     Raw data (and the per-request/per-sample tables) are kept pipeline.raw_retention_days,
@@ -265,6 +268,7 @@ def compact(data_dir: str | None, config_file: str | None, dry_run: bool, as_jso
     pipeline: only hours older than pipeline.compact_min_age_s are merged, and it waits
     for a running pipeline or analytics step (the data directory's job lock).
     """
+    as_json = as_json or fmt == "json"
     from fleetlens.pipeline.compact import compact as run_compact
 
     try:

@@ -149,3 +149,20 @@ def test_a_damaged_raw_segment_is_named_by_every_command_that_reads_it(tmp_path)
     damaged.rename(tmp_path / damaged.name)  # moved aside, as the message says
     rebuilt = runner.invoke(cli, ["pipeline", *base, "--full", "--no-progress"])
     assert rebuilt.exit_code == 0 and "7 new segments" in rebuilt.output, rebuilt.output
+
+
+def test_pipeline_and_compact_take_the_one_format_flag(tmp_path) -> None:  # noqa: ANN001
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from fleetlens.cli import cli
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for command in (["pipeline", "--no-progress"], ["compact", "--dry-run"]):
+        out = CliRunner().invoke(cli, [*command, "--data-dir", str(data), "--format", "json"])
+        assert out.exit_code == 0, out.output
+        assert isinstance(_json.loads(out.stdout.strip().splitlines()[-1]), dict)
+        old = CliRunner().invoke(cli, [*command, "--data-dir", str(data), "--json"])
+        assert old.exit_code == 0 and old.stdout.strip().startswith("{")  # kept, hidden
