@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
 
 #: Deepest array/kvlist nesting kept; deeper values reject their span or point.
 MAX_DEPTH = 16
@@ -198,9 +199,9 @@ def attribute_map(kvs: Any, limits: Limits) -> tuple[dict[str, Any], int]:
 def bounded_json(attrs: dict[str, Any], limits: Limits, keep: tuple[str, ...] = ()) -> str:
     """A resource or scope attribute map as JSON of at most ``max_resource_bytes`` bytes.
 
-    That text is repeated on every row of its resource, so a few large attributes on a
-    request of many spans would cost rows x size of memory: attributes that do not fit are
-    dropped (counted in ``truncated``), the ``keep`` keys (service and host name) first kept.
+    The collector buffers that text once per request (``collector.rows``), but the pipeline
+    and readers get it on every row of the resource: attributes that do not fit are dropped
+    (counted in ``truncated``), the ``keep`` keys (service and host name) first kept.
     """
     text = dumps(attrs)
     if len(text) <= limits.max_resource_bytes // 4 or \
@@ -330,9 +331,25 @@ def decode_resource(resource: Any, limits: Limits,
     )
 
 
+#: Columns whose value is the same on every row of one resource or scope: buffered as
+#: dictionaries (``collector.rows``), each distinct text once per request.
+SHARED_COLUMNS = frozenset({
+    c.SERVICE_NAME, c.HOST_NAME, c.RESOURCE_ATTRIBUTES, c.RESOURCE_SCHEMA_URL,
+    c.SCOPE_NAME, c.SCOPE_VERSION, c.SCOPE_ATTRIBUTES, c.SCOPE_SCHEMA_URL,
+})
+#: Bytes a row spends on one :data:`SHARED_COLUMNS` value: its int32 dictionary index.
+SHARED_INDEX_BYTES = 4
+
+
 def shared_chars(shared: dict[str, Any]) -> int:
-    """Characters of the text values in ``shared`` (the per-resource columns of a row)."""
-    return sum(len(v) for v in shared.values() if isinstance(v, str))
+    """What one row's copy of ``shared`` (the per-resource columns) costs in the buffer.
+
+    Text of :data:`SHARED_COLUMNS` is stored once per request, not per row (the table's
+    bytes count it), so a row pays only the index; other text (a metric's name and
+    description) is copied onto each row and counts in characters.
+    """
+    return sum(SHARED_INDEX_BYTES if k in SHARED_COLUMNS else len(v)
+               for k, v in shared.items() if isinstance(v, str))
 
 
 @dataclass
@@ -344,7 +361,7 @@ class Outcome:
     rejected: int = 0
     messages: list[str] = field(default_factory=list)
     truncated: int = 0
-    #: Characters of resource and scope text over all rows (each row carries a copy).
+    #: Buffer bytes of the per-resource columns over all rows (see :func:`shared_chars`).
     shared_chars: int = 0
     #: The request holds unknown fields the decoder noticed (see ``Limits.unknown_fields``).
     unknown_fields: bool = False

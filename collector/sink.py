@@ -12,6 +12,7 @@ twenty a second.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import threading
 import time
@@ -19,15 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from fleetlens.collector.durable import make_dirs_durable
 from fleetlens.collector.errors import Overloaded, StorageFailure
 from fleetlens.collector.faults import Faults
+from fleetlens.collector.rows import plain_schema
 from fleetlens.collector.signals import BY_CODE, SIGNALS, Signal
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import Wal
 from fleetlens.pipeline.schema import columns as c
-from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+from fleetlens.pipeline.storage import DataDir, write_bytes_atomic
 
 _HOUR_NS = 3600 * 10**9
 #: Columns whose values are (nearly) all distinct: a dictionary there only costs CPU and bytes.
@@ -57,6 +60,28 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     }
 
 
+def write_segment(table: pa.Table, path: Path, options: dict[str, Any]) -> None:
+    """Publish ``table`` atomically as Parquet that reads back with plain string columns.
+
+    Buffered resource and scope columns are dictionaries (``collector.rows``). Parquet
+    stores them as dictionary-encoded strings either way, written straight from the Arrow
+    dictionary (no rows x size copy); but pyarrow would also record the dictionary type in
+    the file's Arrow schema, and readers would get dictionaries (Polars: Categorical). So
+    the Arrow schema recorded is the plain one: readers see the same file as before.
+    """
+    stored = base64.b64encode(plain_schema(table.schema).serialize().to_pybytes())
+
+    def write(handle: Any) -> None:
+        # copies: pyarrow may add to the column_encoding dict it is given
+        with pq.ParquetWriter(handle, table.schema, compression="zstd", store_schema=False,
+                              use_dictionary=list(options["use_dictionary"]),
+                              column_encoding=dict(options["column_encoding"])) as writer:
+            writer.write_table(table)
+            writer.add_key_value_metadata({b"ARROW:schema": stored})
+
+    write_bytes_atomic(path, write)
+
+
 class Segments:
     """Publishes Arrow tables as raw Parquet segments named ``<writer>-<seq>``."""
 
@@ -72,6 +97,9 @@ class Segments:
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if not table.num_rows:
             return 0
+        # One dictionary per column for the whole segment: Parquet's writer materializes a
+        # dictionary chunk whose dictionary differs from the first one (rows x size).
+        table = table.unify_dictionaries()
         # numpy, not pyarrow.compute: loading Arrow's compute module costs each worker about
         # 7 MiB of RSS, and the time column is int64 without nulls (zero-copy view).
         hours = table[signal.time_column].to_numpy() // _HOUR_NS
@@ -90,9 +118,7 @@ class Segments:
             if not self.data_dir.remote:
                 make_dirs_durable(path.parent)
             self._faults.check("publish")
-            # copies: pyarrow may add to the column_encoding dict it is given
-            write_parquet_atomic(part, path, use_dictionary=list(options["use_dictionary"]),
-                                 column_encoding=dict(options["column_encoding"]))
+            write_segment(part, path, options)
             self._faults.check("publish.after")
         return table.num_rows
 
