@@ -36,6 +36,9 @@ def load(config_file: str | None, overrides: dict[str, Any]) -> tuple[CollectorC
 @click.command()
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
               help=DATA_DIR_HELP)
+@click.option("--wal-dir", "wal_dir", type=click.Path(file_okay=False), default=None,
+              help="Write-ahead log folder on a local disk, for an s3:// --data-dir "
+                   "[config: wal_dir; else $FLEETLENS_WAL_DIR; DATA_DIR/wal for a local one].")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="fleetlens.toml [default: $FLEETLENS_CONFIG or ./fleetlens.toml].")
 @click.option("--grpc-address", default=None, help="OTLP/gRPC HOST:PORT [127.0.0.1:4317].")
@@ -59,8 +62,8 @@ def load(config_file: str | None, overrides: dict[str, Any]) -> tuple[CollectorC
                    "FLEETLENS_COLLECTOR__FORWARD__AUTH_TOKEN: options show in ps).")
 @click.option("--forward-insecure", is_flag=True, default=None,
               help="Forward in plaintext (no TLS): only on a trusted network.")
-def collector(data_dir: str | None, config_file: str | None, grpc_address: str | None,
-              http_address: str | None, workers: int | None,
+def collector(data_dir: str | None, wal_dir: str | None, config_file: str | None,
+              grpc_address: str | None, http_address: str | None, workers: int | None,
               self_metrics_address: str | None, forward: str | None, forward_ca: str | None,
               forward_cert: str | None, forward_key: str | None, forward_token: str | None,
               forward_insecure: bool | None) -> None:
@@ -77,7 +80,7 @@ def collector(data_dir: str | None, config_file: str | None, grpc_address: str |
                   "insecure": forward_insecure}
     overrides: dict[str, Any] = {
         "grpc_address": grpc_address, "http_address": http_address, "workers": workers,
-        "self_metrics_address": self_metrics_address,
+        "self_metrics_address": self_metrics_address, "wal_dir": wal_dir,
         "forward": {k: v for k, v in forwarding.items() if v is not None} or None}
     try:
         config, file_data_dir = load(config_file, overrides)

@@ -156,6 +156,9 @@ class CollectorConfig:
     self_metrics_address: str = f"{LOOPBACK}:8888"
     #: Edge mode (``--forward``): see :class:`ForwardConfig`.
     forward: ForwardConfig = field(default_factory=ForwardConfig)
+    #: Write-ahead log folder, on a local disk ("": ``<data_dir>/wal``; for an ``s3://``
+    #: data dir ``$FLEETLENS_WAL_DIR``, else ``./fleetlens-wal/<bucket>/<prefix>``).
+    wal_dir: str = ""
 
     def validate(self) -> None:
         for name in ("grpc_address", "http_address"):
@@ -177,6 +180,8 @@ class CollectorConfig:
         require(self.max_attributes > 0, "max_attributes", "must be positive")
         require(self.max_attribute_value_bytes > 0, "max_attribute_value_bytes", "must be positive")
         require(self.workers >= 0, "workers", "must be 0 (one per core) or more")
+        require(not self.wal_dir.startswith("s3://"), "wal_dir",
+                "must be a local folder: the WAL is fsynced before each acknowledgement")
         for name in ("http_request_timeout_s", "http_idle_timeout_s", "http_max_connections",
                      "http_threads"):
             require(getattr(self, name) > 0, name, "must be positive")
