@@ -105,8 +105,12 @@ def remove_stale_tmp(data_dir: DataDir, older_than_s: float = STALE_TMP_S) -> in
     """Delete hidden temporary Parquet files that a killed writer left under ``raw/``.
 
     Only old ones: a live collector sharing the data root may be writing a fresh one (and if
-    it were removed anyway, that publish fails and is retried, losing nothing).
+    it were removed anyway, that publish fails and is retried, losing nothing). On an object
+    store there is nothing to find (a segment is one PUT of the whole object, no temporary
+    file) and looking would LIST every object under ``raw/``: 0 without a request.
     """
+    if data_dir.remote:
+        return 0
     cutoff = time.time() - older_than_s
     removed = 0
     for path in (data_dir.root / "raw").rglob(f".*{TMP_SUFFIX}"):
@@ -158,7 +162,7 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    data_dir = DataDir(root)
+    data_dir = DataDir(root, config.wal_dir or None)
     telemetry = Telemetry(array, slot)
     writer_id = new_writer_id()
     segs = Segments(data_dir, writer_id)
