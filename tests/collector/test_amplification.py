@@ -60,8 +60,10 @@ def test_large_resource_attributes_are_capped_not_copied_onto_every_row(tmp_path
 
 
 def test_rows_that_can_never_fit_the_buffer_are_a_permanent_refusal(tmp_path) -> None:
-    config = {"max_buffered_bytes": 2 * 1024 * 1024, "max_resource_bytes": 8 * 1024}
-    request = _amplifying_request(600, attrs=8, size=1000)  # about 600 x 16 KB of copies
+    # The resource and scope are buffered once per request (test_shared_columns.py): what
+    # cannot fit here is the 600 spans' own rows, about 300 KB against a 128 KiB buffer.
+    config = {"max_buffered_bytes": 128 * 1024, "max_resource_bytes": 8 * 1024}
+    request = _amplifying_request(600, attrs=8, size=1000)
     with running_collector(tmp_path / "data", config=config) as col:
         with pytest.raises(grpc.RpcError) as info:
             col.export(request)
