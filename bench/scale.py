@@ -142,10 +142,11 @@ def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
     along), so a change in the machine's load hits every setup alike. Each run is a driver
     process of its own that recomputes twice: Ray starts a driver's worker processes on its
     first tasks, so the second (timed) run is what a long-lived `pipeline --follow` sees."""
-    clusters = {}
+    clusters: dict[str, RayCluster] = {}
     runs: dict[str, list[dict]] = {"local": [], "ray-1": [], "ray-2": []}
     try:
-        clusters = {"ray-1": start_cluster(1), "ray-2": start_cluster(2)}
+        for nodes in (1, 2):  # one at a time: a failure stops those already started
+            clusters[f"ray-{nodes}"] = start_cluster(nodes)
         for _ in range(repeat):
             for label in runs:
                 address = clusters[label].address if label in clusters else None

@@ -89,6 +89,17 @@ class RayCluster:
         """Start a worker node (the caller waits for it to join, e.g. :func:`wait_nodes`)."""
         return self._start(["--address", self.address], f"node{len(self.nodes)}")
 
+    def restart_exited(self) -> int:
+        """Start again every worker node whose ``ray start`` exited (e.g. a port picked free
+        and taken by another process before Ray bound it); returns how many."""
+        count = 0
+        for i, node in enumerate(self.nodes):
+            if i and node.poll() is not None:
+                self.nodes[i] = self.add_node()
+                self.nodes.pop()
+                count += 1
+        return count
+
     def log(self, name: str) -> str:
         """The tail of a node's ``ray start`` output (for failure messages)."""
         path = self.temp_dir / f"{name}.log"
@@ -145,14 +156,18 @@ def _pids_naming(text: str) -> list[int]:
     return found
 
 
-def wait_nodes(count: int, timeout_s: float = 60) -> None:
-    """Wait until the connected driver sees ``count`` live nodes."""
+def wait_nodes(count: int, timeout_s: float = 120, cluster: RayCluster | None = None) -> None:
+    """Wait until the connected driver sees ``count`` live nodes (restarting, once, the
+    ``cluster``'s worker nodes that exited)."""
     import ray
 
     deadline = time.monotonic() + timeout_s
+    restarted = False
     while time.monotonic() < deadline:
         if sum(1 for n in ray.nodes() if n["Alive"]) >= count:
             return
+        if cluster is not None and not restarted:
+            restarted = cluster.restart_exited() > 0
         time.sleep(0.2)
     raise TimeoutError(f"fewer than {count} Ray nodes after {timeout_s} s")
 
@@ -207,7 +222,7 @@ def connected_cluster() -> Iterator[RayCluster]:
         nodes.start_head()
         nodes.add_node()
         ray.init(address=nodes.address, log_to_driver=False)
-        wait_nodes(2)
+        wait_nodes(2, cluster=nodes)
         yield nodes
     finally:
         ray.shutdown()
