@@ -79,11 +79,11 @@ MAX_ROW_NS = 3600 * NS
 def event_rows(dd: DataDir, signal: str, rel: str, marks: pl.DataFrame, gap_ns: int,
                lateness_ns: int, future_ns: int = FUTURE_NS,
                max_row_ns: int = MAX_ROW_NS) -> pl.DataFrame:
-    """(host, lo, hi, back, end, received, late) per row of one segment: the event time a row
-    can affect (phase 1 from ``lo`` to ``hi``, at most ``max_row_ns`` after ``lo``; phase 2
-    from ``back``), its event time for the watermark (``end``, at most ``future_ns`` past its
-    receive time), and whether it is older than its host's watermark (``marks``) minus the
-    lateness."""
+    """(host, lo, hi, back, end, received, event_end, late) per row of one segment: the event
+    time a row can affect (phase 1 from ``lo`` to ``hi``, at most ``max_row_ns`` after
+    ``lo``; phase 2 from ``back``), its event time for the watermark (``end``, at most
+    ``future_ns`` past its receive time; ``event_end`` unbounded, for the export delay), and
+    whether it is older than its host's watermark (``marks``) minus the lateness."""
     frame = scan_segment(dd, rel)
     if signal == "spans":
         lo, hi, end = pl.col(c.START_NS), pl.col(c.END_NS), pl.col(c.END_NS)
@@ -97,6 +97,9 @@ def event_rows(dd: DataDir, signal: str, rel: str, marks: pl.DataFrame, gap_ns: 
         pl.max_horizontal(pl.min_horizontal(hi, lo + max_row_ns), lo).alias("hi"),
         pl.min_horizontal(end, latest).alias("end"),
         pl.col(c.RECEIVED_NS).alias("received"),
+        # Unbounded, for the export delay: a clock running ahead must show as its full skew
+        # (that is what the delay is reported for), even where the watermark is capped.
+        end.alias("event_end"),
     ).collect()
     if marks.height == 0:  # a first or full run: nothing can be late
         return rows.with_columns(pl.lit(False).alias("late"))
@@ -110,7 +113,7 @@ def segment_facts(rows: pl.DataFrame, signal: str) -> tuple[pl.DataFrame, list[i
     earliest) hour numbers of its on-time rows, packed into one integer each."""
     # The export delay is reported for spans only: no per-host median (a sort) over the
     # millions of metric points.
-    delay = (((pl.col("received") - pl.col("end")) / NS).median() if signal == "spans"
+    delay = (((pl.col("received") - pl.col("event_end")) / NS).median() if signal == "spans"
              else pl.lit(None, pl.Float64))
     stats = rows.group_by(c.HOST_NAME).agg(
         pl.len().alias("n"), pl.col("lo").min(), pl.col("hi").max(),
