@@ -32,8 +32,8 @@ HOUR_NS = 3600 * 10**9
 
 
 def _keys(request) -> set[tuple[str, str]]:
-    return {(s.trace_id.hex(), s.span_id.hex())
-            for s in request.resource_spans[0].scope_spans[0].spans}
+    return {(s.trace_id.hex(), s.span_id.hex()) for rs in request.resource_spans
+            for ss in rs.scope_spans for s in ss.spans}
 
 
 def _stored(data: Path) -> set[tuple[str, str]]:
@@ -146,13 +146,16 @@ def test_eio_full_disk_and_a_kill_mid_publish_lose_nothing_acknowledged(tmp_path
             rules.unlink()
             time.sleep(1.0)
         acked |= sender.acked
-        # Two hours in one buffer: two segments; the process dies after the first one.
+        # Two hours in one buffer: two segments; the process dies after the first one. One
+        # request carries both hours: two requests could be flushed (every 0.2 s) apart, and
+        # the process would die before the second was sent.
         base = (time.time_ns() // HOUR_NS - 3) * HOUR_NS
         rules.write_text("publish.after KILL\n")
-        for k, seed in enumerate((10**6, 10**6 + 1)):
-            request = vllm_trace_request(5, seed=seed, start_ns=base + k * HOUR_NS)
-            col.export(request)
-            acked |= _keys(request)
+        request = vllm_trace_request(5, seed=10**6, start_ns=base)
+        request.resource_spans.extend(
+            vllm_trace_request(5, seed=10**6 + 1, start_ns=base + HOUR_NS).resource_spans)
+        col.export(request)
+        acked |= _keys(request)
         deadline = time.monotonic() + 30
         while col.process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
