@@ -175,7 +175,13 @@ def test_acknowledged_spans_survive_an_object_store_outage(
         with grpc.insecure_channel(address) as channel:
             reply = svc.TraceServiceStub(channel).Export(request, timeout=30)
         assert not reply.partial_success.rejected_spans
-        time.sleep(7)  # past flush_interval_s: at least one publish has failed
+        # Wait for a publish to fail (a flush every flush_interval_s; a fixed sleep was too
+        # short on a loaded machine, and the store came back before anything had failed).
+        log_path, deadline = tmp_path / "collector.log", time.monotonic() + 90
+        while not any(text in log_path.read_text() for text in
+                      ("publishing Parquet failed (will retry)", "flush failed")):
+            assert time.monotonic() < deadline, "no publish failed while the store was down"
+            time.sleep(0.2)
         with moto_server(tmp_path, port=port) as second:  # back, empty: recreate the bucket
             second.bucket(name=name)
             for key, value in second.env.items():
