@@ -15,7 +15,6 @@ response. The process is always stopped by PID when the block exits, also on fai
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
@@ -37,6 +36,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from fleetlens.collector.signals import LOGS, METRICS, SPANS, Signal
 from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema.settings import to_toml
 
 SERVER = trace_pb2.Span.SPAN_KIND_SERVER
 
@@ -163,13 +163,7 @@ def free_port() -> int:
 
 
 def _toml(config: Mapping[str, Any], prefix: str = "collector") -> str:
-    lines, tables = [f"[{prefix}]"], []
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            tables.append(_toml(value, f"{prefix}.{key}"))
-        else:
-            lines.append(f"{key} = {json.dumps(value)}")
-    return "\n".join([*lines, *tables]) + "\n"
+    return to_toml(config, prefix) + "\n"
 
 
 @dataclass

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import re
 
 import click
 
-from fleetlens.pipeline.schema.settings import ConfigError, to_dict
+from fleetlens.pipeline.schema.settings import ConfigError, to_dict, to_toml
 
 
 @click.group()
@@ -44,7 +43,7 @@ def check(file: str | None, fmt: str) -> None:
                               sort_keys=True))
         return
     click.echo(f"# effective configuration ({source or 'defaults'} + environment); valid")
-    click.echo(_to_toml(_redact_urls(to_dict(cfg, redact=True, unset=True))))
+    click.echo(to_toml(_redact_urls(to_dict(cfg, redact=True, unset=True))))
 
 
 def _redact_urls(data: dict) -> dict:
@@ -57,36 +56,3 @@ def _redact_urls(data: dict) -> dict:
             redact_url(h) if isinstance(h, str) else {**h, "url": redact_url(h["url"])}
             for h in hooks]
     return data
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def _key(name: str) -> str:
-    """A TOML key: bare when it may be (``grpc_address``), quoted otherwise (a GPU model)."""
-    return name if _BARE_KEY.fullmatch(name) else json.dumps(name)
-
-
-def _to_toml(data: dict, prefix: str = "") -> str:
-    """``data`` as TOML that ``config check`` reads back; unset fields as comments."""
-    scalars = [f"# {_key(k)} = (unset)" if v is None else f"{_key(k)} = {_toml_value(v)}"
-               for k, v in data.items() if not isinstance(v, dict)]
-    lines = [f"[{prefix}]"] if prefix and (scalars or not data) else []
-    lines += scalars or (["# (empty)"] if prefix and not data else [])
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines += ["", _to_toml(value, f"{prefix}.{_key(key)}" if prefix else _key(key))]
-    return "\n".join(lines).strip("\n")
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):  # a table inside a list ([[agent.vllm]]): an inline table
-        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(v)}"
-                                for k, v in value.items()) + " }"
-    return json.dumps(str(value))

@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import json
 import os
+import re
 import socket
 import tomllib
 import types
@@ -272,3 +274,38 @@ def is_loopback(host: str, *, resolve: bool = False) -> bool:
     except OSError:
         return False
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key(name: str) -> str:
+    """A TOML key: bare when it may be (``grpc_address``), quoted otherwise (a GPU model)."""
+    return name if _BARE_KEY.fullmatch(name) else json.dumps(name)
+
+
+def to_toml(data: Mapping[str, Any], prefix: str = "") -> str:
+    """``data`` as TOML that reads back the same (``None`` values as comments, keys quoted
+    where they must be, dicts as tables, dicts in lists as inline tables): the one TOML
+    writer (``config check`` prints with it, test helpers write configs with it)."""
+    scalars = [f"# {_key(k)} = (unset)" if v is None else f"{_key(k)} = {_toml_value(v)}"
+               for k, v in data.items() if not isinstance(v, Mapping)]
+    lines = [f"[{prefix}]"] if prefix and (scalars or not data) else []
+    lines += scalars or (["# (empty)"] if prefix and not data else [])
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            lines += ["", to_toml(value, f"{prefix}.{_key(key)}" if prefix else _key(key))]
+    return "\n".join(lines).strip("\n")
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):  # a table inside a list ([[agent.vllm]]): an inline table
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(v)}"
+                                for k, v in value.items()) + " }"
+    return json.dumps(str(value))

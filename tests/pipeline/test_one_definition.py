@@ -67,3 +67,22 @@ def test_one_loopback_check(host: str, resolve: bool, expected: bool) -> None:
     from fleetlens.pipeline.schema.settings import is_loopback
 
     assert is_loopback(host, resolve=resolve) is expected
+
+
+def test_one_toml_writer_reads_back() -> None:
+    import tomllib
+
+    from fleetlens.pipeline.schema.settings import to_toml
+
+    data = {"collector": {"grpc_address": "127.0.0.1:4317", "auth_tokens": ("a", 'b"c'),
+                          "flush_interval_s": 0.2, "workers": 2, "tls": {"cert_file": None},
+                          "forward": {"insecure": True}},
+            "analytics": {"webhooks": [{"url": "http://x/h", "format": "slack"}]},
+            "agent": {"gpu_models": {"NVIDIA H100 80GB HBM3": "H100"}}}
+    text = to_toml(data)
+    back = tomllib.loads(text)
+    assert back["collector"]["auth_tokens"] == ["a", 'b"c']
+    assert back["collector"]["flush_interval_s"] == 0.2 and back["collector"]["workers"] == 2
+    assert "cert_file" not in back["collector"]["tls"] and "# cert_file = (unset)" in text
+    assert back["analytics"]["webhooks"] == data["analytics"]["webhooks"]
+    assert back["agent"]["gpu_models"] == data["agent"]["gpu_models"]  # a quoted key
