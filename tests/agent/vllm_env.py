@@ -147,14 +147,15 @@ def free_port() -> int:
 def running_vllm(python: Path, model: Path, log_path: Path, *, otlp_endpoint: str,
                  service_name: str, resource_attributes: Mapping[str, str],
                  args: Sequence[str] = (), kv_cache_space_gib: int | None = 1,
-                 start_timeout: float = 300.0, port: int | None = None
-                 ) -> Iterator[VllmServer]:
+                 start_timeout: float = 300.0, port: int | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> Iterator[VllmServer]:
     """Start ``vllm.entrypoints.openai.api_server`` serving ``model`` as ``tiny``.
 
     ``kv_cache_space_gib`` sets ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB only); pass ``None`` with
     ``--kv-cache-memory-bytes`` in ``args`` for a tiny cache (the variable would override it).
     ``port``: a loopback port to listen on (a restart keeps its address, so the agent
-    scraping it follows); a free one when ``None``.
+    scraping it follows); a free one when ``None``. ``extra_env``: more variables for the
+    server (e.g. its OpenTelemetry SDK's ``OTEL_BSP_*`` batching), set last.
     """
     port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLEETLENS_"))}
@@ -165,6 +166,7 @@ def running_vllm(python: Path, model: Path, log_path: Path, *, otlp_endpoint: st
     })
     if kv_cache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_space_gib)
+    env.update(extra_env or {})
     # vLLM names its ZMQ sockets <base>/<uuid4> and leaves them behind when stopped; a private
     # base (short: socket paths are limited to 107 bytes) is removed below.
     rpc_dir = Path(tempfile.mkdtemp(prefix="fleetlens-vllm-"))
