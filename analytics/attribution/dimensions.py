@@ -114,4 +114,12 @@ def compare_dimensions(incident: pl.DataFrame, baseline: pl.DataFrame, metric: s
             score = share * math.log2(lift) if lift > 1 else 0.0
             findings.append(Finding(dim, str(row[dim]), lift, share, slow_share, base_share,
                                     score))
-    return sorted(findings, key=lambda f: (-f.score, f.dimension, f.value))
+    return rank_findings(findings)
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Best score first; ties by dimension and value. Scores are compared rounded: scores
+    that tie (a host's only instance and its GPUs explain the same slow requests) differ in
+    the last bits with the summation order of a parallel group_by, and the order must not
+    depend on it (Ray and local runs publish the same bytes)."""
+    return sorted(findings, key=lambda f: (-round(f.score, 9), f.dimension, f.value))

@@ -45,3 +45,17 @@ def test_attribution_signals_count_the_increase_after_a_restart() -> None:
     host = _engine(frame, minutes=1.0)["h1"]
     assert host["preempt_per_min"] == 18  # diff().clip(0) said 13
     assert host[c.PREFIX_HIT_RATE] == 180 / 360
+
+
+def test_dimension_ties_rank_the_same_whatever_the_summation_order() -> None:
+    from fleetlens.analytics.attribution.dimensions import Finding, rank_findings
+
+    def finding(dimension: str, score: float) -> Finding:
+        return Finding(dimension, "v", 2.4, 0.48, 0.9, 0.3, score)
+
+    # The same score summed in two orders differs in its last bits.
+    one, other = sum([0.1, 0.2, 0.3]), sum([0.3, 0.2, 0.1])
+    assert one != other
+    for a, b in ((one, other), (other, one)):
+        ranked = rank_findings([finding("instance_id", a), finding("gpu_uuid", b)])
+        assert [f.dimension for f in ranked] == ["gpu_uuid", "instance_id"]
