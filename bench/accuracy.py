@@ -197,6 +197,9 @@ def main() -> None:
                         help="random suite: fleet size (small: 2-3 hosts, 3-4 incidents)")
     parser.add_argument("--clean-control", action="store_true",
                         help="random suite: run each paired control end to end as a clean run")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="KEEP_DIR",
+                        help="random suite: rerun analytics alone on the fleets a --keep run "
+                             "left in KEEP_DIR and print the figures")
     args = parser.parse_args()
     if args.suite == "random":
         main_random(args)
@@ -217,9 +220,14 @@ def main() -> None:
 
 def main_random(args: argparse.Namespace) -> None:
     """``--suite random``: print the figures of bench/accuracy_random.py."""
-    from bench.accuracy_random import report, run_random
+    from bench.accuracy_random import report, rescore, run_random
     from fleetlens.simulator.randomfleet import FULL, SMALL
 
+    if args.rescore:
+        result = rescore(args.rescore)
+        print(f"\n== accuracy (random suite, rescored {args.rescore}) ==")
+        print(report(result))
+        return
     if args.fleets < 1:
         raise SystemExit("--fleets must be at least 1")
     with tempfile.TemporaryDirectory(prefix="fleetlens-accuracy-") as tmp:

@@ -11,6 +11,8 @@ incidents per clean simulated day come from the same runs.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from fleetlens.simulator.control import LatencyProbe, Verdict, validate, without
 from fleetlens.simulator.randomfleet import WARMUP_S, FleetSize, random_fleet
 
 GRACE_S = 180.0  # as analytics.accuracy.score_run
+VERDICTS_FILE = "verdicts.json"
 NS = 1_000_000_000
 
 
@@ -83,17 +86,58 @@ def run_fleet(doc: dict, workdir: Path, clean_control: bool = False
         simulate(parse_scenario(control_doc), export=False, probe=control)
     timings["control"] = time.perf_counter() - started
     verdicts = validate(truth, treated, control)
-    valid = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if v.valid]
-    dropped = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if not v.valid]
-    score = score_run(valid, res.analysis.incidents, res.analysis.causes, GRACE_S,
-                      excused=dropped)
-    # false incidents in this run's clean time count per clean day too
-    score.clean_false_incidents += score.false_incidents
-    score.clean_days += clean_seconds(truth) / 86400
+    # Kept beside the data so --rescore can rerun analytics alone on the same pipeline output.
+    (workdir / doc["fleet"]["name"] / VERDICTS_FILE).write_text(json.dumps(
+        {"scenario": doc, "truth": truth,
+         "verdicts": [dataclasses.asdict(v) for v in verdicts]}, default=str))
+    score = score_fleet(truth, verdicts, res.analysis)
     if clean is not None:
         score.add(score_clean(clean.analysis.incidents,
                               max(doc["fleet"]["duration_s"] - WARMUP_S, 0) / 86400))
     return score, verdicts, timings
+
+
+def score_fleet(truth: dict, verdicts: list[Verdict], analysis: object) -> Score:
+    """Score one fleet's analysis against its validated incidents; clean time counted."""
+    valid = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if v.valid]
+    dropped = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if not v.valid]
+    score = score_run(valid, analysis.incidents, analysis.causes, GRACE_S, excused=dropped)
+    # false incidents in this run's clean time count per clean day too
+    score.clean_false_incidents += score.false_incidents
+    score.clean_days += clean_seconds(truth) / 86400
+    return score
+
+
+def rescore(keep: Path, log: Callable[[str], None] = print) -> RandomResult:
+    """Rerun analytics alone on the fleets a ``--keep`` run left in ``keep`` and score them.
+
+    The simulator and pipeline outputs are reused, so a change to the analytics rules is
+    measured in seconds; control runs and verdicts are those saved by the original run.
+    """
+    from fleetlens.analytics.config import AnalyticsConfig
+    from fleetlens.analytics.runner import run as run_analytics
+    from fleetlens.pipeline.storage import DataDir
+
+    out = RandomResult()
+    started = time.perf_counter()
+    saved = sorted(keep.glob(f"*/{VERDICTS_FILE}"))
+    if not saved:
+        raise SystemExit(f"no {VERDICTS_FILE} under {keep}: run the suite with --keep first")
+    for path in saved:
+        doc = json.loads(path.read_text())
+        verdicts = [Verdict(**v) for v in doc["verdicts"]]
+        analysed = run_analytics(DataDir(path.parent / "data"), AnalyticsConfig(), notify=False)
+        score = score_fleet(doc["truth"], verdicts, analysed.analysis)
+        out.score.add(score)
+        out.verdicts += verdicts
+        out.seeds.append(doc["scenario"]["fleet"]["seed"])
+        log(f"fleet {path.parent.name}: {describe(doc['scenario'])}: "
+            f"recall {score.summary()['recall']:.2f}, top-1 {score.top1}/{score.detected}, "
+            f"false {score.false_incidents}")
+        for note in score.misses:
+            log(f"  {note}")
+    out.wall_s = time.perf_counter() - started
+    return out
 
 
 def run_random(fleets: int, seed: int, size: FleetSize, workdir: Path,
