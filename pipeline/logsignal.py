@@ -15,6 +15,11 @@ an OTLP log pipeline, the collector's ``raw/logs``):
 :func:`log_events` turns such records into ``log_events`` rows (docs/telemetry.md, "Log
 formats"); every other record is left out. The raw log volume of an inference fleet is small,
 so the table is derived when read (:func:`scan_log_events`) rather than stored.
+
+Delivery is at-least-once (an edge collector resends the batch whose acknowledgement it did
+not record; an SDK resends a request whose answer it lost), and a log record has no id, so
+:func:`dedup_log_records` recognizes a copy by its content (``tables.LOG_RECORDS`` key) before
+anything is counted: a resent NCCL line must not read as two warnings.
 """
 
 from __future__ import annotations
@@ -35,8 +40,29 @@ WATCHDOG_RE = (r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)\) ra
 RANK_RE = r"Rank (\d+)\]"
 
 
+def dedup_log_records(records: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
+    """``log_records`` with one row per record: a copy delivered twice kept once (the first).
+
+    Two rows are one record when every column of the table's key is equal (nulls equal
+    nulls), ``observed_ns`` read as null where it equals ``received_ns``: the collector
+    filled it in on receipt, so each copy has its own (``tables.LOG_RECORD_KEY_SQL`` is
+    the same rule in SQL). Two genuinely identical lines (same time to the nanosecond,
+    body, resource and attributes) are kept once too: docs/telemetry.md says when that
+    can happen.
+    """
+    frame = records.lazy()
+    present = set(frame.collect_schema().names())  # a frame without a column: all equal
+    observed = pl.col(c.OBSERVED_NS)
+    if c.RECEIVED_NS in present:
+        observed = pl.when(observed == pl.col(c.RECEIVED_NS)).then(None).otherwise(observed)
+    key = [observed if name == c.OBSERVED_NS else pl.col(name)
+           for name in t.table(t.LOG_RECORDS).key if name in present]
+    return frame.filter(pl.struct(key).is_first_distinct()) if key else frame
+
+
 def log_events(records: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
-    """``log_records`` rows -> ``log_events`` rows (NCCL warnings and collective timeouts).
+    """``log_records`` rows -> ``log_events`` rows (NCCL warnings and collective timeouts),
+    one per record however often it was delivered (:func:`dedup_log_records`).
 
     Timestamps: the record's time, or its observed time where the sender left it 0.
     """
@@ -48,7 +74,9 @@ def log_events(records: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     def group(pattern: str, index: int) -> pl.Expr:
         return body.str.extract(pattern, index)
 
-    frame = records.lazy().filter(body.is_not_null() & (timeout | nccl))
+    # The filter reads the body only, which is part of the dedup key: deduplicating the few
+    # matching rows gives the same rows as deduplicating all of them first.
+    frame = dedup_log_records(records.lazy().filter(body.is_not_null() & (timeout | nccl)))
     frame = frame.select(
         ts.alias(c.TS_NS),
         pl.col(c.SERVICE_NAME),

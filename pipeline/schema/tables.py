@@ -139,7 +139,22 @@ _LOG_RECORDS = Table(
         c.DROPPED_ATTRIBUTES_COUNT: I64, c.RECEIVED_NS: I64,
     },
     raw_signal="logs",
+    # A log record has no id: a copy delivered twice (an edge or SDK resend) is recognized
+    # by its content, everything the sender sent (docs/telemetry.md, "Duplicate log
+    # records"). The resource by its attributes: service_name and host_name may be the
+    # cardinality cap's overflow value on one copy only. observed_ns counts only where the
+    # sender set it (see LOG_RECORD_KEY_SQL); received_ns never (each copy has its own).
+    key=(c.TS_NS, c.OBSERVED_NS, c.SEVERITY_NUMBER, c.SEVERITY_TEXT, c.BODY, c.EVENT_NAME,
+         c.TRACE_ID, c.SPAN_ID, c.FLAGS, c.RESOURCE_ATTRIBUTES, c.SCOPE_NAME,
+         c.SCOPE_VERSION, c.ATTRIBUTES, c.DROPPED_ATTRIBUTES_COUNT),
 )
+#: The ``log_records`` key as SQL expressions (for ``SELECT DISTINCT ON``). An
+#: ``observed_ns`` equal to ``received_ns`` was filled in by the collector (the sender left
+#: it 0), so each delivered copy has another: the key reads it as null
+#: (``pipeline.logsignal.dedup_log_records`` is the same rule in Polars).
+LOG_RECORD_KEY_SQL = ", ".join(
+    f'CASE WHEN "{c.OBSERVED_NS}" = "{c.RECEIVED_NS}" THEN NULL ELSE "{c.OBSERVED_NS}" END'
+    if name == c.OBSERVED_NS else f'"{name}"' for name in _LOG_RECORDS.key)
 
 #: The log signal: one row per NCCL ``WARN`` line or PyTorch watchdog collective timeout found
 #: in ``log_records``. Derived when read (pipeline.logsignal), never stored, so it is not in

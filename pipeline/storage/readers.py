@@ -131,9 +131,13 @@ def connect(data_dir: DataDir, *, read_only_sandbox: bool = False,
     for name in (n for n in t.TABLES if n in wanted):
         if name in present:
             glob = table_glob(data_dir, name).replace("'", "''")
+            # Log records have no id: a copy delivered twice is shown once (the key is their
+            # content, tables.LOG_RECORD_KEY_SQL), as pipeline.logsignal counts them.
+            select = f"SELECT DISTINCT ON ({t.LOG_RECORD_KEY_SQL}) *" \
+                if name == t.LOG_RECORDS else "SELECT *"
             # Creating the view reads every file's schema: compaction may delete one meanwhile.
-            retry_vanished(lambda glob=glob, name=name: con.execute(
-                f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet('
+            retry_vanished(lambda glob=glob, name=name, select=select: con.execute(
+                f'CREATE VIEW "{name}" AS {select} FROM read_parquet('
                 f"'{glob}', hive_partitioning = true, union_by_name = true)"
             ))
         else:
