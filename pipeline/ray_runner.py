@@ -9,6 +9,13 @@ lock, the read-modify-write of crossing requests' energy). The tasks publish not
 files are byte-identical to the local runner's by construction, whichever node ran a task and
 however often Ray retried it.
 
+The tasks also encode their partitions as Parquet (the one CPU-heavy step the driver had kept:
+half of its time in a run) and return the bytes; the driver writes those bytes, one writer in
+hour order as before. The encoding is :func:`~fleetlens.pipeline.partitions.publish`'s, so the
+files are the same bytes (tests/pipeline/test_ray_runner.py checks it against the local
+runner); only the small request-energy rows of requests crossing into a dirty hour come back
+as frames, for the driver's read-modify-write of their arrival hour.
+
 Phase 2 of hour h reads the phase-1 partitions up to ``h + 1 h + max_request_s + gap + slot``:
 it is submitted as soon as those are published (so the two phases overlap, as locally). Tasks
 read the data directory themselves, so every node must see it at the same path (one machine,
@@ -19,14 +26,16 @@ Ray is optional: only this module imports it, and only ``--runner ray`` imports 
 
 from __future__ import annotations
 
+import io
 import logging
 from collections import deque
+from dataclasses import dataclass
 
 import polars as pl
 import ray
 
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.partitions import HOUR_NS, NS
+from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
 from fleetlens.pipeline.runner import (
     Phase2Output,
     Pipeline,
@@ -36,8 +45,9 @@ from fleetlens.pipeline.runner import (
     phase1_hour,
     phase2_hour,
 )
+from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.state import PipelineState
-from fleetlens.pipeline.storage import DataDir
+from fleetlens.pipeline.storage import DataDir, write_bytes_atomic
 
 #: Retries of a task whose worker or node died (Ray re-runs it, elsewhere if need be). An
 #: exception raised by the task itself (a damaged segment) is not retried: it would fail
@@ -53,15 +63,62 @@ IN_FLIGHT_PER_CPU = 2
 _TASK = {"max_retries": MAX_RETRIES, "retry_exceptions": False, "scheduling_strategy": "SPREAD"}
 
 
-@ray.remote(**_TASK)
-def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]],
-                 hour: int) -> list[tuple[str, pl.DataFrame]]:
-    return phase1_hour(cfg, files, hour)
+#: Parquet settings of :func:`~fleetlens.pipeline.partitions.publish` (zstd level 1): the
+#: byte-identity tests fail if the two ever differ.
+_PARQUET = {"compression": "zstd", "compression_level": 1}
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One partition as a task returns it: its table, rows and Parquet bytes (None: empty,
+    so the partition is removed, as :func:`~fleetlens.pipeline.partitions.publish` does)."""
+
+    table: str
+    rows: int
+    body: bytes | None
+
+
+def encode(table: str, frame: pl.DataFrame) -> Encoded:
+    """``frame`` as the bytes :func:`~fleetlens.pipeline.partitions.publish` would write."""
+    if frame.height == 0:
+        return Encoded(table, 0, None)
+    buffer = io.BytesIO()
+    frame.rechunk().write_parquet(buffer, **_PARQUET)
+    return Encoded(table, frame.height, buffer.getvalue())
+
+
+@dataclass(frozen=True)
+class Phase2Encoded:
+    """One hour's phase-2 output from a task: its own partitions encoded, in publish order
+    (gpu_window_energy, request_energy, windows), and the crossers as frames."""
+
+    own: list[Encoded]
+    crossers: list[tuple[int, pl.DataFrame]]
 
 
 @ray.remote(**_TASK)
-def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]) -> Phase2Output:
-    return phase2_hour(dd, cfg, hour, dirty)
+def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int) -> list[Encoded]:
+    return [encode(table, frame) for table, frame in phase1_hour(cfg, files, hour)]
+
+
+@ray.remote(**_TASK)
+def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
+                 ) -> Phase2Encoded:
+    out: Phase2Output = phase2_hour(dd, cfg, hour, dirty)
+    return Phase2Encoded([encode(t.GPU_WINDOW_ENERGY, out.gpu_window_energy),
+                          encode(t.REQUEST_ENERGY, out.request_energy),
+                          encode(t.WINDOWS, out.windows)], out.crossers)
+
+
+def _write(dd: DataDir, hour: int, part: Encoded) -> int:
+    """Publish one encoded partition (atomically, as :func:`partitions.publish`)."""
+    path = partition_file(dd, part.table, hour)
+    if part.body is None:
+        path.unlink(missing_ok=True)
+        return 0
+    body = part.body
+    write_bytes_atomic(path, lambda handle: handle.write(body))
+    return part.rows
 
 
 def connect(address: str | None = None) -> None:
@@ -133,14 +190,29 @@ class RayPipeline(Pipeline):
             ready, _ = ray.wait(heads, num_returns=1)
             if run1 and run1[0][1] in ready:
                 hour, ref = run1.popleft()
-                frames = ray.get(ref)
+                parts = ray.get(ref)
                 self._flush()  # at most one hour of output waiting to be written
-                for table, frame in frames:
-                    self._publish(table, hour, frame, summary)
+                for part in parts:
+                    self._write(hour, part, summary)
                 done1 += 1
                 self.progress("normalize", done1, len(hours1))
             else:
                 hour, ref = run2.popleft()
-                self._publish_phase2(hour, ray.get(ref), summary)
+                self._publish_encoded(hour, ray.get(ref), summary)
                 done2 += 1
                 self.progress("energy+windows", done2, len(hours2))
+
+    def _write(self, hour: int, part: Encoded, summary: RunSummary) -> None:
+        """:meth:`Pipeline._publish` for bytes a task encoded: same writer thread, same order."""
+        summary.rows_written[part.table] = summary.rows_written.get(part.table, 0) + part.rows
+        self._pending.append(self._writer.submit(_write, self.dd, hour, part))
+
+    def _publish_encoded(self, hour: int, out: Phase2Encoded, summary: RunSummary) -> None:
+        """:meth:`Pipeline._publish_phase2` of an encoded phase-2 output, in its order: own
+        energy partitions, the crossers' arrival hours, then the windows."""
+        *energy, own_windows = out.own
+        for part in energy:
+            self._write(hour, part, summary)
+        for h, fresh in out.crossers:
+            self._patch(h, fresh, summary)
+        self._write(hour, own_windows, summary)
