@@ -12,7 +12,8 @@ OTLP/gRPC. :class:`ForwardSink` takes the place of :class:`~fleetlens.collector.
   one signal) and deletes the file once the central collector acknowledged all of them.
   A cursor per file (:mod:`~fleetlens.collector.forward_files`) records progress after every
   acknowledgement, so a restart resends at most one batch: delivery is at-least-once, and
-  the pipeline's dedup on (trace_id, span_id) and (series, timestamp) removes the repeat.
+  the pipeline's dedup on (trace_id, span_id), (series, timestamp) and, for log records,
+  their content (``pipeline.logsignal.dedup_log_records``) removes the repeat.
 - WAL directories of dead processes (a crashed edge) are forwarded the same way, oldest
   first, then removed; while the central collector is down everything waits on disk.
 """

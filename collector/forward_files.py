@@ -6,7 +6,7 @@ exactly what replay expects, so a collector started later without ``--forward`` 
 publish them itself). A cursor is 8 bytes, the number of records of that file the central
 collector acknowledged, rewritten in place and fdatasynced after every acknowledgement: after
 a crash the edge resends at most the one batch whose answer it did not record (the pipeline
-deduplicates spans and points).
+deduplicates spans and points on their keys, log records on their content).
 """
 
 from __future__ import annotations
