@@ -11,6 +11,7 @@ each, as real processes on 127.0.0.1. Two phases:
    drain rate (spans/s) of a backlog after an outage.
 
     .venv/bin/python bench/forward.py [--seconds 10] [--clients 2] [--backlog 100000]
+        [--compression gzip|none]
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--backlog", type=int, default=100_000)
+    parser.add_argument("--compression", choices=("gzip", "none"), default="gzip",
+                        help="forward.compression of the edge (default: gzip, its default)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -100,7 +103,7 @@ def main() -> None:
                                "key_file": str(pki["server_key"])}}
         edge_cfg = {"self_metrics_address": "", "forward": {
             "address": f"127.0.0.1:{ports['grpc_port']}", "ca_file": str(pki["ca"]),
-            "auth_token": TOKEN}}
+            "auth_token": TOKEN, "compression": args.compression}}
         central_dir = root / "central"
         with running_collector(root / "edge", config=edge_cfg) as edge:
             with running_collector(central_dir, config=central_cfg, **ports):
@@ -108,9 +111,10 @@ def main() -> None:
                 live = send(edge, args.seconds, None, args.clients)
                 elapsed = time.monotonic() - started
                 lag = wait_for(central_dir, live)
-                print(f"live: edge acknowledged {live / elapsed:,.0f} spans/s "
-                      f"({live:,} spans, {args.clients} clients); all at the central "
-                      f"collector {lag:.1f} s after the last acknowledgement")
+                print(f"live ({args.compression}): edge acknowledged {live / elapsed:,.0f} "
+                      f"spans/s ({live:,} spans, {args.clients} clients); all at the central "
+                      f"collector {lag:.1f} s after the last acknowledgement (forwarded "
+                      f"{live / (elapsed + lag):,.0f} spans/s)")
             # central down: the edge keeps acknowledging into its WAL
             started = time.monotonic()
             backlog = send(edge, None, args.backlog, args.clients)
