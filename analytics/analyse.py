@@ -17,6 +17,7 @@ from fleetlens.analytics.baselines import EXCLUDED, rolling_baseline, to_baselin
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
+from fleetlens.analytics.peers import peer_metric, peer_series
 from fleetlens.analytics.series import (
     LEVEL_HOST,
     TTFT_PER_TOKEN,
@@ -75,6 +76,10 @@ def all_series(tables: Tables, config: AnalyticsConfig, window_s: int) -> pl.Dat
     if per_token:  # not a `windows` column: from the requests, per host and per service
         for scope in ([c.SERVICE_NAME, c.MODEL, c.HOST_NAME], [c.SERVICE_NAME, c.MODEL]):
             parts.append(request_series(tables.requests, scope, window_s, per_token))
+    peers = peer_series(tables.requests, window_s, list(config.peer_metrics),
+                        config.min_requests)
+    if peers is not None:
+        parts.append(peers)
     if config.group_by:
         parts.append(request_series(tables.requests, list(config.group_by), window_s,
                                     [m for m in config.detect_metrics
@@ -83,10 +88,9 @@ def all_series(tables: Tables, config: AnalyticsConfig, window_s: int) -> pl.Dat
 
 
 def _detect(banded: pl.DataFrame, config: AnalyticsConfig, window_s: int) -> pl.DataFrame:
-    detect_cfg = config
-    if NETWORK_METRICS[0] not in config.detect_metrics:
-        detect_cfg = dataclasses.replace(
-            config, detect_metrics=(*config.detect_metrics, *NETWORK_METRICS))
+    extra = [m for m in (*NETWORK_METRICS, *map(peer_metric, config.peer_metrics))
+             if m not in config.detect_metrics]
+    detect_cfg = dataclasses.replace(config, detect_metrics=(*config.detect_metrics, *extra))
     anomalies = detect(banded, detect_cfg, window_s)
     # Grouped request series (config.group_by) are baselined, not merged into incidents.
     return anomalies.filter(pl.col(c.SERIES).str.contains(c.SERVICE_NAME + "=", literal=True))

@@ -70,6 +70,9 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
         (deviation.rolling_median(n, min_samples=m).over(c.SERIES) * MAD_TO_SIGMA)
         .alias("_mad_sigma"),
         iqr.over(c.SERIES).alias("_iqr_sigma"),
+        (value.rolling_quantile(config.band_quantile, "linear", n, min_samples=m)
+         if config.band_quantile is not None else pl.lit(None, pl.Float64))
+        .over(c.SERIES).alias("_high"),
     ).sort("_stats_ts")
     joined = frame.sort(c.TS_NS).join_asof(
         stats, left_on=c.TS_NS, right_on="_stats_ts", by=c.SERIES, strategy="backward",
@@ -80,14 +83,20 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
     # band that would flag ordinary noise.
     half = pl.when(sigma.is_not_null() & pl.col("_median").is_not_null()).then(
         pl.max_horizontal(sigma * config.band_k, pl.col("_median").abs() * config.band_min_rel))
+    # A value the series reached often in its look-back is no breach, however far from the
+    # median: bursty (bimodal) series, e.g. a replayed trace's micro-bursts lifting a p99
+    # every few minutes, get an upper bound above their own usual highs.
+    usual_high = pl.col("_high") * (1 + config.band_min_rel)
     return joined.with_columns(
         pl.when(half.is_not_null()).then(pl.col("_median")).alias(c.EXPECTED),
         half.alias("_half"),
     ).with_columns(
         (pl.col(c.EXPECTED) - pl.col("_half")).clip(lower_bound=0.0).alias(c.LOWER),
-        (pl.col(c.EXPECTED) + pl.col("_half")).alias(c.UPPER),
+        pl.max_horizontal(pl.col(c.EXPECTED) + pl.col("_half"),
+                          pl.when(pl.col(c.EXPECTED).is_not_null()).then(usual_high))
+        .alias(c.UPPER),
         pl.lit(METHOD_ROLLING).alias(c.METHOD),
-    ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma")
+    ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma", "_high")
 
 
 def to_baselines_table(frame: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:

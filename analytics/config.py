@@ -79,6 +79,9 @@ class AnalyticsConfig:
         "e2e_p99_s", "ttft_p99_s", "tpot_p99_s", "e2e_p50_s", "ttft_p50_s", "tpot_p50_s",
         "ttft_per_token_p50_s",
     )
+    #: Per-instance latencies detected against the instance's peers (same service and model,
+    #: same window; analytics/peers.py): what a straggler GPU moves whatever the traffic does.
+    peer_metrics: tuple[str, ...] = ("tpot_p50_s", "ttft_per_token_p50_s")
     #: More `windows` columns that get baselines (signals shown beside incidents).
     signal_metrics: tuple[str, ...] = (
         "rps", "queue_p99_s", "kv_cache_usage_max", "prefix_hit_rate", "j_per_token",
@@ -91,6 +94,9 @@ class AnalyticsConfig:
     band_k: float = 4.0
     #: Band half-width at least this share of the expected value (flat series stay quiet).
     band_min_rel: float = 0.15
+    #: The upper band is at least this quantile of the look-back x (1 + band_min_rel): a
+    #: level the series reaches regularly is not a breach (None: the MAD band alone).
+    band_quantile: float | None = 0.9
     #: A breach needs this many consecutive windows above the band.
     consecutive: int = 3
     #: Windows with fewer requests than this are not judged (noisy tails).
@@ -154,6 +160,8 @@ class AnalyticsConfig:
                 "must be between 1 and rolling_windows")
         require(self.band_k > 0, "band_k", "must be positive")
         require(self.band_min_rel >= 0, "band_min_rel", "must not be negative")
+        require(self.band_quantile is None or 0 < self.band_quantile <= 1, "band_quantile",
+                "must be in (0, 1], or unset")
         require(self.consecutive >= 1, "consecutive", "must be at least 1")
         require(self.min_requests >= 0, "min_requests", "must not be negative")
         require(0 < self.host_share_for_service <= 1, "host_share_for_service",
@@ -180,7 +188,7 @@ class AnalyticsConfig:
         require(self.dashboard_url is None
                 or self.dashboard_url.startswith(("http://", "https://")), "dashboard_url",
                 "must be an http(s) URL")
-        for name in self.detect_metrics:
+        for name in (*self.detect_metrics, *self.peer_metrics):
             base = name.split("_")[0]
             require(base in _WINDOW_METRICS and name.endswith("_s"), "detect_metrics",
                     f"{name!r} is not a latency percentile column such as e2e_p99_s")

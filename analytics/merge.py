@@ -22,6 +22,7 @@ from typing import Any
 import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.peers import is_peer_metric
 from fleetlens.analytics.series import LEVEL_FLEET, LEVEL_HOST, LEVEL_SERVICE
 from fleetlens.pipeline.schema import FLEET_WIDE
 from fleetlens.pipeline.schema import columns as c
@@ -67,7 +68,10 @@ def incident_from(members: list[Row], scope: tuple[str, str, str], level: str,
                   config: AnalyticsConfig) -> Row:
     """One incident row from its member anomalies: span, primary metric (largest
     peak/expected), severity and detectors; the id from scope and start."""
-    primary = max(members, key=_ratio)
+    # A peer ratio (analytics/peers.py) is evidence, not the latency users see: the
+    # incident is named after a latency metric when one breached too.
+    primary = max([m for m in members if not is_peer_metric(m[c.METRIC])] or members,
+                  key=_ratio)
     detectors = sorted({m[c.DETECTOR] for m in members})
     start = min(m[c.START_NS] for m in members)
     ratio = max(_ratio(m) for m in members)

@@ -200,6 +200,9 @@ def main() -> None:
     parser.add_argument("--rescore", type=Path, default=None, metavar="KEEP_DIR",
                         help="random suite: rerun analytics alone on the fleets a --keep run "
                              "left in KEEP_DIR and print the figures")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --rescore: override an analytics setting (repeatable), "
+                             "e.g. --set band_k=5")
     args = parser.parse_args()
     if args.suite == "random":
         main_random(args)
@@ -218,13 +221,31 @@ def main() -> None:
         print("notes:\n  " + "\n  ".join(total.misses))
 
 
+def analytics_config(overrides: list[str]) -> AnalyticsConfig:
+    """The default analytics settings with ``KEY=VALUE`` overrides (values parsed as JSON
+    where they parse, else kept as text)."""
+    import dataclasses
+
+    changes = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in {f.name for f in dataclasses.fields(AnalyticsConfig)}:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE with an analytics setting")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        changes[key] = tuple(value) if isinstance(value, list) else value
+    return dataclasses.replace(AnalyticsConfig(), **changes)
+
+
 def main_random(args: argparse.Namespace) -> None:
     """``--suite random``: print the figures of bench/accuracy_random.py."""
     from bench.accuracy_random import report, rescore, run_random
     from fleetlens.simulator.randomfleet import FULL, SMALL
 
     if args.rescore:
-        result = rescore(args.rescore)
+        result = rescore(args.rescore, analytics_config(args.set))
         print(f"\n== accuracy (random suite, rescored {args.rescore}) ==")
         print(report(result))
         return

@@ -108,7 +108,8 @@ def score_fleet(truth: dict, verdicts: list[Verdict], analysis: object) -> Score
     return score
 
 
-def rescore(keep: Path, log: Callable[[str], None] = print) -> RandomResult:
+def rescore(keep: Path, config: object | None = None,
+            log: Callable[[str], None] = print) -> RandomResult:
     """Rerun analytics alone on the fleets a ``--keep`` run left in ``keep`` and score them.
 
     The simulator and pipeline outputs are reused, so a change to the analytics rules is
@@ -126,7 +127,8 @@ def rescore(keep: Path, log: Callable[[str], None] = print) -> RandomResult:
     for path in saved:
         doc = json.loads(path.read_text())
         verdicts = [Verdict(**v) for v in doc["verdicts"]]
-        analysed = run_analytics(DataDir(path.parent / "data"), AnalyticsConfig(), notify=False)
+        analysed = run_analytics(DataDir(path.parent / "data"), config or AnalyticsConfig(),
+                                 notify=False)
         score = score_fleet(doc["truth"], verdicts, analysed.analysis)
         out.score.add(score)
         out.verdicts += verdicts
