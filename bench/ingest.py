@@ -27,7 +27,6 @@ tests/collector/test_hostile.py``.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -41,101 +40,29 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import ingest_procs as proc_stats  # noqa: E402 - needs REPO on sys.path
-
-SPANS_PER_REQUEST = 512
-DISTINCT_REQUESTS = 8
-#: Open loop: requests a client lets wait for their answers before it holds back.
-MAX_IN_FLIGHT = 64
+from bench.ingest_clients import SPANS_PER_REQUEST, start_clients  # noqa: E402
 
 
-def _open_loop(call, payloads: list[bytes], start_at: float, seconds: float,
-               rate: float) -> tuple[list[float], int]:
-    """Send one request every ``1 / rate`` s from ``start_at``; latency from the schedule."""
-    latencies: list[float] = []
-    refused = [0]
-    done = threading.Semaphore(MAX_IN_FLIGHT)
-    interval = 1.0 / rate
-    # perf_counter for latencies; the common wall-clock start only picks the first slot.
-    origin = time.perf_counter() + (start_at - time.time())
-    count = int(seconds * rate)
-    for i in range(count):
-        scheduled = origin + i * interval
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        done.acquire()
-
-        def finished(future, scheduled=scheduled) -> None:
-            if future.exception() is None:
-                latencies.append(time.perf_counter() - scheduled)
-            else:
-                refused[0] += 1
-            done.release()
-
-        future = call.future(payloads[i % DISTINCT_REQUESTS], timeout=30)
-        future.add_done_callback(finished)
-    for _ in range(MAX_IN_FLIGHT):  # wait for the last answers
-        done.acquire()
-    return latencies, refused[0]
-
-
-def _client(address: str, seed: int, start_at: float, seconds: float, queue,
-            rate: float = 0.0) -> None:
-    """One client process: closed loop, or open loop at ``rate`` requests/s when given."""
-    import grpc
-
-    from fleetlens.collector.signals import SPANS
-    from fleetlens.collector.testing import vllm_trace_request
-
-    # Pre-serialize a few distinct requests so the client spends its CPU on sending.
-    payloads = [vllm_trace_request(SPANS_PER_REQUEST, seed=seed * 100 + i).SerializeToString()
-                for i in range(DISTINCT_REQUESTS)]
-    channel = grpc.insecure_channel(address, options=[
-        ("grpc.max_send_message_length", 64 * 1024 * 1024)])
-    call = channel.unary_unary(SPANS.grpc_method, request_serializer=None,
-                               response_deserializer=SPANS.response.FromString)
-    if rate:
-        queue.put(_open_loop(call, payloads, start_at, seconds, rate))
-        channel.close()
-        return
-    latencies, refused, i = [], 0, 0
-    while time.time() < start_at:
-        time.sleep(0.005)
-    deadline = start_at + seconds
-    while time.time() < deadline:
-        began = time.perf_counter()
-        try:
-            call(payloads[i % DISTINCT_REQUESTS], timeout=30)
-            latencies.append(time.perf_counter() - began)
-        except grpc.RpcError:
-            refused += 1
-            time.sleep(0.01)
-        i += 1
-    channel.close()
-    queue.put((latencies, refused))
-
-
-def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> dict[str, float]:
+def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0,
+             processes: int = 4, aligned: bool = False) -> dict[str, float]:
     """One measured run against a fresh collector; returns its figures.
 
-    ``rate`` (spans/s offered, all clients together) switches the clients to open loop.
+    ``clients`` connections from ``processes`` generator processes (bench/ingest_clients.py);
+    ``rate`` (spans/s offered, all connections together) switches them to open loop, with
+    random phases unless ``aligned``.
     """
-    from fleetlens.collector.testing import running_collector
+    from fleetlens.collector.testing import free_port, running_collector
     from fleetlens.pipeline.schema import columns as c
     from fleetlens.pipeline.storage import DataDir, parquet_files, scan
 
+    metrics_address = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="fleetlens-bench-") as tmp:
         data = Path(tmp) / "data"
-        with running_collector(data, workers=workers) as col:
-            context = multiprocessing.get_context("spawn")
-            queue = context.Queue()
-            start_at = time.time() + 4.0  # clients build their requests first
+        with running_collector(data, workers=workers,
+                               config={"self_metrics_address": metrics_address}) as col:
             per_client = rate / SPANS_PER_REQUEST / clients
-            procs = [context.Process(target=_client, args=(
-                col.grpc_address, k, start_at, seconds, queue, per_client))
-                     for k in range(clients)]
-            for proc in procs:
-                proc.start()
+            procs, queue, start_at = start_clients(col.grpc_address, clients, processes,
+                                                   seconds, per_client, aligned)
             peak, stop = [0.0, 0.0], threading.Event()
             #: peak (RSS, PSS) of the supervisor (index 0) and of each worker, in pid order
             peaks: dict[int, list[float]] = {}
@@ -165,8 +92,9 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
                 proc.join()
             stop.set()
             sampler.join()
+            handler = proc_stats.export_seconds(metrics_address)
             col.stop()
-        latencies = sorted(x for lat, _ in results for x in lat)
+        latencies = sorted(x for lat, _, _ in results for x in lat)
         acked = len(latencies) * SPANS_PER_REQUEST
         stored = scan(DataDir(data), "spans").select(c.TRACE_ID).collect().height
         on_disk = sum(p.stat().st_size for p in parquet_files(DataDir(data).raw("spans")))
@@ -182,7 +110,15 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
             "p50_ms": q[499] * 1000, "p99_ms": q[989] * 1000,
             "p999_ms": statistics.quantiles(latencies, n=1000, method="inclusive")[998] * 1000,
             "max_ms": latencies[-1] * 1000,
-            "rss_mib": peak[0], "pss_mib": peak[1], "refused": float(sum(r for _, r in results)),
+            "rss_mib": peak[0], "pss_mib": peak[1],
+            "refused": float(sum(r for _, r, _ in results)),
+            # where an Export's time goes: the collector's handler (its own histogram) vs
+            # the rest (queued in gRPC before a handler thread takes it, and the transport)
+            "mean_ms": statistics.fmean(latencies) * 1000,
+            "handler_mean_ms": handler["mean"] * 1000,
+            "handler_p99_le_ms": handler["p99_le"] * 1000,
+            "requests_per_s": len(latencies) / seconds,
+            "client_cpu_s": sum(cpu for _, _, cpu in results), "collector_cpu_s": cpu_used,
             "stored_equals_acked": float(stored == acked), "load": float(_load()),
             "busiest": busiest, "bytes_per_span": on_disk / max(stored, 1),
             "supervisor_rss": supervisor[0], "supervisor_pss": supervisor[1],
@@ -192,7 +128,8 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0) -> d
             - sum(v[0] for v in workers_peak)}
 
 
-def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] | None:
+def run_phoenix(python: str, clients: int, seconds: float,
+                processes: int = 4) -> dict[str, float] | None:
     """Same load against Arize Phoenix's OTLP gRPC receiver (run from its own venv)."""
     from fleetlens.collector.testing import free_port, wait_for_port
 
@@ -204,20 +141,14 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_for_port(f"127.0.0.1:{port}", 120, proc)
-            context = multiprocessing.get_context("spawn")
-            queue = context.Queue()
-            start_at = time.time() + 4.0
-            procs = [context.Process(target=_client,
-                                     args=(f"127.0.0.1:{port}", k, start_at, seconds, queue))
-                     for k in range(clients)]
-            for p in procs:
-                p.start()
+            procs, queue, start_at = start_clients(f"127.0.0.1:{port}", clients, processes,
+                                                   seconds)
             while time.time() < start_at:
                 time.sleep(0.005)
             cpu_before = proc_stats.cpu_seconds(proc.pid)
             peak = 0.0
             results = []
-            while len(results) < clients:
+            while len(results) < len(procs):
                 peak = max(peak, proc_stats.rss_mib(proc.pid))
                 try:
                     results.append(queue.get(timeout=0.25))
@@ -229,14 +160,14 @@ def run_phoenix(python: str, clients: int, seconds: float) -> dict[str, float] |
         finally:
             proc.terminate()
             proc.wait(30)
-    latencies = sorted(x for lat, _ in results for x in lat)
+    latencies = sorted(x for lat, _, _ in results for x in lat)
     if len(latencies) < 2:
         return None
     q = statistics.quantiles(latencies, n=100)
     acked = len(latencies) * SPANS_PER_REQUEST
     return {"spans_per_s": acked / seconds, "spans_per_cpu_s": acked / max(cpu_used, 1e-9),
             "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "rss_mib": peak,
-            "refused": float(sum(r for _, r in results))}
+            "refused": float(sum(r for _, r, _ in results))}
 
 
 def _load() -> str:
@@ -296,6 +227,11 @@ def main() -> None:
                         help="only OTLP/HTTP: http.server (391c3f5) vs h11 vs uvicorn, same run")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="also run open loop at this offered load, spans/s (all clients)")
+    parser.add_argument("--client-procs", type=int, default=4,
+                        help="load-generator processes the --clients connections come from")
+    parser.add_argument("--aligned", action="store_true",
+                        help="open loop: every connection sends in the same instant (lockstep "
+                             "bursts) instead of at a random phase of its interval")
     parser.add_argument("--no-saturation", action="store_true",
                         help="with --rate: skip the closed-loop (saturation) runs")
     args = parser.parse_args()
@@ -340,15 +276,21 @@ def main() -> None:
     modes += [args.rate] if args.rate else []
     saturation: dict[str, float] = {}
     for rate in modes:
-        runs = [run_once(args.clients, args.seconds, args.workers, rate)
-                for _ in range(args.runs)]
-        label = (f"open loop, {rate:,.0f} spans/s offered" if rate
+        runs = [run_once(args.clients, args.seconds, args.workers, rate, args.client_procs,
+                         args.aligned) for _ in range(args.runs)]
+        label = (f"open loop, {rate:,.0f} spans/s offered"
+                 f"{', aligned' if args.aligned else ', random phases'}" if rate
                  else "closed loop (saturation)")
         for i, r in enumerate(runs):
             print(f"{label}, run {i + 1}: {_figures(r)}, refused {r['refused']:.0f}, "
                   f"stored == acked: {bool(r['stored_equals_acked'])}, busiest worker held "
                   f"{r['busiest']:.0f} of {args.clients} connections, load average after "
                   f"{r['load']:.2f}")
+            print(f"  {r['requests_per_s']:.1f} requests/s; Export mean {r['mean_ms']:.1f} ms, "
+                  f"of which in the collector's handler {r['handler_mean_ms']:.1f} ms (handler "
+                  f"p99 <= {r['handler_p99_le_ms']:g} ms), the rest queued before a handler "
+                  f"or in transit; CPU-s: collector {r['collector_cpu_s']:.1f}, load "
+                  f"generator {r['client_cpu_s']:.1f} ({args.client_procs} processes)")
         m = _median(runs)
         print(f"fleetlens collector, {label} (median of {args.runs}, {args.clients} clients, "
               f"{args.workers} workers, {SPANS_PER_REQUEST}-span requests, durable): "
@@ -362,7 +304,7 @@ def main() -> None:
         print("Arize Phoenix peer: not measured (pass --phoenix PYTHON of a venv with "
               "arize-phoenix)")
         return
-    peer = run_phoenix(args.phoenix, args.clients, args.seconds)
+    peer = run_phoenix(args.phoenix, args.clients, args.seconds, args.client_procs)
     if peer is None:
         print("Arize Phoenix peer: acknowledged nothing")
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import urllib.request
 from pathlib import Path
 
 
@@ -78,3 +79,29 @@ def busiest_worker_connections(address: str, pids: list[int]) -> float:
 
 def rss_mib(pid: int) -> float:
     return memory_mib(pid)[0]
+
+
+def export_seconds(metrics_address: str) -> dict[str, float]:
+    """The collector's own Export histogram (time inside its handler, all workers), read from
+    its self-metrics: ``mean`` seconds and ``p99_le``, the bucket bound the 99th percentile
+    falls under (inf past the last bound). NaN when the endpoint cannot be read."""
+    prefix = "fleetlens_collector_export_seconds"
+    try:
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {"mean": float("nan"), "p99_le": float("nan")}
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith(prefix + "_bucket"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(bound), float(line.rsplit(" ", 1)[1])))
+        elif line.startswith(prefix + "_sum "):
+            total = float(line.split()[1])
+        elif line.startswith(prefix + "_count "):
+            count = float(line.split()[1])
+    if not count:
+        return {"mean": float("nan"), "p99_le": float("nan")}
+    p99 = next((bound for bound, seen in buckets if seen >= 0.99 * count), float("inf"))
+    return {"mean": total / count, "p99_le": p99}
