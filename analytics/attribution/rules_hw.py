@@ -10,6 +10,7 @@ peers serving the same model in the same period, and never when its decode got f
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from fleetlens.analytics.attribution.logs import collective_log_strength
@@ -40,28 +41,52 @@ def _measured(pair) -> bool:  # noqa: ANN001 - a signal Pair
     return bool(pair) and pair[0] is not None and pair[1] is not None
 
 
+def clock_explains(f: Facts, gpu: str) -> float:
+    """How much of the slowdown the GPU's clock drop can explain (0..1): a throttle slows a
+    GPU through its clock, so a clock 3% down cannot be why decode got 5x slower. A GPU
+    that is slow for another reason (a straggler, a stalled link) and busier draws more
+    power and trips the power-cap bits now and then; those bits are then a symptom, not the
+    cause. In log terms (1/clock against the slowdown); queueing and bigger batches add to
+    a real throttle's slowdown, so a third explained counts in full. 1 where the
+    slowdown or the clock is not measured, or there is no slowdown to explain."""
+    s = f.signals.gpus.get(gpu, {})
+    if not _measured(s.get("sm_clock")):
+        return 1.0
+    own = s if ("tpot" in s or "prefill_per_token" in s) else f.signals.hosts.get(
+        f.signals.gpu_host.get(gpu, ""), {})
+    slower = _slowdown(own)
+    if slower <= 1.1:
+        return 1.0
+    explained = math.log(1 / max(ratio(s.get("sm_clock")), 0.05)) / math.log(slower)
+    return clip01(explained / 0.3)
+
+
 def thermal_strength(f: Facts, gpu: str) -> float:
     """Thermal reason bits set more often with the temperature up (where temperature is
-    measured); without reported bits, the clock down while the temperature rose."""
+    measured); without reported bits, the clock down while the temperature rose; as far
+    as the clock drop explains the slowdown (:func:`clock_explains`)."""
     s = f.signals.gpus.get(gpu, {})
     temp = s.get("temp")
     hotter = clip01(delta(temp) / 5) if _measured(temp) else 1.0
     if _reasons_known(s):
-        return clip01(delta(s.get("thermal_frac")) / 0.5) * hotter
+        return clip01(delta(s.get("thermal_frac")) / 0.5) * hotter * clock_explains(f, gpu)
     clock_drop = 1 - ratio(s.get("sm_clock"))
-    return clip01(clock_drop / 0.2) * clip01(delta(temp) / 10)
+    return clip01(clock_drop / 0.2) * clip01(delta(temp) / 10) * clock_explains(f, gpu)
 
 
 def power_strength(f: Facts, gpu: str) -> float:
     """A lower power limit or the power-cap bits set more often; without reported bits, the
-    clock down while the power is held at the limit."""
+    clock down while the power is held at the limit; as far as the clock drop explains the
+    slowdown (:func:`clock_explains`)."""
     s = f.signals.gpus.get(gpu, {})
     limit = clip01((1 - ratio(s.get("power_limit"))) / 0.2)
     if _reasons_known(s):
-        return max(limit, clip01(delta(s.get("power_cap_frac")) / 0.5))
-    clock_drop = 1 - ratio(s.get("sm_clock"))
-    at_limit = 1.0 if value(s.get("power_vs_limit")) >= 0.95 else 0.0
-    return max(limit, clip01(clock_drop / 0.2) * at_limit)
+        strength = max(limit, clip01(delta(s.get("power_cap_frac")) / 0.5))
+    else:
+        clock_drop = 1 - ratio(s.get("sm_clock"))
+        at_limit = 1.0 if value(s.get("power_vs_limit")) >= 0.95 else 0.0
+        strength = max(limit, clip01(clock_drop / 0.2) * at_limit)
+    return strength * clock_explains(f, gpu)
 
 
 def _gpu_candidate(f: Facts, cause: str, strength_of, describe) -> Candidate:

@@ -223,3 +223,26 @@ def thermal_bits_without_heat(seed: int = 41) -> tuple[SynthData, FleetSpec]:
     data.gpu_samples = data.gpu_samples.with_columns(
         pl.when(on).then(pl.col(c.TEMP_C) - 28).otherwise(pl.col(c.TEMP_C)).alias(c.TEMP_C))
     return rewindow(data, spec), spec
+
+
+def slow_gpu_tripping_power_bits(seed: int = 51) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 7008's straggler: one TP1 GPU on h01 decodes 2.4x slower at a normal
+    clock; busier, it draws more power and trips the power-cap reason bit in a third of its
+    samples while its clock dips 3%. The bits are a symptom: 3% cannot explain 2.4x."""
+    from tests.analytics.synthetic import POWER_CAP_BIT
+
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    target = gpu(1, 0)
+    data = generate(spec, [Injected("slow_gpu", f"gpu_uuid={target}", START, DURATION,
+                                    magnitude=1.75)])
+    on = _during(data, spec, c.TS_NS) & (pl.col(c.GPU_UUID) == target)
+    tripped = on & (pl.col(c.TS_NS) // NS % 3 == 0)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * 0.97).otherwise(pl.col(c.SM_CLOCK_MHZ))
+        .alias(c.SM_CLOCK_MHZ),
+        pl.when(on).then(pl.col(c.POWER_LIMIT_W) * 0.9).otherwise(pl.col(c.POWER_W))
+        .alias(c.POWER_W),
+        pl.when(tripped).then(pl.col(c.CLOCKS_EVENT_REASONS) | POWER_CAP_BIT)
+        .otherwise(pl.col(c.CLOCKS_EVENT_REASONS)).alias(c.CLOCKS_EVENT_REASONS),
+    )
+    return rewindow(data, spec), spec

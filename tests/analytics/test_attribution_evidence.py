@@ -98,3 +98,12 @@ def test_thermal_needs_the_temperature_up_and_slow_gpu_needs_normal_clocks() -> 
     scores = _scores(causes)
     assert "slow_gpu" not in scores, causes
     assert scores.get("thermal_throttle", 0.0) < 0.1, causes
+
+
+def test_power_bits_a_busy_straggler_trips_are_not_a_power_cap() -> None:
+    # Before: power_cap 0.66 over slow_gpu 0.26 (random fleet 7008): a 3% clock dip was
+    # taken for the cause of a 5x slower decode.
+    _, causes = _ranked(cases.slow_gpu_tripping_power_bits)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("slow_gpu", f"gpu_uuid={cases.gpu(1, 0)}"), causes
+    assert _scores(causes).get("power_cap", 0.0) < 0.2 * top[c.SCORE]
