@@ -95,6 +95,34 @@ def test_damaged_segment_on_ray_is_named_not_retried(tmp_path, cluster) -> None:
 
 
 @pytest.mark.slow
+def test_the_tasks_encode_the_parquet_the_driver_writes_bytes(tmp_path, fleet, cluster,
+                                                              monkeypatch) -> None:
+    """The driver encodes no partition of a full run (the tasks return Parquet bytes, the
+    half of the driver's CPU the Ray runner used to spend), and the bytes it writes are the
+    local runner's files."""
+    import polars as pl
+
+    from fleetlens.pipeline.ray_runner import RayPipeline
+
+    local, remote = DataDir(tmp_path / "local"), DataDir(tmp_path / "ray")
+    write_batches(local, fleet)
+    write_batches(remote, fleet)
+    Pipeline(local, PipelineConfig()).run_once()
+    encoded: list[int] = []
+
+    def refuse(frame: pl.DataFrame, *args: object, **kwargs: object) -> None:
+        encoded.append(frame.height)
+        raise AssertionError("the driver encoded a partition")
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", refuse)  # this process only
+    summary = RayPipeline(remote, PipelineConfig(), address=cluster.address).run_once()
+    monkeypatch.undo()
+    assert not encoded
+    assert summary.dirty_hours >= 4 and sum(summary.rows_written.values()) > 0
+    assert _digest(remote) == _digest(local)
+
+
+@pytest.mark.slow
 def test_worker_node_killed_mid_run_outputs_identical(tmp_path, fleet, cluster,
                                                      capfd) -> None:
     """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs one of the
