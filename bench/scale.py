@@ -13,7 +13,9 @@ process: the first also starts Ray's workers), the setups taking turns:
 Clusters run on this machine on 127.0.0.1 (``tests/pipeline/raycluster.py``: started with
 ``ray start``, stopped by process group). It prints the median wall time of ``--repeat`` runs
 per setup, the ratio ray-2 / ray-1 (target <= 0.6) and ray-2 / local, and checks that every
-run's derived files are byte-identical to the local runner's.
+run's derived files are byte-identical to the local runner's. Per Ray run it also prints the
+tasks' CPU seconds against their wall seconds and each node's busy seconds, with the load
+average: on a shared machine a second node only helps while a second core is free.
 
     .venv/bin/python bench/scale.py --hours 2 --repeat 3
 """
@@ -24,6 +26,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -69,8 +72,16 @@ job.run_once(full=True)  # cold: Ray starts this driver's worker processes
 cold = time.perf_counter() - began
 began, cpu0 = time.perf_counter(), cpu()  # warm, as each run of `pipeline --follow` is
 summary = job.run_once(full=True)
-print(json.dumps({{"wall_s": time.perf_counter() - began, "cold_s": cold,
-                  "hours": summary.dirty_hours, "driver_cpu_s": cpu() - cpu0}}))
+wall, driver = time.perf_counter() - began, cpu() - cpu0
+tasks = getattr(job, "task_times", [])
+nodes = {{}}
+for task in tasks:
+    nodes[task.node] = nodes.get(task.node, 0.0) + task.end - task.start
+print(json.dumps({{"wall_s": wall, "cold_s": cold, "hours": summary.dirty_hours,
+                  "driver_cpu_s": driver, "tasks": len(tasks),
+                  "task_cpu_s": sum(t.cpu_s for t in tasks),
+                  "task_wall_s": sum(t.end - t.start for t in tasks),
+                  "busy_s": sorted(nodes.values(), reverse=True)}}))
 """
 
 
@@ -137,6 +148,16 @@ def _wait_nodes(cluster: RayCluster, count: int) -> None:
     raise TimeoutError(f"fewer than {count} Ray nodes: {cluster.log('node1')[-1500:]}")
 
 
+def _tasks(run: dict) -> str:
+    """The Ray tasks of a run: their CPU against their wall time (well below it: the tasks
+    did not get a core each) and each node's busy seconds."""
+    if not run["tasks"]:
+        return ""
+    busy = ", ".join(f"{b:.1f}" for b in run["busy_s"])
+    return (f", {run['tasks']} tasks: {run['task_cpu_s']:.1f} CPU-s in {run['task_wall_s']:.1f}"
+            f" s of task wall, busy per node {busy} s")
+
+
 def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
     """``repeat`` rounds of local, ray-1, ray-2 one after the other (both clusters up all
     along), so a change in the machine's load hits every setup alike. Each run is a driver
@@ -154,7 +175,8 @@ def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
                 last = runs[label][-1]
                 print(f"  {label}: {last['wall_s']:.2f} s wall (first run of its driver "
                       f"{last['cold_s']:.2f} s), driver {last['driver_cpu_s']:.1f} CPU-s, "
-                      f"{last['hours']} hours", flush=True)
+                      f"{last['hours']} hours{_tasks(last)}; load {os.getloadavg()[0]:.1f}",
+                      flush=True)
     finally:
         for cluster in clusters.values():
             cluster.stop()
@@ -182,8 +204,9 @@ def main() -> None:
     same = len({r["digest"] for v in runs.values() for r in v}) == 1
     for label, value in med.items():
         cold = statistics.median(r["cold_s"] for r in runs[label])
+        cpu = statistics.median(r["task_cpu_s"] + r["driver_cpu_s"] for r in runs[label])
         print(f"{label}: median {value:.2f} s wall of {args.repeat} (first run of a driver: "
-              f"{cold:.2f} s)")
+              f"{cold:.2f} s), {cpu:.1f} CPU-s (driver + tasks; local: all)")
     print(f"ray-2 / ray-1: {med['ray-2'] / med['ray-1']:.2f} (target <= 0.6); "
           f"ray-2 / local: {med['ray-2'] / med['local']:.2f}; ray-1 / local: "
           f"{med['ray-1'] / med['local']:.2f}; outputs identical in every run: {same}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -96,18 +97,43 @@ class Phase2Encoded:
     crossers: list[tuple[int, pl.DataFrame]]
 
 
+@dataclass(frozen=True)
+class TaskTime:
+    """Where and for how long one task ran (its last attempt). CPU seconds well below the
+    wall seconds mean the task did not get a whole core (bench/scale.py prints both)."""
+
+    phase: int
+    hour: int
+    node: str
+    start: float
+    end: float
+    cpu_s: float
+
+
+def _timed(phase: int, hour: int, began: tuple[float, float], out: object
+           ) -> tuple[object, TaskTime]:
+    node = ray.get_runtime_context().get_node_id()
+    return out, TaskTime(phase, hour, node, began[0], time.time(),
+                         time.process_time() - began[1])
+
+
 @ray.remote(**_TASK)
-def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int) -> list[Encoded]:
-    return [encode(table, frame) for table, frame in phase1_hour(cfg, files, hour)]
+def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int
+                 ) -> tuple[list[Encoded], TaskTime]:
+    began = time.time(), time.process_time()
+    parts = [encode(table, frame) for table, frame in phase1_hour(cfg, files, hour)]
+    return _timed(1, hour, began, parts)
 
 
 @ray.remote(**_TASK)
 def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
-                 ) -> Phase2Encoded:
+                 ) -> tuple[Phase2Encoded, TaskTime]:
+    began = time.time(), time.process_time()
     out: Phase2Output = phase2_hour(dd, cfg, hour, dirty)
-    return Phase2Encoded([encode(t.GPU_WINDOW_ENERGY, out.gpu_window_energy),
-                          encode(t.REQUEST_ENERGY, out.request_energy),
-                          encode(t.WINDOWS, out.windows)], out.crossers)
+    return _timed(2, hour, began, Phase2Encoded(
+        [encode(t.GPU_WINDOW_ENERGY, out.gpu_window_energy),
+         encode(t.REQUEST_ENERGY, out.request_energy), encode(t.WINDOWS, out.windows)],
+        out.crossers))
 
 
 def _write(dd: DataDir, hour: int, part: Encoded) -> int:
@@ -150,10 +176,13 @@ class RayPipeline(Pipeline):
                  progress: Progress | None = None, *, address: str | None = None) -> None:
         super().__init__(data_dir, cfg, progress)
         self.address = address
+        #: The last run's tasks, in the order their results were published.
+        self.task_times: list[TaskTime] = []
 
     def run_once(self, *, full: bool = False) -> RunSummary:
         """As :meth:`Pipeline.run_once`, connecting to Ray first."""
         connect(self.address)
+        self.task_times = []
         return super().run_once(full=full)
 
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
@@ -190,7 +219,8 @@ class RayPipeline(Pipeline):
             ready, _ = ray.wait(heads, num_returns=1)
             if run1 and run1[0][1] in ready:
                 hour, ref = run1.popleft()
-                parts = ray.get(ref)
+                parts, took = ray.get(ref)
+                self.task_times.append(took)
                 self._flush()  # at most one hour of output waiting to be written
                 for part in parts:
                     self._write(hour, part, summary)
@@ -198,7 +228,9 @@ class RayPipeline(Pipeline):
                 self.progress("normalize", done1, len(hours1))
             else:
                 hour, ref = run2.popleft()
-                self._publish_encoded(hour, ray.get(ref), summary)
+                out, took = ray.get(ref)
+                self.task_times.append(took)
+                self._publish_encoded(hour, out, summary)
                 done2 += 1
                 self.progress("energy+windows", done2, len(hours2))
 
