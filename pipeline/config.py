@@ -32,6 +32,9 @@ class PipelineConfig:
     max_request_s: int = 3600
     #: Largest gap between two samples of one GPU that is still interpolated across.
     max_sample_gap_s: float = 60.0
+    #: Length of one `gpu_samples` row (s): each row sums up a GPU's points in one interval
+    #: (agents sample at 10 Hz; energy is always computed from the native points).
+    gpu_sample_interval_s: float = 1.0
     #: Raw segments smaller than this are merged into one file per hour by `fleetlens compact`.
     compact_below_bytes: int = 32 * 1024 * 1024
     #: Raw hours younger than this are left alone by compaction (writers may still add to them).
@@ -50,6 +53,9 @@ class PipelineConfig:
                 "energy_slot_s", f"must divide window_s ({self.window_s})")
         require(self.max_request_s > 0, "max_request_s", "must be positive")
         require(self.max_sample_gap_s > 0, "max_sample_gap_s", "must be positive")
+        step_ns = round(self.gpu_sample_interval_s * 1e9)
+        require(step_ns > 0 and 3600 * 10**9 % step_ns == 0, "gpu_sample_interval_s",
+                "must be positive and divide one hour (0.1, 1, 10, 60, ...)")
         for spec in self.dimensions:
             column, _, key = spec.partition("=")
             require(bool(column.strip()) and (not _ or bool(key.strip())), "dimensions",

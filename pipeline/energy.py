@@ -4,8 +4,9 @@ per-group window energy that ``windows`` joins.
 Time is cut into slots of ``slot_s`` (10 s by default; they tile the windows). For each GPU and
 slot:
 
-* measured energy = the sum of the GPU's per-sample energy (``energy_delta_j``: counter deltas,
-  else trapezoid of power), an interval that straddles a slot edge split in proportion to time;
+* measured energy = the sum of the GPU's energy per native sample interval (10 Hz from the
+  agent; :func:`~pipeline.gpupoints.energy_intervals`: counter deltas, else trapezoid of
+  power), an interval that straddles a slot edge split in proportion to time;
 * the requests active on that GPU in the slot (through the instance -> GPU mapping of the
   request's arrival hour, else every GPU of its host) each get a weight: the tokens they
   processed in the slot (prefill tokens spread over the prefill phase, one token per decode step
@@ -28,6 +29,16 @@ from __future__ import annotations
 import polars as pl
 
 from fleetlens.pipeline.attrs import code
+from fleetlens.pipeline.gpupoints import (
+    GID,
+    JOULES,
+    T0,
+    T1,
+    GpuPoints,
+    energy_intervals,
+    gpu_points,
+)
+from fleetlens.pipeline.pivot import Split
 from fleetlens.pipeline.schema import FLEET_WIDE
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -38,12 +49,12 @@ UJ = 1_000_000  # microjoules per joule
 MILLI = 1000  # weights in milli-tokens
 
 SLOT = "__slot_ns"
-T0, T1, W, A, B = "__t0", "__t1", "__w", "__a", "__b"
+W, A, B = "__w", "__a", "__b"
 MEASURED, COVERED, SHARE, HOUR = "__measured_uj", "__covered_ns", "__share_uj", "__hour_ns"
 #: Integer keys, each valid within the frame that made it (the stages translate between
-#: frames through small lookup tables): a (host, GPU) pair, a (host, instance) pair, a
-#: request's row in its frame and its (service, model, host) group.
-GID, IID, RIX, GRP = "__gid", "__iid", "__rix", "__grp"
+#: frames through small lookup tables): a (host, GPU) pair (:data:`GID`, imported), a
+#: (host, instance) pair, a request's row in its frame and its (service, model, host) group.
+IID, RIX, GRP = "__iid", "__rix", "__grp"
 _GROUP = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
 #: What identifies a request: its span (request ids can repeat).
 REQUEST_KEY = (c.TRACE_ID, c.SPAN_ID)
@@ -69,59 +80,60 @@ def with_request_keys(requests: pl.DataFrame) -> pl.DataFrame:
 
 
 @stage(t.GPU_SLOT_ENERGY)
-def gpu_slot_energy(gpu: pl.DataFrame, slot_s: int, since_ns: int) -> pl.DataFrame:
-    """Measured energy (µJ) and covered time (ns) per (host, GPU, slot) from the samples taken
-    at or after ``since_ns``.
+def gpu_slot_energy(points: pl.DataFrame | Split | GpuPoints, slot_s: int, since_ns: int,
+                    max_gap_s: float) -> pl.DataFrame:
+    """Measured energy (µJ) and covered time (ns) per (host, GPU, slot) from the GPUs' native
+    sample intervals that end at or after ``since_ns``.
 
-    Input: ``gpu_samples`` with ``energy_delta_j``, sorted by (host_name, gpu_uuid, ts_ns),
-    including each GPU's sample before ``since_ns`` (a sample's interval ``(previous ts, ts]``
-    needs it). Output: ``gpu_slot_energy`` sorted by its key; an interval straddling a slot
-    edge is split in proportion to time, so a slot before ``since_ns`` can appear.
+    Input: ``metric_points`` (or their :class:`~pipeline.pivot.Split` or
+    :class:`~pipeline.gpupoints.GpuPoints`) including each GPU's point before ``since_ns``
+    (an interval ``(previous ts, ts]`` needs it); the intervals and their joules are
+    :func:`~pipeline.gpupoints.energy_intervals`. Output: ``gpu_slot_energy`` sorted by its
+    key; an interval straddling a slot edge is split in proportion to time, so a slot before
+    ``since_ns`` can appear (each interval is counted once, in the partition of its end).
     """
     slot_ns = slot_s * NS
+    gp = gpu_points(points)
+    pieces = [_slot_pieces(iv.filter(pl.col(T0).is_not_null() & (pl.col(T1) > pl.col(T0))
+                                     & (pl.col(T1) >= since_ns)), slot_ns)
+              for iv in energy_intervals(gp, max_gap_s)]
     by = [c.HOST_NAME, c.GPU_UUID]
-    # Rows are sorted by GPU: the previous row is the previous sample when it is the same GPU,
-    # and numbering the runs of one GPU gives an integer key to group on.
-    same_gpu = pl.all_horizontal(pl.col(k) == pl.col(k).shift(1) for k in by).fill_null(False)
-    keyed = gpu.with_columns(same_gpu.alias("__same")).with_columns(
-        (~pl.col("__same")).cum_sum().alias(GID))
-    names = keyed.filter(~pl.col("__same")).select(GID, *by)
-    iv = keyed.select(
-        GID, pl.when(pl.col("__same")).then(pl.col(c.TS_NS).shift(1)).alias(T0),
-        pl.col(c.TS_NS).alias(T1), pl.col(c.ENERGY_DELTA_J),
-    ).filter(pl.col(c.ENERGY_DELTA_J).is_not_null() & pl.col(T0).is_not_null()
-             & (pl.col(T1) > pl.col(T0)) & (pl.col(T1) >= since_ns))
+    empty = pl.DataFrame(schema={GID: pl.Int64, SLOT: pl.Int64, MEASURED: pl.Int64,
+                                 COVERED: pl.Int64})
+    out = pl.concat([empty, *pieces]).group_by(GID, SLOT).agg(
+        pl.col(MEASURED).sum(), pl.col(COVERED).sum()).join(
+        gp.gpus.select(pl.col(GID), *by), on=GID, how="left")
+    return out.select(*by, pl.col(SLOT).alias(c.SLOT_START_NS),
+                      pl.col(MEASURED).alias(c.MEASURED_UJ),
+                      pl.col(COVERED).alias(c.COVERED_NS)).sort(by + [c.SLOT_START_NS])
+
+
+def _slot_pieces(iv: pl.DataFrame, slot_ns: int) -> pl.DataFrame:
+    """Measured µJ and covered ns per (GPU, slot) of intervals sorted by (GPU, end)."""
     iv = iv.with_columns(_ceil_slot(pl.col(T0), slot_ns).alias("__k0"),
                          _ceil_slot(pl.col(T1) - 1, slot_ns).alias("__k1"))
     k0, k1 = pl.col("__k0"), pl.col("__k1")
-    single = iv.filter(k0 == k1).select(
-        GID, k0.alias(SLOT),
-        (pl.col(c.ENERGY_DELTA_J) * UJ).round(0).cast(pl.Int64).alias(MEASURED),
-        (pl.col(T1) - pl.col(T0)).alias(COVERED),
-    )
-    # Samples come in (GPU, time) order, so a slot's samples are adjacent: sum the runs with a
-    # sorted group key (no hashing of millions of rows). Runs split by unsorted input would
-    # only meet again in the final group-by.
-    run = ((pl.col(GID) != pl.col(GID).shift(1)) | (pl.col(SLOT) != pl.col(SLOT).shift(1))
-           ).fill_null(True).cum_sum().set_sorted()
-    single = single.with_columns(run.alias("__run")).group_by("__run", maintain_order=True).agg(
-        pl.col(GID).first(), pl.col(SLOT).first(), pl.col(MEASURED).sum(),
-        pl.col(COVERED).sum()).drop("__run")
+    # Most intervals lie inside one slot: µJ rounded per interval, then summed per (GPU, slot)
+    # on one packed integer key, which comes sorted (no hashing of millions of rows).
+    base = int(iv.get_column("__k0").min() or 0)
+    slots = (int(iv.get_column("__k1").max() or 0) - base) // slot_ns + 1
+    packed = (pl.col(GID) * slots + (k0 - base) // slot_ns).set_sorted()
+    single = iv.filter(k0 == k1).group_by(packed.alias("__key"), maintain_order=True).agg(
+        (pl.col(JOULES) * UJ).round(0).cast(pl.Int64).sum().alias(MEASURED),
+        (pl.col(T1) - pl.col(T0)).sum().alias(COVERED),
+    ).select((pl.col("__key") // slots).alias(GID),
+             (pl.col("__key") % slots * slot_ns + base).alias(SLOT), MEASURED, COVERED)
     multi = iv.filter(k0 != k1).with_columns(
         pl.int_ranges(k0, k1 + 1, slot_ns).alias(SLOT)).explode(SLOT)
     overlap = (pl.min_horizontal(pl.col(T1), pl.col(SLOT) + slot_ns)
                - pl.max_horizontal(pl.col(T0), pl.col(SLOT)))
     multi = multi.select(
         GID, SLOT,
-        (pl.col(c.ENERGY_DELTA_J) * UJ * overlap / (pl.col(T1) - pl.col(T0)))
+        (pl.col(JOULES) * UJ * overlap / (pl.col(T1) - pl.col(T0)))
         .round(0).cast(pl.Int64).alias(MEASURED),
         overlap.alias(COVERED),
     )
-    out = pl.concat([single, multi]).group_by(GID, SLOT).agg(
-        pl.col(MEASURED).sum(), pl.col(COVERED).sum()).join(names, on=GID, how="left")
-    return out.select(*by, pl.col(SLOT).alias(c.SLOT_START_NS),
-                      pl.col(MEASURED).alias(c.MEASURED_UJ),
-                      pl.col(COVERED).alias(c.COVERED_NS)).sort(by + [c.SLOT_START_NS])
+    return pl.concat([single, multi])
 
 
 def gpu_slots(pieces: pl.DataFrame) -> pl.DataFrame:

@@ -35,6 +35,7 @@ import pyarrow as pa
 from fleetlens.pipeline import energy as en
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.discovery import discover
+from fleetlens.pipeline.gpupoints import gpu_points
 from fleetlens.pipeline.joblock import exclusive
 from fleetlens.pipeline.normalize import normalize
 from fleetlens.pipeline.partitions import (
@@ -57,8 +58,9 @@ from fleetlens.pipeline.windows import windows
 
 #: Version of the derived files' layout or meaning: a change recomputes them all on the next
 #: run (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added; 3: negative
-#: vLLM phases and the TTFT of requests without tokens are null).
-OUTPUT_FORMAT = 3
+#: vLLM phases and the TTFT of requests without tokens are null; 4: gpu_samples one row per
+#: gpu_sample_interval_s, slot energy from the native points).
+OUTPUT_FORMAT = 4
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
 OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
            t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS)
@@ -113,7 +115,7 @@ def fingerprint(cfg: PipelineConfig) -> str:
     full recompute."""
     relevant = {"window": cfg.window_s, "slot": cfg.slot_s, "dims": cfg.dimension_map(),
                 "max_request_s": cfg.max_request_s, "gap": cfg.max_sample_gap_s,
-                "format": OUTPUT_FORMAT}
+                "gpu_interval": cfg.gpu_sample_interval_s, "format": OUTPUT_FORMAT}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -150,10 +152,11 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
                      _COLUMNS["spans"], _CATEGORICAL["spans"])
     requests = normalize(spans, mapping, cfg.dimension_map()).filter(
         pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
-    gpu = gpu_samples(points, cfg.max_sample_gap_s)
-    # Measured energy per slot now, while the samples are in memory and sorted: phase 2
-    # reads these few rows instead of the samples.
-    slots = en.gpu_slot_energy(gpu, cfg.slot_s, lo)
+    gpu_pts = gpu_points(points)  # once for gpu_samples and the energy
+    gpu = gpu_samples(gpu_pts, cfg.max_sample_gap_s, cfg.gpu_sample_interval_s)
+    # Measured energy per slot from the native points now, while they are in memory: phase 2
+    # reads these few rows instead.
+    slots = en.gpu_slot_energy(gpu_pts, cfg.slot_s, lo, cfg.max_sample_gap_s)
     eng = engine_samples(points).filter(in_hour)
     return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu.filter(in_hour)),
             (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots)]

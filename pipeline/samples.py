@@ -14,6 +14,18 @@ from collections.abc import Callable
 import polars as pl
 
 from fleetlens.pipeline.attrs import extract_keys
+from fleetlens.pipeline.gpupoints import (
+    COLUMNS,
+    ENERGY_DELTA,
+    GID,
+    JOULES,
+    SERIES,
+    T1,
+    UTIL_MEM_LEGACY,
+    GpuPoints,
+    energy_intervals,
+    gpu_points,
+)
 from fleetlens.pipeline.pivot import KEY, SLOT, SRC, Split, as_split, pivot_sorted
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c
@@ -22,14 +34,6 @@ from fleetlens.pipeline.stage import stage
 
 _NS = 1_000_000_000
 
-#: GPU metric -> gpu_samples column. ``util_mem`` is the memory controller's busy share.
-GPU_METRICS: dict[str, str] = {
-    a.HW_POWER: c.POWER_W, a.HW_ENERGY: c.ENERGY_J, a.HW_GPU_UTILIZATION: c.UTIL_GPU,
-    a.GPU_MEMORY_CONTROLLER_UTILIZATION: c.UTIL_MEM, a.HW_GPU_MEMORY_USAGE: c.MEM_USED_BYTES,
-    a.HW_GPU_MEMORY_LIMIT: c.MEM_TOTAL_BYTES, a.GPU_CLOCK_SM: c.SM_CLOCK_MHZ,
-    a.HW_TEMPERATURE: c.TEMP_C, a.GPU_POWER_LIMIT: c.POWER_LIMIT_W,
-    a.GPU_CLOCKS_EVENT_REASONS: c.CLOCKS_EVENT_REASONS,
-}
 #: Engine metric -> engine_samples column.
 ENGINE_METRICS: dict[str, str] = {
     a.ENGINE_KV_CACHE_USAGE: c.KV_CACHE_USAGE, a.ENGINE_NUM_RUNNING: c.NUM_RUNNING,
@@ -52,31 +56,7 @@ ENGINE_ALIASES: dict[str, str] = {
 #: ``requests_finished_total``; a reason vLLM adds later lands in the "other" column.
 _FINISHED = {reason: f"__finished_{reason}" for reason in a.FINISHED_REASONS}
 _FINISHED_OTHER = "__finished_other"
-#: The legacy reading of hw.gpu.memory.utilization as the controller's busy share (what the
-#: fleetlens agent sent before it followed the conventions, and the simulator still sends):
-#: used only for a sample that has no gpu.memory_controller.utilization.
-_UTIL_MEM_LEGACY = "__util_mem_legacy"
-
-#: Unit (UCUM, as OTLP sends it) -> factor to the column's unit. Unknown units count as canonical.
-UNIT_FACTORS: dict[str, float] = {
-    "W": 1.0, "mW": 1e-3, "kW": 1e3,
-    "J": 1.0, "mJ": 1e-3, "kJ": 1e3, "Wh": 3600.0, "kWh": 3.6e6,
-    "By": 1.0, "KiBy": 1024.0, "MiBy": 1024.0**2, "GiBy": 1024.0**3, "kBy": 1e3, "MBy": 1e6,
-    "GBy": 1e9, "1": 1.0, "%": 0.01, "MHz": 1.0, "Hz": 1e-6, "kHz": 1e-3, "GHz": 1e3,
-    "Cel": 1.0, "s": 1.0,
-}
-
-_DELTA = "delta"
-_ENERGY_DELTA = "__energy_delta"
-_UUID, _NAME, _INDEX, _INSTANCE, _MODEL_LABEL = (
-    "__hw_id", "__hw_name", "__gpu_index", "__instance", "__model_label")
-_HW_MODEL, _REASON = "__hw_model", "__finished_reason"
-
-
-def normalised_value() -> pl.Expr:
-    """Factor from the unit of the point (or combination) to the canonical unit of its metric."""
-    return pl.col(c.UNIT).replace_strict(UNIT_FACTORS, default=1.0, return_dtype=pl.Float64)
-
+_INSTANCE, _MODEL_LABEL, _REASON = "__instance", "__model_label", "__finished_reason"
 
 GROUP = "__group"
 _PACK_BITS = 43
@@ -131,57 +111,91 @@ def _wide(points: pl.DataFrame | Split, columns_of: Callable[[pl.DataFrame], pl.
     return wide.with_columns(missing)
 
 
-def _previous(expr: pl.Expr) -> pl.Expr:
-    """The value of the previous row of the same series (rows sorted by series, then time)."""
-    return pl.when(pl.col(GROUP) == pl.col(GROUP).shift(1)).then(expr.shift(1))
+#: How the points of one column in one interval make the row's value: the mean of a gauge,
+#: the last reading of a counter or a setting, every bit any point of the throttle-reason mask
+#: had, the sum of delta energy (the row's energy itself is ``energy_delta_j``).
+_LAST = (c.ENERGY_J, c.MEM_TOTAL_BYTES, c.POWER_LIMIT_W)
+_KINDS: dict[str, pl.Expr] = {
+    "mean": pl.col(c.VALUE).mean(), "last": pl.col(c.VALUE).last(),
+    "bits": pl.col(c.VALUE).cast(pl.Int64).bitwise_or().cast(pl.Float64),
+    "sum": pl.col(c.VALUE).sum(),
+}
 
 
-def _gpu_columns(combos: pl.DataFrame) -> pl.DataFrame:
-    """Output column and unit factor of each GPU metric combination."""
-    # An energy sum with delta temporality already holds the energy since the last point.
-    is_delta = (pl.col(c.METRIC_NAME) == a.HW_ENERGY) & (pl.col(c.TEMPORALITY) == _DELTA)
-    by_name = {**GPU_METRICS, a.HW_GPU_MEMORY_UTILIZATION: _UTIL_MEM_LEGACY}
-    column = pl.when(is_delta).then(pl.lit(_ENERGY_DELTA)).otherwise(
-        pl.col(c.METRIC_NAME).replace_strict(by_name, default=None, return_dtype=pl.String))
-    return combos.with_columns(column.alias(_COLUMN), normalised_value().alias(_MUL),
-                               pl.lit(1.0).alias(_DIV))
+def _kind(column: str) -> str:
+    if column in _LAST:
+        return "last"
+    if column == c.CLOCKS_EVENT_REASONS:
+        return "bits"
+    return "sum" if column == ENERGY_DELTA else "mean"
+
+
+def interval_ns(interval_s: float) -> int:
+    """The sample interval in ns (a positive whole number of them)."""
+    step = round(interval_s * _NS)
+    if step <= 0:
+        raise ValueError(f"gpu sample interval must be positive, got {interval_s!r} s")
+    return step
 
 
 @stage(t.GPU_SAMPLES)
-def gpu_samples(points: pl.DataFrame | Split, max_gap_s: float) -> pl.DataFrame:
-    """GPU metric points -> one row per (host, GPU, timestamp).
+def gpu_samples(points: pl.DataFrame | Split | GpuPoints, max_gap_s: float,
+                interval_s: float = 1.0) -> pl.DataFrame:
+    """GPU metric points -> one row per (host, GPU, interval of ``interval_s``).
 
     Input: ``metric_points`` (deduplicated or not; other metrics are ignored; source columns
-    String or Categorical), or their :class:`~pipeline.pivot.Split`. Output: ``gpu_samples``
-    sorted by (host_name, gpu_uuid, ts_ns), plus ``mem_total_bytes`` and ``energy_delta_j``: the
-    GPU's energy since its previous sample: the point's value for an energy sum with delta
-    temporality, else the counter's increase (a drop means the counter restarted: the increase
-    is then the new value), else the trapezoid of power; null for a GPU's first sample or across
-    a gap longer than ``max_gap_s``.
+    String or Categorical), their :class:`~pipeline.pivot.Split` or
+    :class:`~pipeline.gpupoints.GpuPoints`. A row at ``ts_ns`` (a multiple of the interval)
+    sums up the GPU's points in ``[ts_ns, ts_ns + interval)``: the mean of each gauge (power,
+    utilisation, memory used, clock, temperature), the last energy counter reading, memory
+    total and power limit, and every ``clocks_event_reasons`` bit set in any of them. Output:
+    ``gpu_samples`` sorted by (host_name, gpu_uuid, ts_ns), plus ``mem_total_bytes`` and
+    ``energy_delta_j``: the energy of the GPU's native sample intervals that end in the row's
+    interval (:func:`~pipeline.gpupoints.energy_intervals`: delta sums, else counter
+    increases with restarts handled, else the trapezoid of power; nothing across a gap longer
+    than ``max_gap_s``), null when none does. Summed over rows it is the GPU's measured energy.
     """
-    def describe(combos: pl.DataFrame) -> pl.DataFrame:
-        combos = extract_keys(combos, c.ATTRIBUTES, {
-            a.HW_ID: (_UUID, pl.String()), a.HW_NAME: (_NAME, pl.String()),
-            a.HW_MODEL: (_HW_MODEL, pl.String()), a.GPU_INDEX: (_INDEX, pl.Int64()),
-        })
-        return combos.with_columns(pl.col(_UUID).fill_null("").alias(c.GPU_UUID))
-
-    # The model: hw.model (the conventions' attribute for it), else hw.name (older agents).
-    labels = (pl.coalesce(pl.col(_HW_MODEL).drop_nulls().max(), pl.col(_NAME).drop_nulls().max())
-              .fill_null("").alias(c.GPU_MODEL),
-              pl.col(_INDEX).drop_nulls().min().alias(c.GPU_INDEX))
-    # Duplicate deliveries collapse in the pivot (no sort needed).
-    wide = _wide(points, _gpu_columns, [*GPU_METRICS.values(), _ENERGY_DELTA, _UTIL_MEM_LEGACY],
-                 [c.HOST_NAME, c.GPU_UUID], describe, labels)
-    wide = wide.with_columns(pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64),
-                             pl.coalesce(c.UTIL_MEM, _UTIL_MEM_LEGACY).alias(c.UTIL_MEM))
-    dt_s = (pl.col(c.TS_NS) - _previous(pl.col(c.TS_NS))) / _NS
-    increase = pl.col(c.ENERGY_J) - _previous(pl.col(c.ENERGY_J))
-    counter = pl.when(increase < 0).then(pl.col(c.ENERGY_J)).otherwise(increase)
-    trapezoid = (pl.col(c.POWER_W) + _previous(pl.col(c.POWER_W))) / 2 * dt_s
-    delta = pl.coalesce(
-        pl.col(_ENERGY_DELTA), pl.when(dt_s <= max_gap_s).then(pl.coalesce(counter, trapezoid)))
-    wide = wide.with_columns(delta.alias(c.ENERGY_DELTA_J))
+    gp = gpu_points(points)
+    step = interval_ns(interval_s)
+    n = max(len(gp.columns), 1)
+    ts = gp.rows.get_column(c.TS_NS)
+    base = int(ts.min() or 0)
+    base -= base % step
+    buckets = (int(ts.max() or 0) - base) // step + 1
+    # (series, interval) packs into one int64 key: one hashed column per group-by.
+    if (gp.gpus.height * n * buckets).bit_length() > 62:
+        raise ValueError("too many GPU sample intervals in one frame: use a longer interval")
+    bucket = (pl.col(c.TS_NS) - base) // step
+    # The rows are sorted by (series, time), so the packed keys come sorted: grouping them
+    # needs no hashing.
+    packed = (pl.col(SERIES) * buckets + bucket).set_sorted().alias(KEY)
+    parts = []
+    for kind, agg in _KINDS.items():
+        slots = [i for i, col in enumerate(gp.columns) if _kind(col) == kind]
+        if not slots:
+            continue
+        rows = gp.rows if len(slots) == n else gp.rows.filter((pl.col(SERIES) % n).is_in(slots))
+        parts.append(rows.select(packed, c.VALUE).group_by(KEY, maintain_order=True).agg(agg))
+    long = pl.concat(parts) if parts else pl.DataFrame(schema={KEY: pl.Int64, c.VALUE: pl.Float64})
+    per_gpu = (pl.col(KEY) // buckets // n) * buckets + pl.col(KEY) % buckets
+    wide = pivot_sorted(long.with_columns((pl.col(KEY) // buckets % n).alias(SLOT)), gp.columns,
+                        per_gpu)
+    # Each source's intervals come sorted by (GPU, end): summed per row without hashing too.
+    energy = [iv.select((pl.col(GID) * buckets + (pl.col(T1) - base) // step).set_sorted()
+                        .alias(KEY), JOULES).group_by(KEY, maintain_order=True)
+              .agg(pl.col(JOULES).sum().alias(c.ENERGY_DELTA_J))
+              for iv in energy_intervals(gp, max_gap_s)]
+    if len(energy) != 1:  # power filling in beside a counter can end in the same row
+        energy = [pl.concat(energy or [pl.DataFrame(schema={KEY: pl.Int64,
+                                                            c.ENERGY_DELTA_J: pl.Float64})])
+                  .group_by(KEY).agg(pl.col(c.ENERGY_DELTA_J).sum())]
+    wide = wide.join(energy[0], on=KEY, how="left", maintain_order="left").with_columns(
+        (pl.col(KEY) // buckets).alias(GID), (pl.col(KEY) % buckets * step + base).alias(c.TS_NS))
+    wide = wide.join(gp.gpus, on=GID, how="left", maintain_order="left")
+    missing = [pl.lit(None, pl.Float64).alias(col) for col in COLUMNS if col not in gp.columns]
+    wide = wide.with_columns(missing).with_columns(
+        pl.col(c.CLOCKS_EVENT_REASONS).cast(pl.Int64),
+        pl.coalesce(c.UTIL_MEM, UTIL_MEM_LEGACY).alias(c.UTIL_MEM))
     columns = [*t.table(t.GPU_SAMPLES).columns, c.MEM_TOTAL_BYTES, c.ENERGY_DELTA_J]
     return wide.select(columns)
 

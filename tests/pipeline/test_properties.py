@@ -12,7 +12,7 @@ from fleetlens.pipeline.normalize import normalize
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
-from tests.pipeline.rawdata import NS, T0, span, spans_frame, vllm_span
+from tests.pipeline.rawdata import NS, T0, point, points_frame, span, spans_frame, vllm_span
 
 NO_MODELS = pl.DataFrame(schema={"instance_id": pl.String, "model": pl.String})
 FAST = settings(max_examples=40, deadline=None,
@@ -76,7 +76,7 @@ def energy_cases(draw):
         })
     columns = {k: v for k, v in t.table(t.REQUESTS).columns.items() if k in _REQUEST_KEYS}
     requests = pl.DataFrame(reqs, schema=columns)
-    samples = []
+    samples, points = [], []
     for g in ("G0", "G1"):
         ts = T0 - 2 * NS
         gaps = draw(st.lists(st.integers(100, 8000), min_size=2, max_size=25))
@@ -85,18 +85,21 @@ def energy_cases(draw):
             ts += gap * 1_000_000
             samples.append({"host_name": "h", "gpu_uuid": g, "ts_ns": ts,
                             "energy_delta_j": joule})
+            # the agent's energy as a delta sum: the joules since the GPU's previous point
+            points.append({**point(a.HW_ENERGY, ts, joule, host="h", attrs={a.HW_ID: g},
+                                   unit="J", kind="sum"), c.TEMPORALITY: "delta"})
     gpu = pl.DataFrame(samples).sort("host_name", "gpu_uuid", "ts_ns")
     mapping = pl.DataFrame({"host_name": ["h", "h"], "instance_id": ["i0", "i1"],
                             "gpu_uuid": ["G0", "G1"], en.HOUR: [T0, T0]})
-    return requests, gpu, mapping
+    return requests, gpu, points_frame(points), mapping
 
 
 @FAST
 @given(energy_cases())
 def test_energy_conservation_per_gpu_slot(case) -> None:
-    requests, gpu, mapping = case
+    requests, gpu, points, mapping = case
     requests = en.with_request_keys(requests)
-    slots = en.gpu_slots(en.gpu_slot_energy(gpu, 10, int(gpu["ts_ns"].min())))
+    slots = en.gpu_slots(en.gpu_slot_energy(points, 10, int(gpu["ts_ns"].min()), 60.0))
     weights = en.request_slot_weights(requests, 10)
     shares, per_slot = en.attribute(weights, requests, mapping, slots, 10)
     assert (per_slot[en.MEASURED] == per_slot["__given"] + per_slot["__idle_uj"]).all()
