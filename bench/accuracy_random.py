@@ -19,15 +19,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import polars as pl
+
 from fleetlens.analytics.accuracy import Score, score_clean, score_run
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.simulator import parse_scenario
 from fleetlens.simulator import run as simulate
-from fleetlens.simulator.control import LatencyProbe, Verdict, validate, without_incidents
+from fleetlens.simulator.control import (
+    LatencyProbe,
+    Verdict,
+    probe_frame,
+    probe_from,
+    validate,
+    without_incidents,
+)
 from fleetlens.simulator.randomfleet import WARMUP_S, FleetSize, random_fleet
 
 GRACE_S = 180.0  # as analytics.accuracy.score_run
 VERDICTS_FILE = "verdicts.json"
+PROBES_FILE = "probes-{}.parquet"  # treated / control latencies, to validate again
 NS = 1_000_000_000
 
 
@@ -86,6 +96,9 @@ def run_fleet(doc: dict, workdir: Path, clean_control: bool = False
         simulate(parse_scenario(control_doc), export=False, probe=control)
     timings["control"] = time.perf_counter() - started
     verdicts = validate(truth, treated, control)
+    for name, probe in (("treated", treated), ("control", control)):
+        pl.DataFrame(probe_frame(probe)).write_parquet(
+            workdir / doc["fleet"]["name"] / PROBES_FILE.format(name))
     # Kept beside the data so --rescore can rerun analytics alone on the same pipeline output.
     (workdir / doc["fleet"]["name"] / VERDICTS_FILE).write_text(json.dumps(
         {"scenario": doc, "truth": truth,
@@ -127,6 +140,11 @@ def rescore(keep: Path, config: object | None = None,
     for path in saved:
         doc = json.loads(path.read_text())
         verdicts = [Verdict(**v) for v in doc["verdicts"]]
+        probes = [path.parent / PROBES_FILE.format(n) for n in ("treated", "control")]
+        if all(p.exists() for p in probes):  # validate again: the rule may have changed
+            start = doc["truth"][c.START_NS]
+            verdicts = validate(doc["truth"], *(probe_from(pl.read_parquet(p).to_dict(
+                as_series=False), start) for p in probes))
         analysed = run_analytics(DataDir(path.parent / "data"), config or AnalyticsConfig(),
                                  notify=False)
         score = score_fleet(doc["truth"], verdicts, analysed.analysis)
@@ -203,6 +221,11 @@ def report(result: RandomResult) -> str:
         lines.append(f"{'detection delay s (median, p90)':>34}: {statistics.median(delays):.0f}, "
                      f"{sorted(delays)[int(0.9 * (len(delays) - 1))]:.0f}")
     lines.append(confusion_table(result.score))
+    confounded = [v for v in result.dropped if v.confounded]
+    if confounded:
+        lines.append(f"of which confounded (the target already slower than the control "
+                     f"before the incident began): {len(confounded)}: " + ", ".join(
+                         v.cause for v in confounded))
     if result.dropped:
         lines.append("dropped (strongest effect vs control): " + "; ".join(
             f"{v.cause} {v.metric or 'no data'} x{v.ratio:.2f}" if v.metric else

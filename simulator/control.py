@@ -11,6 +11,11 @@ latency is at least
 :data:`MIN_RATIO` x the control's (and :data:`MIN_DELTA_S` more). Overlapping incidents are
 drawn on engines they do not share (:mod:`simulator.randomfleet`), so each window compares
 one fault with none.
+
+An incident whose target was already that much slower than the control in the
+:data:`PRE_S` seconds before it started (the backlog an earlier incident left on the same
+engines, which the control does not have) is *confounded*: the difference in its window is
+not its own doing, so it is dropped too, and reported as such.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ MIN_DELTA_S = 0.010
 #: fewest requests in the window, in each run, for a comparison to mean anything
 MIN_REQUESTS = 10
 METRICS = ("ttft", "tpot", "e2e", "client_e2e", "client_ttft")
+#: the look before an incident for a difference it cannot have caused, seconds
+PRE_S = 300.0
 
 
 @dataclass
@@ -66,6 +73,8 @@ class Verdict:
     treated_s: float
     control_s: float
     requests: int
+    #: the target already differed from the control before the incident (see module doc)
+    confounded: bool = False
 
     @property
     def ratio(self) -> float:
@@ -81,6 +90,17 @@ def _window(probe: LatencyProbe, instances: list[str], lo: float, hi: float) -> 
     return [row for iid in instances for row in probe.rows.get(iid, ()) if lo <= row[0] < hi]
 
 
+def _moved(a: list[tuple], b: list[tuple], col: int, q: float) -> tuple[bool, float, float]:
+    """Whether quantile ``q`` of latency column ``col`` is measurably higher in ``a`` than in
+    ``b``, with both values (False when either side has too few requests)."""
+    xa = [row[col] for row in a if row[col] >= 0]
+    xb = [row[col] for row in b if row[col] >= 0]
+    if len(xa) < MIN_REQUESTS or len(xb) < MIN_REQUESTS:
+        return False, 0.0, 0.0
+    ta, tb = _quantile(xa, q), _quantile(xb, q)
+    return ta >= MIN_RATIO * tb and ta - tb >= MIN_DELTA_S, ta, tb
+
+
 def validate(truth: dict, treated: LatencyProbe, control: LatencyProbe) -> list[Verdict]:
     """A :class:`Verdict` per ground-truth incident of ``truth`` (the run's ground truth)."""
     start_ns = truth[c.START_NS]
@@ -89,23 +109,44 @@ def validate(truth: dict, treated: LatencyProbe, control: LatencyProbe) -> list[
         lo, hi = (gt[c.START_NS] - start_ns) / 1e9, (gt[c.END_NS] - start_ns) / 1e9
         a = _window(treated, gt["instances"], lo, hi)
         b = _window(control, gt["instances"], lo, hi)
+        pre_a = _window(treated, gt["instances"], lo - PRE_S, lo)
+        pre_b = _window(control, gt["instances"], lo - PRE_S, lo)
         best = Verdict(n, gt["cause"], False, "", 0.0, 0.0, len(a))
+        confounded = False
         if len(a) >= MIN_REQUESTS and len(b) >= MIN_REQUESTS:
             for col, metric in enumerate(METRICS, start=1):
-                xa = [row[col] for row in a if row[col] >= 0]
-                xb = [row[col] for row in b if row[col] >= 0]
-                if len(xa) < MIN_REQUESTS or len(xb) < MIN_REQUESTS:
-                    continue
                 for q in (0.5, 0.9):
-                    ta, tb = _quantile(xa, q), _quantile(xb, q)
-                    valid = ta >= MIN_RATIO * tb and ta - tb >= MIN_DELTA_S
-                    better = (valid, ta / tb if tb > 0 else 0.0) > (
+                    moved, ta, tb = _moved(a, b, col, q)
+                    if moved and _moved(pre_a, pre_b, col, q)[0]:
+                        confounded, moved = True, False  # it was so before it began
+                    better = (moved, ta / tb if tb > 0 else 0.0) > (
                         best.valid, best.ratio if best.metric else 0.0)
-                    if better:
-                        best = Verdict(n, gt["cause"], valid, f"{metric}_p{round(q * 100)}",
+                    if better and ta > 0:
+                        best = Verdict(n, gt["cause"], moved, f"{metric}_p{round(q * 100)}",
                                        ta, tb, len(a))
+        best.confounded = confounded and not best.valid
         verdicts.append(best)
     return verdicts
+
+
+def probe_frame(probe: LatencyProbe) -> dict[str, list]:
+    """A probe's rows as columns (instance, arrival, ttft, ...), to keep beside a run."""
+    cols: dict[str, list] = {"instance": [], "arrival": [], **{m: [] for m in METRICS}}
+    for iid, rows in probe.rows.items():
+        for row in rows:
+            cols["instance"].append(iid)
+            cols["arrival"].append(row[0])
+            for m, v in zip(METRICS, row[1:], strict=True):
+                cols[m].append(v)
+    return cols
+
+
+def probe_from(frame: dict[str, list], start_ns: int) -> LatencyProbe:
+    """The :class:`LatencyProbe` of :func:`probe_frame`'s columns."""
+    probe = LatencyProbe(start_ns)
+    for i, iid in enumerate(frame["instance"]):
+        probe.rows[iid].append((frame["arrival"][i], *(frame[m][i] for m in METRICS)))
+    return probe
 
 
 def without_incidents(doc: dict) -> dict:
