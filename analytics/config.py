@@ -108,6 +108,8 @@ class AnalyticsConfig:
     #: A service-level incident replaces host incidents when at least this share of the
     #: service's hosts breach together (a fleet-wide cause, not a host fault).
     host_share_for_service: float = 0.75
+    #: ... and when those hosts began breaching within this many seconds of each other.
+    shared_start_s: int = 120
     #: Peak/expected ratios for severity "major" and "critical" (below: "minor").
     severity_major: float = 1.8
     severity_critical: float = 3.0

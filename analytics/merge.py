@@ -50,6 +50,18 @@ def _clusters(rows: list[Row], gap_ns: int) -> list[list[Row]]:
     return out
 
 
+def _together(cluster: list[Row], spread_ns: int) -> bool:
+    """Whether the cluster's hosts began breaching within ``spread_ns`` of each other: one
+    shared cause (a surge, longer prompts) reaches every host at once, while two faults on
+    two hosts that happen to overlap began minutes apart."""
+    starts: dict[str, int] = {}
+    for r in cluster:
+        if r[c.LEVEL] == LEVEL_HOST:
+            starts[r[c.HOST_NAME]] = min(starts.get(r[c.HOST_NAME], r[c.START_NS]),
+                                         r[c.START_NS])
+    return max(starts.values()) - min(starts.values()) <= spread_ns
+
+
 def severity(ratio: float, slo_broken: bool, config: AnalyticsConfig) -> str:
     """``critical`` / ``major`` / ``minor`` from peak/expected; a broken SLO is at least major."""
     if ratio >= config.severity_critical:
@@ -120,7 +132,8 @@ def merge_anomalies(anomalies: pl.DataFrame, hosts_by_service: dict[tuple[str, s
         n_hosts = max(hosts_by_service.get((service, model), 1), 1)
         for cluster in _clusters(members, gap):
             hosts = sorted({r[c.HOST_NAME] for r in cluster if r[c.LEVEL] == LEVEL_HOST})
-            shared = len(hosts) >= 2 and len(hosts) >= config.host_share_for_service * n_hosts
+            shared = (len(hosts) >= 2 and len(hosts) >= config.host_share_for_service * n_hosts
+                      and _together(cluster, config.shared_start_s * 1_000_000_000))
             if not hosts or shared:
                 incidents.append(incident_from(cluster, (service, model, FLEET_WIDE),
                                            LEVEL_SERVICE, config))

@@ -87,6 +87,19 @@ def test_most_hosts_at_once_is_one_service_incident(config) -> None:
     assert out[c.LEVEL][0] == "service"
 
 
+def test_both_hosts_breaching_minutes_apart_are_two_faults(config) -> None:
+    # Random fleet 7004: a collective stall on h02 and, 3 minutes later, engine overhead on
+    # h01 (both hosts of the service) were one service incident ranked engine_overhead.
+    a = _banded([1, 3, 3, 3, 3, 3, 3, 1, 1], host="h02")
+    b = _banded([1, 1, 1, 1, 3, 3, 3, 3, 3], host="h01")
+    out = merge_anomalies(_anomalies(a, b), {("chat", "m"): 2}, config)
+    assert sorted(out[c.HOST_NAME]) == ["h01", "h02"] and set(out[c.LEVEL]) == {"host"}
+    # the same two hosts starting together are one shared cause
+    b = _banded([1, 3, 3, 3, 3, 3, 3, 3, 3], host="h01")
+    out = merge_anomalies(_anomalies(a, b), {("chat", "m"): 2}, config)
+    assert out.height == 1 and out[c.LEVEL][0] == "service"
+
+
 def test_fleet_alone_and_separate_times(config) -> None:
     fleet = _banded([1, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1], host=FLEET_WIDE, service=FLEET_WIDE)
     late = _banded([1] * 8 + [2, 2, 2, 1], host="h02")
