@@ -87,6 +87,8 @@ def _gateway_overhead(spans: pl.DataFrame, engine: pl.DataFrame) -> pl.DataFrame
         pl.col(c.TRACE_ID), pl.col(c.SPAN_ID).alias(_GW_ID),
         (pl.col(c.END_NS) - pl.col(c.START_NS)).alias(_GW_DUR),
     )
+    if gateways.height == 0:  # a vLLM fleet without a gateway: no join over two id strings
+        return engine.with_columns(pl.lit(None, pl.Int64).alias(_GW_DUR))
     return engine.join(
         gateways, left_on=[c.TRACE_ID, c.PARENT_SPAN_ID], right_on=[c.TRACE_ID, _GW_ID],
         how="left", maintain_order="left",
@@ -108,8 +110,11 @@ def request_spans(spans: pl.DataFrame) -> pl.DataFrame:
     candidates = spans.filter(is_vllm | is_genai).with_columns(is_vllm.alias(_IS_VLLM))
     # A client span whose child is also a request span is the same request seen twice.
     # (Skipped when no candidate's span id is any candidate's parent id: nothing to remove.)
-    parent_ids = candidates.get_column(c.PARENT_SPAN_ID).unique().implode()
-    if candidates.select(pl.col(c.SPAN_ID).is_in(parent_ids).any()).item():
+    # (Root spans, vLLM's usually, have no parent id: only the others are looked up.)
+    parent_ids = candidates.filter(pl.col(c.PARENT_SPAN_ID) != "").get_column(
+        c.PARENT_SPAN_ID).unique().implode()
+    if parent_ids.list.len().item() and candidates.select(
+            pl.col(c.SPAN_ID).is_in(parent_ids).any()).item():
         parents = candidates.select(
             c.TRACE_ID, pl.col(c.PARENT_SPAN_ID).alias(c.SPAN_ID)).unique()
         candidates = candidates.join(parents, on=[c.TRACE_ID, c.SPAN_ID], how="anti",

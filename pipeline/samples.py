@@ -92,7 +92,9 @@ def _wide(points: pl.DataFrame | Split, columns_of: Callable[[pl.DataFrame], pl.
     combos = combos.join(ranks.select(*series, GROUP), on=series, how="left", nulls_equal=True)
     combos = combos.with_columns(pl.col(_COLUMN).replace_strict(
         present, list(range(len(present))), return_dtype=pl.Int64).alias(SLOT))
-    frame = slim.join(combos.select(SRC, GROUP, SLOT, _MUL, _DIV), on=SRC, how="inner")
+    # The points of these combinations first (one integer test per point), then the join
+    frame = slim.filter(pl.col(SRC).is_in(combos.get_column(SRC).implode())).join(
+        combos.select(SRC, GROUP, SLOT, _MUL, _DIV), on=SRC, how="inner")
     frame = frame.with_columns((pl.col(c.VALUE) * pl.col(_MUL) / pl.col(_DIV)).alias(c.VALUE))
     base = int(frame.get_column(c.TS_NS).min() or 0)
     span = int(frame.get_column(c.TS_NS).max() or 0) - base
