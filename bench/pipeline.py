@@ -184,8 +184,17 @@ def write_hours(dd: DataDir, first_hour: int, hours: float, seed: int, energy0: 
 
 
 _CHILD = """
-import json, resource, sys, time
+import importlib.util, json, resource, sys, time
 sys.path.insert(0, {repo!r})
+if {peer!r}:
+    # The installed package maps fleetlens.pipeline to this checkout whatever sys.path says:
+    # load the peer's package under that name first, its submodules then come from its folder.
+    import fleetlens
+    spec = importlib.util.spec_from_file_location(
+        "fleetlens.pipeline", {peer!r} + "/__init__.py", submodule_search_locations=[{peer!r}])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fleetlens.pipeline"] = module
+    spec.loader.exec_module(module)
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.stage import STATS
@@ -200,12 +209,18 @@ hwm = next(int(line.split()[1]) for line in open("/proc/self/status")
            if line.startswith("VmHWM"))
 print(json.dumps({{"wall_s": wall, "rss_mb": hwm / 1024,
                   "cpu_s": use.ru_utime + use.ru_stime, "stages": stages,
-                  "dirty_hours": summary.dirty_hours, "rows": summary.rows_written}}))
+                  "dirty_hours": summary.dirty_hours, "rows": summary.rows_written,
+                  "package": sys.modules["fleetlens.pipeline"].__file__}}))
 """
 
 
 def run_pipeline(data: Path, full: bool = False, repo: Path = REPO) -> dict:
-    code = _CHILD.format(repo=str(repo), data=str(data), full=full)
+    """One pipeline run over ``data`` in a child process: its wall, CPU and peak RSS.
+
+    ``repo`` other than this checkout: the ``pipeline`` package under it (see
+    :func:`export_ref`) is the one imported as ``fleetlens.pipeline``."""
+    peer = "" if repo == REPO else str(repo / "pipeline")
+    code = _CHILD.format(repo=str(repo), data=str(data), full=full, peer=peer)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -237,6 +252,10 @@ def compare(data: Path, ref: str, repeat: int) -> None:
         for _ in range(repeat):
             runs[ref].append(run_pipeline(data, full=True, repo=peer))
             runs["this checkout"].append(run_pipeline(data, full=True))
+            # the two sides must really run different code (an installed package wins over
+            # sys.path: that once made both sides this checkout)
+            assert runs[ref][-1]["package"].startswith(str(peer)), runs[ref][-1]["package"]
+            assert runs["this checkout"][-1]["package"].startswith(str(REPO))
     med = {}
     for label, done in runs.items():
         med[label] = {k: statistics.median(r[k] for r in done)
