@@ -12,11 +12,14 @@ process is needed (spawn starts one: about 12 MiB of RSS for nothing).
 
 from __future__ import annotations
 
+import importlib.abc
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
+from typing import Any
 
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.preflight import check_ports_free, warn_if_exposed
@@ -24,9 +27,34 @@ from fleetlens.collector.self_metrics import bind
 from fleetlens.collector.telemetry import log, shared_array
 
 RESTART_DELAY_S = 0.5
+#: pyarrow's filesystem bindings, which ``import pyarrow.parquet`` loads through ``pyarrow.fs``
+#: (each optional there). A worker writes Parquet to local files and reaches object stores
+#: through obstore, so it never uses them; ``libarrow_s3`` alone is 3.6 MiB of RSS per worker.
+UNUSED_ARROW_MODULES = ("pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "pyarrow._hdfs")
 #: A worker that dies this soon after starting, this many times in a row, stops the collector.
 QUICK_FAILURE_S = 10.0
 MAX_QUICK_FAILURES = 3
+
+
+class KeepOut(importlib.abc.MetaPathFinder):
+    """Refuses to import the named modules (and their submodules)."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
+            raise ModuleNotFoundError(f"{fullname} is kept out of collector workers",
+                                      name=fullname)
+        return None
+
+
+def keep_out(*names: str) -> None:
+    """Make importing any of ``names`` fail in this process from now on."""
+    missing = [n for n in names
+               if not any(isinstance(f, KeepOut) and n in f.names for f in sys.meta_path)]
+    if missing:
+        sys.meta_path.insert(0, KeepOut(*missing))
 
 
 def _worker_main(*args: object) -> None:
@@ -34,6 +62,8 @@ def _worker_main(*args: object) -> None:
     # arrives before run_worker installs its own: until then, end as a fresh process would.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    # Before the worker module imports pyarrow.parquet, which would load them.
+    keep_out(*UNUSED_ARROW_MODULES)
     # Imported here so the supervisor itself stays small (no Arrow, DuckDB or gRPC).
     from fleetlens.collector.worker import run_worker
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import importlib.abc
 import logging
 import os
 import secrets
@@ -29,6 +28,7 @@ from fleetlens.collector.ingest import Ingest
 from fleetlens.collector.self_metrics import start_self_metrics
 from fleetlens.collector.signals import BY_CODE
 from fleetlens.collector.sink import Segments, Sink
+from fleetlens.collector.supervisor import keep_out
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import Wal, orphan_dirs, read_segment, remove_dir, segments
 from fleetlens.pipeline.schema.logsetup import configure_logging
@@ -44,19 +44,6 @@ MALLOC_ARENAS = 2
 _M_ARENA_MAX = -8  # mallopt parameter number (malloc.h)
 
 
-class _KeepOut(importlib.abc.MetaPathFinder):
-    """Refuses to import the named top-level packages (and their submodules)."""
-
-    def __init__(self, *names: str) -> None:
-        self.names = names
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if fullname.partition(".")[0] in self.names:
-            raise ModuleNotFoundError(f"{fullname} is kept out of collector workers",
-                                      name=fullname)
-        return None
-
-
 def keep_out_pandas() -> None:
     """Make ``import pandas`` fail in this process (a collector worker).
 
@@ -65,8 +52,8 @@ def keep_out_pandas() -> None:
     first requests after every start, and about 33 MiB of RSS per worker. The collector
     never hands pandas objects to Arrow, so pyarrow's "no pandas" answer changes nothing.
     """
-    if "pandas" not in sys.modules and not any(isinstance(f, _KeepOut) for f in sys.meta_path):
-        sys.meta_path.insert(0, _KeepOut("pandas"))
+    if "pandas" not in sys.modules:
+        keep_out("pandas")
 
 
 def new_writer_id() -> str:
