@@ -172,6 +172,18 @@ def _straggler_host(f: Facts, host: str) -> float:
     return clip01((_vs_peers(_slowdown(own), peers) - 1.2) / 0.6)
 
 
+def _straggler_instance(f: Facts, group: list[str]) -> float:
+    """The tensor-parallel instance running on ``group`` slower per token than the other
+    instances of the incident's requests: on a host that also runs healthy instances of
+    the same service, the host's own figures dilute a straggling group."""
+    inst = next((i for i, gpus in f.signals.instance_gpus.items() if gpus == group), None)
+    own = f.signals.instances.get(inst or "", {})
+    if "tpot" not in own:
+        return 0.0
+    peers = [_slowdown(v) for i, v in f.signals.instances.items() if i != inst and "tpot" in v]
+    return clip01((_vs_peers(_slowdown(own), peers) - 1.2) / 0.6)
+
+
 def slow_gpu_strength(f: Facts, gpu: str) -> float | None:
     """A GPU slower at a normal clock than its peers. Alone (TP1) its requests decode
     slower than its sibling GPUs' while it stays busy; in a tensor-parallel group it keeps
@@ -188,7 +200,8 @@ def slow_gpu_strength(f: Facts, gpu: str) -> float | None:
             peers = [g for g in group if g != gpu]
             gap = ratio(s.get(c.UTIL_MEM)) - min(
                 ratio(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in peers)
-            return _straggler_host(f, host) * clip01((gap - 0.1) / 0.3) * (1 - hw)
+            slower = max(_straggler_host(f, host), _straggler_instance(f, group))
+            return slower * clip01((gap - 0.1) / 0.3) * (1 - hw)
     if "tpot" not in s:
         return None
     busy = clip01((ratio(s.get("util")) - 0.85) / 0.15)

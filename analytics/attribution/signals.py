@@ -34,6 +34,8 @@ class Signals:
     gpus: dict[str, dict[str, Pair]] = field(default_factory=dict)
     gpu_host: dict[str, str] = field(default_factory=dict)
     instance_gpus: dict[str, list[str]] = field(default_factory=dict)
+    #: request signals per engine instance (a tensor-parallel group's GPUs share them)
+    instances: dict[str, dict[str, Pair]] = field(default_factory=dict)
 
 
 def _rows(frame: pl.DataFrame, key: str, aggs: list[pl.Expr]) -> dict[str, dict[str, Any]]:
@@ -150,6 +152,10 @@ def collect_signals(ctx: IncidentContext) -> Signals:
                          _requests(ctx.requests_inc.drop_nulls(c.GPU_UUID), c.GPU_UUID, inc_s))
         for gpu, values in per_gpu.items():
             gpus.setdefault(gpu, {}).update(values)
+    if c.INSTANCE_ID in ctx.requests_inc.columns:
+        sig.instances = _pairs(
+            _requests(ctx.requests_base.drop_nulls(c.INSTANCE_ID), c.INSTANCE_ID, base_s),
+            _requests(ctx.requests_inc.drop_nulls(c.INSTANCE_ID), c.INSTANCE_ID, inc_s))
     sig.gpu_host = {g: _host_of(v) for g, v in gpus.items() if _host_of(v)}
     sig.gpus = gpus
     for row in ctx.instance_gpus.iter_rows(named=True):

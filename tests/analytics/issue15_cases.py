@@ -246,3 +246,14 @@ def slow_gpu_tripping_power_bits(seed: int = 51) -> tuple[SynthData, FleetSpec]:
         .otherwise(pl.col(c.CLOCKS_EVENT_REASONS)).alias(c.CLOCKS_EVENT_REASONS),
     )
     return rewindow(data, spec), spec
+
+
+def tp2_straggler_beside_a_healthy_group(seed: int = 61) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 7000's straggler: two TP2 instances per 4-GPU host; one GPU of h01's
+    second instance is slow. That instance decodes slower, its sibling on h01 does not, so
+    h01's own figures move half as much: the host is no straggler, the instance is."""
+    spec = FleetSpec(duration_s=3 * H, hosts=3, gpus_per_host=4, tp=2, seed=seed,
+                     rps_per_instance=3.0)
+    data = generate(spec, [Injected("slow_gpu", f"gpu_uuid={gpu(1, 2)}", START, DURATION,
+                                    magnitude=0.5)])
+    return data, spec

@@ -107,3 +107,11 @@ def test_power_bits_a_busy_straggler_trips_are_not_a_power_cap() -> None:
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SUBJECT]) == ("slow_gpu", f"gpu_uuid={cases.gpu(1, 0)}"), causes
     assert _scores(causes).get("power_cap", 0.0) < 0.2 * top[c.SCORE]
+
+
+def test_a_straggling_tp_group_is_judged_against_its_peer_instances() -> None:
+    # Before: no rule scored (host h01 no slower than its peers); the fallback named the
+    # instance, and the subject was wrong (random fleet 7000, GPU d0b881b4).
+    _, causes = _ranked(cases.tp2_straggler_beside_a_healthy_group)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("slow_gpu", f"gpu_uuid={cases.gpu(1, 2)}"), causes
