@@ -118,6 +118,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0,
             "handler_mean_ms": handler["mean"] * 1000,
             "handler_p99_le_ms": handler["p99_le"] * 1000,
             "requests_per_s": len(latencies) / seconds,
+            "fsyncs_per_export": handler["fsyncs_per_export"],
             "client_cpu_s": sum(cpu for _, _, cpu in results), "collector_cpu_s": cpu_used,
             "stored_equals_acked": float(stored == acked), "load": float(_load()),
             "busiest": busiest, "bytes_per_span": on_disk / max(stored, 1),
@@ -286,7 +287,8 @@ def main() -> None:
                   f"stored == acked: {bool(r['stored_equals_acked'])}, busiest worker held "
                   f"{r['busiest']:.0f} of {args.clients} connections, load average after "
                   f"{r['load']:.2f}")
-            print(f"  {r['requests_per_s']:.1f} requests/s; Export mean {r['mean_ms']:.1f} ms, "
+            print(f"  {r['requests_per_s']:.1f} requests/s, {r['fsyncs_per_export']:.2f} WAL "
+                  f"fsyncs per Export; Export mean {r['mean_ms']:.1f} ms, "
                   f"of which in the collector's handler {r['handler_mean_ms']:.1f} ms (handler "
                   f"p99 <= {r['handler_p99_le_ms']:g} ms), the rest queued before a handler "
                   f"or in transit; CPU-s: collector {r['collector_cpu_s']:.1f}, load "

@@ -84,15 +84,17 @@ def rss_mib(pid: int) -> float:
 def export_seconds(metrics_address: str) -> dict[str, float]:
     """The collector's own Export histogram (time inside its handler, all workers), read from
     its self-metrics: ``mean`` seconds and ``p99_le``, the bucket bound the 99th percentile
-    falls under (inf past the last bound). NaN when the endpoint cannot be read."""
+    falls under (inf past the last bound), and ``fsyncs_per_export``: WAL fdatasyncs (as of
+    each worker's last flush) per Export answered. NaN when the endpoint cannot be read."""
     prefix = "fleetlens_collector_export_seconds"
+    nan = {"mean": float("nan"), "p99_le": float("nan"), "fsyncs_per_export": float("nan")}
     try:
         with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10) as answer:
             text = answer.read().decode()
     except OSError:
-        return {"mean": float("nan"), "p99_le": float("nan")}
+        return nan
     buckets: list[tuple[float, float]] = []
-    total = count = 0.0
+    total = count = fsyncs = 0.0
     for line in text.splitlines():
         if line.startswith(prefix + "_bucket"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
@@ -101,7 +103,9 @@ def export_seconds(metrics_address: str) -> dict[str, float]:
             total = float(line.split()[1])
         elif line.startswith(prefix + "_count "):
             count = float(line.split()[1])
+        elif line.startswith("fleetlens_collector_wal_fsyncs_total "):
+            fsyncs = float(line.split()[1])
     if not count:
-        return {"mean": float("nan"), "p99_le": float("nan")}
+        return nan
     p99 = next((bound for bound, seen in buckets if seen >= 0.99 * count), float("inf"))
-    return {"mean": total / count, "p99_le": p99}
+    return {"mean": total / count, "p99_le": p99, "fsyncs_per_export": fsyncs / count}
