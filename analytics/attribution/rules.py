@@ -183,6 +183,17 @@ def long_prompt_strength(f: Facts) -> float:
     return clip01((ratio(f.signals.scope.get(c.INPUT_TOKENS)) - 1.3) / 1.2)
 
 
+def demand_strength(f: Facts) -> float:
+    """More tokens asked for per second (arrivals x tokens per request): a full cache that
+    came with ~1.5x the demand is the demand's doing, whichever of rate or length grew."""
+    rps, tin, tout = (f.signals.scope.get(k) for k in ("rps", c.INPUT_TOKENS, c.OUTPUT_TOKENS))
+    if not all(p and p[0] and p[1] for p in (rps, tin, tout)):
+        return 0.0
+    before = value(rps, 0) * (value(tin, 0) + value(tout, 0))
+    after = value(rps) * (value(tin) + value(tout))
+    return clip01((after / before - 1.3) / 0.4) if before > 0 else 0.0
+
+
 def _load_share(f: Facts) -> float:
     """Share of the excess more prompt tokens explain: prefill (more tokens, and a prompt
     mix that costs more per token), the queue behind it and, as far as the GPUs got busier,
@@ -206,7 +217,7 @@ def kv_pressure(f: Facts) -> Candidate:
     host = _focus(f, per_host)
     s = f.signals.hosts.get(host, {})
     # A full cache because of more or longer requests is the demand change's doing.
-    damp = 1 - 0.6 * max(surge_strength(f), long_prompt_strength(f))
+    damp = 1 - 0.6 * max(surge_strength(f), long_prompt_strength(f), demand_strength(f))
     # Waiting for blocks (queue), smaller or preempted batches (decode) and recomputing
     # preempted prompts (prefill per token).
     share = f.share("queue", "decode", "prefill_rate")

@@ -257,3 +257,23 @@ def tp2_straggler_beside_a_healthy_group(seed: int = 61) -> tuple[SynthData, Fle
     data = generate(spec, [Injected("slow_gpu", f"gpu_uuid={gpu(1, 2)}", START, DURATION,
                                     magnitude=0.5)])
     return data, spec
+
+
+def long_prompts_fill_the_cache(seed: int = 71) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 7008: prompts x1.9 on a small-GPU service fill every host's KV cache
+    (100% full, preemptions), and requests queue for blocks. The cache is the mechanism;
+    the demand (x1.7 tokens per second) is the cause."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("long_prompts", "service_name=chat", START, DURATION,
+                                    magnitude=0.225)])
+    on = _during(data, spec, c.TS_NS)
+    eng = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
+    step = pl.col(c.PREEMPTIONS_TOTAL).diff().fill_null(0).over(c.INSTANCE_ID)
+    eng = eng.with_columns(pl.when(on).then(step + 2.0).otherwise(step).alias("_step"))
+    data.engine_samples = eng.with_columns(
+        pl.col("_step").cum_sum().over(c.INSTANCE_ID).alias(c.PREEMPTIONS_TOTAL),
+        pl.when(on).then(1.0).otherwise(pl.col(c.KV_CACHE_USAGE)).alias(c.KV_CACHE_USAGE),
+    ).drop("_step")
+    queued = _during(data, spec, c.ARRIVAL_NS)
+    data.requests = _scale(data.requests, queued, {c.QUEUE_S: 20.0})
+    return rewindow(data, spec), spec

@@ -115,3 +115,11 @@ def test_a_straggling_tp_group_is_judged_against_its_peer_instances() -> None:
     _, causes = _ranked(cases.tp2_straggler_beside_a_healthy_group)
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SUBJECT]) == ("slow_gpu", f"gpu_uuid={cases.gpu(1, 2)}"), causes
+
+
+def test_a_cache_filled_by_longer_prompts_is_the_prompts_doing() -> None:
+    # Before: kv_cache_pressure 0.70 over long_prompts 0.48 (random fleet 7008): prompts
+    # x1.9 were under the prompt rule's full strength, and the cache took the blame.
+    _, causes = _ranked(cases.long_prompts_fill_the_cache)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("long_prompts", "service_name=chat"), causes
