@@ -115,11 +115,17 @@ def test_the_tasks_encode_the_parquet_the_driver_writes_bytes(tmp_path, fleet, c
         raise AssertionError("the driver encoded a partition")
 
     monkeypatch.setattr(pl.DataFrame, "write_parquet", refuse)  # this process only
-    summary = RayPipeline(remote, PipelineConfig(), address=cluster.address).run_once()
+    job = RayPipeline(remote, PipelineConfig(), address=cluster.address)
+    summary = job.run_once()
     monkeypatch.undo()
     assert not encoded
     assert summary.dirty_hours >= 4 and sum(summary.rows_written.values()) > 0
     assert _digest(remote) == _digest(local)
+    # Every task reported where and how long it ran; the hours went to both nodes.
+    phase2 = [took for took in job.task_times if took.phase == 2]
+    assert len(phase2) == summary.dirty_hours and len(job.task_times) > len(phase2)
+    assert all(took.end >= took.start and took.cpu_s > 0 for took in job.task_times)
+    assert len({took.node for took in job.task_times}) == 2
 
 
 @pytest.mark.slow
