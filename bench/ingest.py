@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import ingest_procs as proc_stats  # noqa: E402 - needs REPO on sys.path
 from bench.ingest_clients import SPANS_PER_REQUEST, start_clients  # noqa: E402
+from bench.ingest_clients import single_client as _client  # noqa: E402,F401 - scale_store.py
 
 
 def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0,

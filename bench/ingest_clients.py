@@ -190,3 +190,36 @@ def start_clients(address: str, connections: int, processes: int, seconds: float
     start_at = time.time() + 0.5
     start.value = start_at
     return procs, queue, start_at
+
+
+class _Fixed:
+    """A start time known in advance (what ``client_process`` reads from ``start.value``)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+
+class _NoReady:
+    """Nobody waits for this client to be ready."""
+
+    def put(self, item: Any) -> None:
+        return None
+
+
+class _Pairs:
+    """Puts ``(latencies, refused)`` on ``queue``, dropping the CPU figure."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def put(self, item: tuple[Any, ...]) -> None:
+        self.queue.put(item[:2])
+
+
+def single_client(address: str, seed: int, start_at: float, seconds: float, queue: Any,
+                  rate: float = 0.0) -> None:
+    """One connection from ``start_at`` (wall clock, fixed in advance), closed loop or open
+    loop at ``rate`` requests/s; puts ``(latencies, refused)``. For callers that spread
+    clients over several collectors (bench/scale_store.py)."""
+    client_process(address, [seed], _NoReady(), _Fixed(start_at), seconds,
+                   _Pairs(queue), rate)
