@@ -44,6 +44,7 @@ from fleetlens.pipeline.partitions import (
     existing_hours,
     hour_of,
     hours_between,
+    partition_file,
     publish,
     read_hours,
     read_raw,
@@ -182,13 +183,18 @@ def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
     return frame.filter(_active(lo, hi))
 
 
-def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]) -> Phase2Output:
+def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
+                cache: dict | None = None) -> Phase2Output:
     """Phase 2 (energy, then windows) of one hour as a pure function of the phase-1
-    partitions published in ``dd``: reads no phase-2 output, publishes nothing."""
+    partitions published in ``dd``: reads no phase-2 output, publishes nothing.
+
+    ``cache``: request partitions already read (see :func:`read_hours`), which a caller running
+    the hours of one run in order passes from hour to hour (each hour reads the one before it
+    too); valid while none of them is published again. None: a fresh one."""
     lo, hi = hour, hour + HOUR_NS
     slot_ns = cfg.slot_s * NS
     gap_ns = int(cfg.max_sample_gap_s * NS)
-    read: dict = {}  # request partitions read for `active` serve `everyone` too
+    read: dict = {} if cache is None else cache  # what `active` reads serves `everyone` too
     active = _requests_active(dd, cfg, lo, hi, read)
     e_lo = min(lo, int(active[c.ARRIVAL_NS].min() or lo))
     e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
@@ -245,6 +251,8 @@ class Pipeline:
         self.dims = cfg.dimension_map()
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future[int]] = []
+        #: Request partitions phase 2 read in this run, for the next hour's phase 2.
+        self._requests_read: dict = {}
 
     # --- phase 1 -------------------------------------------------------------------------
     def _phase1(self, state: PipelineState, hour: int) -> list[tuple[str, pl.DataFrame]]:
@@ -264,6 +272,7 @@ class Pipeline:
         # Phase 2 of hour h reads phase-1 output up to its requests' ends (at most
         # max_request_s after the hour) plus one sample gap and slot.
         horizon = HOUR_NS + self.cfg.max_request_s * NS + self.gap_ns + self.cfg.slot_s * NS
+        self._requests_read = {}  # nothing read in an earlier run is trusted
         waiting = deque(hours2)
         done2 = 0
 
@@ -312,7 +321,15 @@ class Pipeline:
     # --- phase 2 -------------------------------------------------------------------------
     def _phase2(self, hour: int, dirty: set[int], summary: RunSummary) -> None:
         self._flush()  # it reads what phase 1 and the previous hours published
-        self._publish_phase2(hour, phase2_hour(self.dd, self.cfg, hour, dirty), summary)
+        out = phase2_hour(self.dd, self.cfg, hour, dirty, self._requests_read)
+        # The next hour reads this one's requests again (a request can run into it): keep
+        # the partitions it can still read. Phase 1 published them before phase 2 got here
+        # and publishes none of them again in this run.
+        back = -(-self.cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
+        keep = {partition_file(self.dd, t.REQUESTS, h)
+                for h in range(hour + HOUR_NS - back, hour + HOUR_NS, HOUR_NS)}
+        self._requests_read = {k: v for k, v in self._requests_read.items() if k[0] in keep}
+        self._publish_phase2(hour, out, summary)
 
     def _publish_phase2(self, hour: int, out: Phase2Output, summary: RunSummary) -> None:
         """Publish one hour's phase-2 output: its own partitions, then the energy rows of
