@@ -216,8 +216,12 @@ def kv_pressure(f: Facts) -> Candidate:
     subject, strength = place(f, per_host)
     host = _focus(f, per_host)
     s = f.signals.hosts.get(host, {})
-    # A full cache because of more or longer requests is the demand change's doing.
-    damp = 1 - 0.6 * max(surge_strength(f), long_prompt_strength(f), demand_strength(f))
+    # A full cache because of more or longer requests is the demand change's doing; one
+    # that filled while *more* requests were running (each holding its blocks longer behind
+    # a slower GPU, link or engine) is the slowdown's. A cache that shrank runs fewer.
+    crowded = clip01((f.running_ratio([host] if host else None) - 1.3) / 0.7)
+    damp = 1 - 0.6 * max(surge_strength(f), long_prompt_strength(f), demand_strength(f),
+                         crowded)
     # Waiting for blocks (queue), smaller or preempted batches (decode) and recomputing
     # preempted prompts (prefill per token).
     share = f.share("queue", "decode", "prefill_rate")
@@ -248,8 +252,12 @@ def prefix_drop(f: Facts) -> Candidate:
     # Lost reuse means more tokens to prefill, the longer prefills queue others, and where
     # the GPUs got busier with that work every token is slower.
     share = _load_share(f)
+    # Prompts twice as long share the same prefix: the hit rate halves with the cache
+    # working as before, and a cache full of longer requests evicts prefixes. With the
+    # demand up that much, the lower reuse is its doing.
+    damp = 1 - 0.6 * max(long_prompt_strength(f), demand_strength(f))
     return Candidate(
-        Cause.PREFIX_CACHE_DROP, subject, weigh(strength, share), share,
+        Cause.PREFIX_CACHE_DROP, subject, weigh(strength * damp, share), share,
         f"prefill {f.ms('prefill'):+.0f} ms, queue {f.ms('queue'):+.0f} ms on "
         f"{_where(subject)}: prefix cache hit rate {value(hit, 0):.0%} -> {value(hit):.0%} "
         f"({share:.0%} of excess)",

@@ -89,12 +89,22 @@ def power_strength(f: Facts, gpu: str) -> float:
     return strength * clock_explains(f, gpu)
 
 
+def _host_part(f: Facts, host: str) -> float:
+    """The part of a service-wide incident's excess carried by ``host``'s requests: one
+    GPU's throttle explains at most its own host's share (1 for a host incident, or where
+    the requests do not say)."""
+    if f.ctx.host or not host:
+        return 1.0
+    part = f.excess_share(c.HOST_NAME, host)
+    return 1.0 if part is None else part
+
+
 def _gpu_candidate(f: Facts, cause: str, strength_of, describe) -> Candidate:
     per_gpu = {g: strength_of(f, g) for g in f.gpus()}
     subject, strength, host = gpu_place(f, per_gpu)
     gpu = max(per_gpu, key=per_gpu.__getitem__) if per_gpu else ""
     s = f.signals.gpus.get(gpu, {})
-    share = f.share("prefill_rate", "decode", "queue")
+    share = f.share("prefill_rate", "decode", "queue") * _host_part(f, host)
     return Candidate(cause, subject, weigh(strength, share), share,
                      describe(f, subject, gpu, s, host),
                      {"gpu": gpu, "signals": s, "per_gpu_strength": per_gpu})

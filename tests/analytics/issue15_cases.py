@@ -277,3 +277,60 @@ def long_prompts_fill_the_cache(seed: int = 71) -> tuple[SynthData, FleetSpec]:
     queued = _during(data, spec, c.ARRIVAL_NS)
     data.requests = _scale(data.requests, queued, {c.QUEUE_S: 20.0})
     return rewindow(data, spec), spec
+
+
+def long_prompts_then_one_gpu_capped(seed: int = 81) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 1002: prompts x2 across the service, and inside that incident one GPU
+    of h01 capped at 90% of its limit for 3 minutes. The cap is real, but one GPU of eight
+    explains at most its host's part of a service-wide excess."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [
+        Injected("long_prompts", "service_name=chat", START, DURATION, magnitude=0.25),
+        Injected("power_cap", f"gpu_uuid={gpu(1, 0)}", START + 300, 180, magnitude=0.3),
+    ])
+    # the backlog: requests queue for seconds behind the longer prefills, on every host
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 30.0})
+    return rewindow(data, spec), spec
+
+
+def stall_fills_the_cache(seed: int = 91) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 1002: a 30x collective stall on a TP2 host; each request holds its KV
+    blocks 5x longer, twice as many run at once, and the cache fills (100%, preemptions).
+    A cache that shrank would run fewer requests, not more."""
+    spec = FleetSpec(duration_s=3 * H, gpus_per_host=2, tp=2, seed=seed, rps_per_instance=4.0)
+    data = generate(spec, [Injected("collective_stall", "host_name=h01", START, DURATION,
+                                    magnitude=4.0)])
+    on = _during(data, spec, c.TS_NS) & (pl.col(c.HOST_NAME) == "h01")
+    eng = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
+    step = pl.col(c.PREEMPTIONS_TOTAL).diff().fill_null(0).over(c.INSTANCE_ID)
+    eng = eng.with_columns(pl.when(on).then(step + 2.0).otherwise(step).alias("_step"))
+    data.engine_samples = eng.with_columns(
+        pl.col("_step").cum_sum().over(c.INSTANCE_ID).alias(c.PREEMPTIONS_TOTAL),
+        pl.when(on).then(1.0).otherwise(pl.col(c.KV_CACHE_USAGE)).alias(c.KV_CACHE_USAGE),
+        pl.when(on).then(pl.col(c.NUM_RUNNING) * 2.5).otherwise(pl.col(c.NUM_RUNNING))
+        .alias(c.NUM_RUNNING),
+    ).drop("_step")
+    queued = _during(data, spec, c.ARRIVAL_NS) & (pl.col(c.HOST_NAME) == "h01")
+    data.requests = _scale(data.requests, queued, {c.QUEUE_S: 20.0})
+    return rewindow(data, spec), spec
+
+
+def longer_prompts_halve_the_hit_rate(seed: int = 101) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 1002: prompts x2 with the same shared prefixes. The prefix cache works
+    as before, but each prompt's prefix is half as large a part of it: the hit rate (hits
+    over prompt tokens) falls from 60% to 25%, and the cached share of the prompts too."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("long_prompts", "service_name=chat", START, DURATION,
+                                    magnitude=0.25)])
+    on = _during(data, spec, c.TS_NS)
+    eng = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
+    step = pl.col(c.PREFIX_CACHE_HITS_TOTAL).diff().fill_null(0).over(c.INSTANCE_ID)
+    eng = eng.with_columns(pl.when(on).then(step * 0.42).otherwise(step).alias("_step"))
+    data.engine_samples = eng.with_columns(
+        pl.col("_step").cum_sum().over(c.INSTANCE_ID).alias(c.PREFIX_CACHE_HITS_TOTAL),
+    ).drop("_step")
+    arrived = _during(data, spec, c.ARRIVAL_NS)
+    data.requests = data.requests.with_columns(
+        pl.when(arrived).then(pl.col(c.CACHED_TOKENS) // 2).otherwise(pl.col(c.CACHED_TOKENS))
+        .alias(c.CACHED_TOKENS))
+    return rewindow(data, spec), spec

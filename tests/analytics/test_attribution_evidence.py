@@ -123,3 +123,27 @@ def test_a_cache_filled_by_longer_prompts_is_the_prompts_doing() -> None:
     _, causes = _ranked(cases.long_prompts_fill_the_cache)
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SUBJECT]) == ("long_prompts", "service_name=chat"), causes
+
+
+def test_one_capped_gpu_explains_only_its_hosts_part_of_a_service_incident() -> None:
+    # Before: power_cap 0.65 over long_prompts 0.51 on a service-wide incident whose excess
+    # was 68% on the other host (random fleet 1002).
+    _, causes = _ranked(cases.long_prompts_then_one_gpu_capped)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("long_prompts", "service_name=chat"), causes
+
+
+def test_a_cache_filled_behind_a_stall_is_the_stalls_doing() -> None:
+    # Before: kv_cache_pressure 1.00 over collective_stall 0.67 (random fleet 1002, a 30x
+    # stall): the full cache was ranked over the stall that filled it.
+    _, causes = _ranked(cases.stall_fills_the_cache)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("collective_stall", "host_name=h01"), causes
+
+
+def test_a_hit_rate_halved_by_longer_prompts_is_the_prompts_doing() -> None:
+    # Before: prefix_cache_drop 0.78 over long_prompts 0.51 (random fleet 1002): prompts
+    # twice as long halve the hit rate of the same shared prefixes.
+    _, causes = _ranked(cases.longer_prompts_halve_the_hit_rate)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("long_prompts", "service_name=chat"), causes
