@@ -100,10 +100,12 @@ class GpuState:
         if power > allowed and power > idle_w:
             # dynamic power scales with clock^2.5: solve for the clock that fits the budget
             ratio = max(allowed - idle_w, 1.0) / (power - idle_w)
-            self.clock = max(floor, old * ratio ** (1.0 / CLOCK_EXPONENT))
+            self.clock = max(floor, min(1.0, old * ratio ** (1.0 / CLOCK_EXPONENT)))
         elif old < 1.0 and busy > 0.0:
-            ratio = (allowed - idle_w) / max(power - idle_w, 1e-9)
-            self.clock = min(1.0, old * min(ratio ** (1.0 / CLOCK_EXPONENT), 1.1))
+            # an allowance under the idle draw (a deep cap, a hot inlet) leaves no headroom:
+            # the ratio stays positive (a negative one has a complex root)
+            ratio = max(allowed - idle_w, 1.0) / max(power - idle_w, 1e-9)
+            self.clock = max(floor, min(1.0, old * min(ratio ** (1.0 / CLOCK_EXPONENT), 1.1)))
         elif old < 1.0:
             self.clock = min(1.0, old * 1.1)
         limited = self.clock < 1.0

@@ -105,3 +105,20 @@ def test_a_dead_export_process_fails_the_run_instead_of_hanging() -> None:
         for _ in range(200):  # more than the pipe holds
             exporter.spans([record] * 1024)
     exporter.abort()
+
+
+def test_a_limit_below_idle_power_keeps_the_clock_at_its_floor() -> None:
+    # Random fleet 11008 (seed 11): a thermal throttle on a hot inlet left less allowed
+    # power than an L4 draws idle; the controller raised a negative ratio to 1/2.5 and the
+    # simulation died with "'<' not supported between 'float' and 'complex'".
+    gpu = GpuState(GPU_PRESETS["L4"], "h01", 0, "GPU-x")
+    gpu.power_limit_w = gpu.spec.idle_w * 0.5
+    floor = gpu.spec.min_clock_mhz / gpu.spec.max_clock_mhz
+    for _ in range(10):  # barely busy, then busy: both branches of the controller
+        gpu.spend(0.01, 0.1, 1.0, 0.0, 0.99)
+        gpu.control(1.0)
+        assert isinstance(gpu.clock, float) and floor <= gpu.clock <= 1.0
+        gpu.spend(1.0, 0.9, 1.0, 0.0, 0.0)
+        gpu.control(1.0)
+        assert isinstance(gpu.clock, float) and floor <= gpu.clock <= 1.0
+    assert gpu.clock < 0.5  # busy under a cap below idle: as slow as it goes
