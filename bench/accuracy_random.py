@@ -148,6 +148,15 @@ def rescore(keep: Path, config: object | None = None,
         analysed = run_analytics(DataDir(path.parent / "data"), config or AnalyticsConfig(),
                                  notify=False)
         score = score_fleet(doc["truth"], verdicts, analysed.analysis)
+        control = path.parent.parent / f"{path.parent.name}-control" / "data"
+        if control.is_dir():  # the paired control run end to end (--clean-control)
+            clean = run_analytics(DataDir(control), config or AnalyticsConfig(), notify=False)
+            duration = doc["scenario"]["fleet"]["duration_s"]
+            score.add(score_clean(clean.analysis.incidents,
+                                  max(duration - WARMUP_S, 0) / 86400))
+            for row in clean.analysis.incidents.iter_rows(named=True):
+                log(f"  false incident in the clean control: {row[c.METRIC]} "
+                    f"{row[c.SERVICE_NAME]}/{row[c.HOST_NAME]} at {row[c.START_NS]}")
         out.score.add(score)
         out.verdicts += verdicts
         out.seeds.append(doc["scenario"]["fleet"]["seed"])
