@@ -322,12 +322,12 @@ class Pipeline:
     def _phase2(self, hour: int, dirty: set[int], summary: RunSummary) -> None:
         self._flush()  # it reads what phase 1 and the previous hours published
         out = phase2_hour(self.dd, self.cfg, hour, dirty, self._requests_read)
-        # The next hour reads this one's requests again (a request can run into it): keep
-        # the partitions it can still read. Phase 1 published them before phase 2 got here
-        # and publishes none of them again in this run.
+        # The next hours read some of the same partitions (from `back` before their hour to
+        # as far as their requests run): keep those. Phase 1 published them before phase 2
+        # got here and publishes none of them again in this run.
         back = -(-self.cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
         keep = {partition_file(self.dd, t.REQUESTS, h)
-                for h in range(hour + HOUR_NS - back, hour + HOUR_NS, HOUR_NS)}
+                for h in range(hour + HOUR_NS - back, hour + 2 * HOUR_NS + back, HOUR_NS)}
         self._requests_read = {k: v for k, v in self._requests_read.items() if k[0] in keep}
         self._publish_phase2(hour, out, summary)
 
