@@ -59,17 +59,18 @@ def split_sources(points: pl.DataFrame, keep: list[str]) -> tuple[pl.DataFrame, 
     (the runner reads them as Parquet dictionaries, so their codes cost nothing).
     """
     # Categorical codes shifted by one so that null gets code 0 and stays a value of its own.
-    codes = points.select(
-        (code(col).cast(pl.Int64) + 1).fill_null(0).alias(f"__c{i}")
-        for i, col in enumerate(SOURCE))
-    bits = [int(m or 0).bit_length() for m in codes.max().row(0)]
+    shifted = [(code(col).cast(pl.Int64) + 1).fill_null(0) for col in SOURCE]
+    bits = [int(m or 0).bit_length() for m in points.select(
+        e.max().alias(f"__c{i}") for i, e in enumerate(shifted)).row(0)]
     if sum(bits) <= _CODE_BITS:
+        # one expression over the points: the codes are never materialised as columns
         src, shift = pl.lit(0, pl.Int64), 0
         for i in reversed(range(len(SOURCE))):
-            src = src + pl.col(f"__c{i}") * (1 << shift)
+            src = src + shifted[i] * (1 << shift)
             shift += bits[i]
-        key = codes.select(src.alias(SRC)).get_column(SRC)
+        key = points.select(src.alias(SRC)).get_column(SRC)
     else:  # codes too large to pack (a long-lived process saw many strings): number the combos
+        codes = points.select(e.alias(f"__c{i}") for i, e in enumerate(shifted))
         distinct = codes.unique().with_row_index(SRC).with_columns(pl.col(SRC).cast(pl.Int64))
         key = codes.join(distinct, on=codes.columns, how="left",
                          maintain_order="left").get_column(SRC)
