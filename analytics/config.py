@@ -101,6 +101,8 @@ class AnalyticsConfig:
     consecutive: int = 3
     #: Windows with fewer requests than this are not judged (noisy tails).
     min_requests: int = 20
+    #: ... for median (p50) series, which are steady on fewer requests than a tail.
+    min_requests_median: int = 10
     #: SLO rules, e.g. "p99(e2e) > 850 ms" or "p99(ttft) > 200 ms for 10 s".
     slo_rules: tuple[str, ...] = ()
     #: Anomalies of one scope closer than this merge into one incident.
@@ -166,6 +168,7 @@ class AnalyticsConfig:
                 "must be in (0, 1], or unset")
         require(self.consecutive >= 1, "consecutive", "must be at least 1")
         require(self.min_requests >= 0, "min_requests", "must not be negative")
+        require(self.min_requests_median >= 0, "min_requests_median", "must not be negative")
         require(0 < self.host_share_for_service <= 1, "host_share_for_service",
                 "must be in (0, 1]")
         require(1 < self.severity_major <= self.severity_critical, "severity_major",

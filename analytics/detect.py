@@ -59,12 +59,17 @@ def band_breaches(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
 
     Input: banded series frame. Output grain: one row per run of at least
     ``config.consecutive`` consecutive windows above ``upper`` for a series in
-    ``config.detect_metrics``, judged only where the window has ``min_requests`` requests.
+    ``config.detect_metrics``, judged only where the window has ``min_requests`` requests
+    (``min_requests_median`` for p50 series).
     Latency only gets worse upwards, so only the upper band counts.
     """
     frame = banded.lazy().filter(pl.col(c.METRIC).is_in(list(config.detect_metrics)))
+    # A median is steady on fewer requests than a tail: p50 series are judged from
+    # min_requests_median requests (an instance serving a dozen requests a minute).
+    needed = (pl.when(pl.col(c.METRIC).str.contains("_p50", literal=True))
+              .then(config.min_requests_median).otherwise(config.min_requests))
     bad = (
-        (pl.col(c.REQUESTS) >= config.min_requests)
+        (pl.col(c.REQUESTS) >= needed)
         & pl.col(c.UPPER).is_not_null()
         & (pl.col(c.VALUE) > pl.col(c.UPPER))
     )

@@ -49,6 +49,15 @@ def test_gaps_and_thin_windows_break_runs(config) -> None:
     assert band_breaches(_banded([2] * 5), only_metric, W).collect().height == 0
 
 
+def test_a_median_is_judged_on_fewer_requests_than_a_tail(config) -> None:
+    # Random fleet 11011: a KV pressure (TTFT p90 x72) on an instance serving 15 requests a
+    # minute went unjudged: every window was under min_requests (20).
+    median = _banded([1, 3, 3, 3, 1], requests=12, metric="ttft_p50_s")
+    tail = _banded([1, 3, 3, 3, 1], requests=12, metric="ttft_p99_s")
+    found = detect(pl.concat([median, tail]), config, W)
+    assert found[c.METRIC].to_list() == ["ttft_p50_s"]
+
+
 def test_detect_combines_band_and_slo(config) -> None:
     cfg = dataclasses.replace(config, slo_rules=("p99(e2e) > 1.5 s",))
     out = detect(_banded([1, 2, 2, 2, 1]), cfg, W)
