@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetlens.analytics.attribution import rules, rules_hw
+from fleetlens.analytics.attribution import rules, rules_hw, rules_throttle
 from fleetlens.analytics.attribution.context import IncidentContext, Tables, load_context
 from fleetlens.analytics.attribution.dimensions import compare_dimensions
 from fleetlens.analytics.attribution.phases import PHASES, phase_split
@@ -23,7 +23,7 @@ from fleetlens.pipeline.schema.causes import subject as fmt_subject
 
 RULES = (
     rules.traffic_surge, rules.kv_pressure, rules.prefix_drop, rules.long_prompts,
-    rules_hw.thermal_throttle, rules_hw.power_cap, rules_hw.slow_gpu,
+    rules_throttle.thermal_throttle, rules_throttle.power_cap, rules_hw.slow_gpu,
     rules_hw.collective_stall, rules_hw.network_overhead, rules_hw.engine_overhead,
 )
 #: Candidates scoring below this are not reported (no evidence for them).

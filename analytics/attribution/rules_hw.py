@@ -1,16 +1,13 @@
-"""Scoring rules for hardware and overhead causes: thermal throttle, power cap, slow GPU,
-collective (tensor-parallel) stall, network and engine overhead.
+"""Scoring rules for hardware and overhead causes: slow GPU, collective (tensor-parallel)
+stall, network and engine overhead (the throttles are in :mod:`rules_throttle`).
 
-Hardware causes need their own mechanism signal: a thermal throttle the thermal reason bits
-with the temperature up, a power cap a lower limit or the power-cap bits (a clock drop at
-the limit counts only where the agent reports no reason bits at all: with bits reported and
-none set, the clock drop has another cause). A slow GPU is a straggler: slower than its
-peers serving the same model in the same period, and never when its decode got faster.
+A slow GPU is a straggler: slower than its peers serving the same model in the same period
+(its host against the other hosts, its instance against the other instances), at a normal
+clock, and never when its decode got faster.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from fleetlens.analytics.attribution.logs import collective_log_strength
@@ -23,120 +20,17 @@ from fleetlens.analytics.attribution.rules import (
     place,
     weigh,
 )
+from fleetlens.analytics.attribution.rules_throttle import (
+    measured,
+    power_strength,
+    slowdown,
+    thermal_strength,
+    where,
+)
 from fleetlens.analytics.attribution.signals import delta, ratio, value
 from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import subject as fmt_subject
-
-
-def _where(subject: str) -> str:
-    return subject.split("=", 1)[1]
-
-
-def _reasons_known(s: dict) -> bool:
-    return value(s.get("reasons_known")) >= 0.5
-
-
-def _measured(pair) -> bool:  # noqa: ANN001 - a signal Pair
-    return bool(pair) and pair[0] is not None and pair[1] is not None
-
-
-def clock_explains(f: Facts, gpu: str) -> float:
-    """How much of the slowdown the GPU's clock drop can explain (0..1): a throttle slows a
-    GPU through its clock, so a clock 3% down cannot be why decode got 5x slower. A GPU
-    that is slow for another reason (a straggler, a stalled link) and busier draws more
-    power and trips the power-cap bits now and then; those bits are then a symptom, not the
-    cause. In log terms (1/clock against the slowdown); queueing and bigger batches add to
-    a real throttle's slowdown, so a third explained counts in full. 1 where the
-    slowdown or the clock is not measured, or there is no slowdown to explain."""
-    s = f.signals.gpus.get(gpu, {})
-    if not _measured(s.get("sm_clock")):
-        return 1.0
-    own = s if ("tpot" in s or "prefill_per_token" in s) else f.signals.hosts.get(
-        f.signals.gpu_host.get(gpu, ""), {})
-    slower = _slowdown(own)
-    if slower <= 1.1:
-        return 1.0
-    explained = math.log(1 / max(ratio(s.get("sm_clock")), 0.05)) / math.log(slower)
-    return clip01(explained / 0.3)
-
-
-def thermal_strength(f: Facts, gpu: str) -> float:
-    """Thermal reason bits set more often with the temperature up (where temperature is
-    measured); without reported bits, the clock down while the temperature rose; as far
-    as the clock drop explains the slowdown (:func:`clock_explains`)."""
-    s = f.signals.gpus.get(gpu, {})
-    temp = s.get("temp")
-    hotter = clip01(delta(temp) / 5) if _measured(temp) else 1.0
-    if _reasons_known(s):
-        return clip01(delta(s.get("thermal_frac")) / 0.5) * hotter * clock_explains(f, gpu)
-    clock_drop = 1 - ratio(s.get("sm_clock"))
-    return clip01(clock_drop / 0.2) * clip01(delta(temp) / 10) * clock_explains(f, gpu)
-
-
-def power_strength(f: Facts, gpu: str) -> float:
-    """A lower power limit or the power-cap bits set more often; without reported bits, the
-    clock down while the power is held at the limit; as far as the clock drop explains the
-    slowdown (:func:`clock_explains`)."""
-    s = f.signals.gpus.get(gpu, {})
-    limit = clip01((1 - ratio(s.get("power_limit"))) / 0.2)
-    if _reasons_known(s):
-        strength = max(limit, clip01(delta(s.get("power_cap_frac")) / 0.5))
-    else:
-        clock_drop = 1 - ratio(s.get("sm_clock"))
-        at_limit = 1.0 if value(s.get("power_vs_limit")) >= 0.95 else 0.0
-        strength = max(limit, clip01(clock_drop / 0.2) * at_limit)
-    return strength * clock_explains(f, gpu)
-
-
-def _host_part(f: Facts, host: str) -> float:
-    """The part of a service-wide incident's excess carried by ``host``'s requests: one
-    GPU's throttle explains at most its own host's share (1 for a host incident, or where
-    the requests do not say)."""
-    if f.ctx.host or not host:
-        return 1.0
-    part = f.excess_share(c.HOST_NAME, host)
-    return 1.0 if part is None else part
-
-
-def _gpu_candidate(f: Facts, cause: str, strength_of, describe) -> Candidate:
-    per_gpu = {g: strength_of(f, g) for g in f.gpus()}
-    subject, strength, host = gpu_place(f, per_gpu)
-    gpu = max(per_gpu, key=per_gpu.__getitem__) if per_gpu else ""
-    s = f.signals.gpus.get(gpu, {})
-    share = f.share("prefill_rate", "decode", "queue") * _host_part(f, host)
-    return Candidate(cause, subject, weigh(strength, share), share,
-                     describe(f, subject, gpu, s, host),
-                     {"gpu": gpu, "signals": s, "per_gpu_strength": per_gpu})
-
-
-def thermal_throttle(f: Facts) -> Candidate:
-    def describe(f, subject, gpu, s, host) -> str:
-        return (f"SM clock {value(s.get('sm_clock'), 0):.0f} -> {value(s.get('sm_clock')):.0f}"
-                f" MHz on {_where(subject)}: thermal throttling in "
-                f"{value(s.get('thermal_frac')):.0%} of samples at {value(s.get('temp')):.0f} C;"
-                f" decode {f.ms('decode'):+.0f} ms, prefill {f.ms('prefill'):+.0f} ms")
-    return _gpu_candidate(f, Cause.THERMAL_THROTTLE, thermal_strength, describe)
-
-
-def power_cap(f: Facts) -> Candidate:
-    def describe(f, subject, gpu, s, host) -> str:
-        return (f"power limit {value(s.get('power_limit'), 0):.0f} -> "
-                f"{value(s.get('power_limit')):.0f} W on {_where(subject)}, power at "
-                f"{value(s.get('power_vs_limit')):.0%} of limit, power-cap throttling in "
-                f"{value(s.get('power_cap_frac')):.0%} of samples; SM clock "
-                f"{value(s.get('sm_clock'), 0):.0f} -> {value(s.get('sm_clock')):.0f} MHz")
-    return _gpu_candidate(f, Cause.POWER_CAP, power_strength, describe)
-
-
-def _slowdown(s: dict) -> float:
-    """How much slower each token is: decode time per token where measured (prefill per
-    uncached token only without it). Prefill per token also moves with the prompt mix
-    (less prefix reuse, longer prompts), decode does not; and a decode that got faster is
-    no evidence of a slower device, whatever prefill did."""
-    if _measured(s.get("tpot")):
-        return ratio(s.get("tpot"))
-    return ratio(s.get("prefill_per_token"))
 
 
 def _hw(f: Facts, gpu: str) -> float:
@@ -164,7 +58,7 @@ def _groups(f: Facts, host: str) -> list[list[str]]:
 
 
 def _host_slow(f: Facts, host: str) -> float:
-    return clip01((_slowdown(f.signals.hosts.get(host, {})) - 1.2) / 0.6)
+    return clip01((slowdown(f.signals.hosts.get(host, {})) - 1.2) / 0.6)
 
 
 def _vs_peers(own: float, peers: list[float]) -> float:
@@ -178,8 +72,8 @@ def _straggler_host(f: Facts, host: str) -> float:
     own = f.signals.hosts.get(host, {})
     if "tpot" not in own:
         return 0.0
-    peers = [_slowdown(v) for h, v in f.signals.hosts.items() if h != host and "tpot" in v]
-    return clip01((_vs_peers(_slowdown(own), peers) - 1.2) / 0.6)
+    peers = [slowdown(v) for h, v in f.signals.hosts.items() if h != host and "tpot" in v]
+    return clip01((_vs_peers(slowdown(own), peers) - 1.2) / 0.6)
 
 
 def _straggler_instance(f: Facts, group: list[str]) -> float:
@@ -190,8 +84,8 @@ def _straggler_instance(f: Facts, group: list[str]) -> float:
     own = f.signals.instances.get(inst or "", {})
     if "tpot" not in own:
         return 0.0
-    peers = [_slowdown(v) for i, v in f.signals.instances.items() if i != inst and "tpot" in v]
-    return clip01((_vs_peers(_slowdown(own), peers) - 1.2) / 0.6)
+    peers = [slowdown(v) for i, v in f.signals.instances.items() if i != inst and "tpot" in v]
+    return clip01((_vs_peers(slowdown(own), peers) - 1.2) / 0.6)
 
 
 def slow_gpu_strength(f: Facts, gpu: str) -> float | None:
@@ -205,7 +99,7 @@ def slow_gpu_strength(f: Facts, gpu: str) -> float | None:
     host = f.signals.gpu_host.get(gpu, "")
     for group in _groups(f, host):
         if gpu in group:
-            if not all(_measured(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in group):
+            if not all(measured(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in group):
                 return None
             peers = [g for g in group if g != gpu]
             gap = ratio(s.get(c.UTIL_MEM)) - min(
@@ -215,8 +109,8 @@ def slow_gpu_strength(f: Facts, gpu: str) -> float | None:
     if "tpot" not in s:
         return None
     busy = clip01((ratio(s.get("util")) - 0.85) / 0.15)
-    peers = [_slowdown(v) for g, v in f.signals.gpus.items() if g != gpu and "tpot" in v]
-    slower = _vs_peers(_slowdown(s), peers)
+    peers = [slowdown(v) for g, v in f.signals.gpus.items() if g != gpu and "tpot" in v]
+    slower = _vs_peers(slowdown(s), peers)
     return clip01((slower - 1.2) / 0.6) * (1 - hw) * busy
 
 
@@ -231,7 +125,7 @@ def _group_straggler(f: Facts, host: str) -> float:
     hw = max([_hw(f, g) for g in gpus], default=0.0)
     idle = clip01((0.85 - _mean_ratio(f, gpus, "util")) / 0.25)
     mem = [ratio(f.signals.gpus[g].get(c.UTIL_MEM)) for g in gpus
-           if _measured(f.signals.gpus.get(g, {}).get(c.UTIL_MEM))]
+           if measured(f.signals.gpus.get(g, {}).get(c.UTIL_MEM))]
     waiting = clip01((0.85 - max(mem)) / 0.25) if mem else 0.0
     return 0.5 * _straggler_host(f, host) * (1 - hw) * (1 - idle) * (1 - waiting)
 
@@ -275,7 +169,7 @@ def slow_gpu(f: Facts) -> Candidate:
     return Candidate(
         Cause.SLOW_GPU, subject, 0.0 if faster else weigh(strength * damp, share), share,
         f"decode {value(s.get('tpot'), 0) * 1000:.1f} -> {value(s.get('tpot')) * 1000:.1f} "
-        f"ms/token on {_where(subject)} with normal clocks and no throttling "
+        f"ms/token on {where(subject)} with normal clocks and no throttling "
         f"({share:.0%} of excess)",
         {"signals": s, "per_gpu_strength": per_gpu, **(faster or {})},
     )
@@ -311,7 +205,7 @@ def collective_stall(f: Facts) -> Candidate:
     mem = _mean_ratio(f, _host_gpus(f, host), c.UTIL_MEM)
     return Candidate(
         Cause.COLLECTIVE_STALL, subject, weigh(strength, share), share,
-        f"decode x{ratio(s.get('tpot')):.1f} on {_where(subject)} while its tensor-parallel "
+        f"decode x{ratio(s.get('tpot')):.1f} on {where(subject)} while its tensor-parallel "
         f"GPUs wait on each other (memory activity x{mem:.2f}, utilisation "
         f"x{_host_util(f, host):.2f}, clocks normal)",
         {"tpot": s.get("tpot"), "groups": detail, "per_host_strength": per_host},
@@ -353,7 +247,7 @@ def network_overhead(f: Facts) -> Candidate:
         Cause.NETWORK_OVERHEAD, subject, strength * part, f.share("overhead") * part,
         f"network {f.ms('network'):+.0f} ms, overhead {f.ms('overhead'):+.0f} ms "
         f"({f.share('overhead'):.0%} of excess) between gateway and engine on "
-        f"{_where(subject)}; GPUs busy as usual",
+        f"{where(subject)}; GPUs busy as usual",
         {"overhead_delta_s": per_host, "network_share_of_overhead": net_frac},
     )
 
@@ -379,7 +273,7 @@ def engine_overhead(f: Facts) -> Candidate:
         return Candidate(
             Cause.ENGINE_OVERHEAD, subject, weigh(top, share), share,
             f"decode {f.ms('decode'):+.0f} ms, overhead {f.ms('overhead'):+.0f} ms on "
-            f"{_where(subject)} while its GPUs idle (utilisation x{util:.2f}, clocks "
+            f"{where(subject)} while its GPUs idle (utilisation x{util:.2f}, clocks "
             "normal): the engine spends longer per step outside the GPU",
             {"per_host_strength": idle, "util_ratio": util},
         )
@@ -392,7 +286,7 @@ def engine_overhead(f: Facts) -> Candidate:
     return Candidate(
         Cause.ENGINE_OVERHEAD, subject, strength * part, f.share("overhead") * part,
         f"engine overhead {f.ms('engine_overhead'):+.0f} ms ({f.share('overhead'):.0%} of "
-        f"excess) on {_where(subject)}: GPU utilisation x{util:.2f} while requests wait on "
+        f"excess) on {where(subject)}: GPU utilisation x{util:.2f} while requests wait on "
         "the engine",
         {"overhead_delta_s": per_host, "util_ratio": util},
     )
