@@ -81,7 +81,7 @@ class AnalyticsConfig:
     )
     #: Per-instance latencies detected against the instance's peers (same service and model,
     #: same window; analytics/peers.py): what a straggler GPU moves whatever the traffic does.
-    peer_metrics: tuple[str, ...] = ("tpot_p50_s", "ttft_per_token_p50_s")
+    peer_metrics: tuple[str, ...] = ("tpot_p50_s", "prefill_per_token_p50_s")
     #: More `windows` columns that get baselines (signals shown beside incidents).
     signal_metrics: tuple[str, ...] = (
         "rps", "queue_p99_s", "kv_cache_usage_max", "prefix_hit_rate", "j_per_token",

@@ -76,6 +76,10 @@ def level_expr() -> pl.Expr:
 #: slower or throttled GPU prefilling) move it whatever the prompt mix does, while longer
 #: prompts or lost prefix reuse move TTFT but not this (they have more tokens, not slower).
 TTFT_PER_TOKEN = "ttft_per_token"
+#: Prefill time per uncached prompt token: the device's prefill speed alone (no queue), for
+#: comparing an instance with its peers (a backlogged instance's TTFT holds its queue).
+PREFILL_PER_TOKEN = "prefill_per_token"
+_PER_TOKEN = (TTFT_PER_TOKEN, PREFILL_PER_TOKEN)
 
 _REQUEST_METRICS = {
     "e2e": c.E2E_S, "ttft": c.TTFT_S, "tpot": c.TPOT_S, "queue": c.QUEUE_S,
@@ -103,14 +107,16 @@ def request_series(requests: pl.LazyFrame | pl.DataFrame, dims: list[str], windo
         if metric == c.RPS:
             aggs.append((pl.len() / window_s).alias(metric))
             continue
-        if metric.startswith(TTFT_PER_TOKEN + "_"):
-            base, rest = TTFT_PER_TOKEN, metric.removeprefix(TTFT_PER_TOKEN + "_")
+        per_token = next((b for b in _PER_TOKEN if metric.startswith(b + "_")), None)
+        if per_token:
+            base, rest = per_token, metric.removeprefix(per_token + "_")
         else:
             base, _, rest = metric.partition("_")
         pct = rest.removesuffix("_s")
-        if base not in (*_REQUEST_METRICS, TTFT_PER_TOKEN) or not pct.startswith("p"):
+        if base not in (*_REQUEST_METRICS, *_PER_TOKEN) or not pct.startswith("p"):
             raise ValueError(f"cannot compute {metric!r} from requests")
-        column = (_uncached_ttft() if base == TTFT_PER_TOKEN
+        column = (_per_uncached_token(c.TTFT_S) if base == TTFT_PER_TOKEN
+                  else _per_uncached_token(c.PREFILL_S) if base == PREFILL_PER_TOKEN
                   else pl.col(_REQUEST_METRICS[base]))
         aggs.append(column.quantile(int(pct[1:]) / 100, "linear").alias(metric))
     grouped = (
@@ -130,8 +136,8 @@ def request_series(requests: pl.LazyFrame | pl.DataFrame, dims: list[str], windo
     )
 
 
-def _uncached_ttft() -> pl.Expr:
-    """TTFT per uncached prompt token of each request (seconds per token)."""
+def _per_uncached_token(column: str) -> pl.Expr:
+    """``column`` (TTFT or prefill time) per uncached prompt token of each request."""
     uncached = (pl.col(c.INPUT_TOKENS) - pl.col(c.CACHED_TOKENS).fill_null(0)).clip(
         lower_bound=1)
-    return pl.col(c.TTFT_S) / uncached
+    return pl.col(column) / uncached
