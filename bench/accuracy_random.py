@@ -154,9 +154,10 @@ def rescore(keep: Path, config: object | None = None,
             duration = doc["scenario"]["fleet"]["duration_s"]
             score.add(score_clean(clean.analysis.incidents,
                                   max(duration - WARMUP_S, 0) / 86400))
-            for row in clean.analysis.incidents.iter_rows(named=True):
-                log(f"  false incident in the clean control: {row[c.METRIC]} "
-                    f"{row[c.SERVICE_NAME]}/{row[c.HOST_NAME]} at {row[c.START_NS]}")
+            score.misses += [
+                f"false incident in the clean control: {row[c.METRIC]} "
+                f"{row[c.SERVICE_NAME]}/{row[c.HOST_NAME]} at {row[c.START_NS]}"
+                for row in clean.analysis.incidents.iter_rows(named=True)]
         out.score.add(score)
         out.verdicts += verdicts
         out.seeds.append(doc["scenario"]["fleet"]["seed"])
