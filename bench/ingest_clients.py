@@ -56,7 +56,6 @@ def _open_loop(calls: list[Any], payloads: list[list[bytes]], origin: float, sec
     latencies: list[float] = []
     refused = [0]
     interval = 1.0 / rate
-    end = origin + seconds  # every request scheduled before it is sent: rate x seconds on average
     slots = [threading.Semaphore(MAX_IN_FLIGHT) for _ in calls]
     # one merged schedule: (time, connection, index), earliest first
     due = [(origin + phases[k] * interval, k, 0) for k in range(len(calls))
@@ -78,8 +77,11 @@ def _open_loop(calls: list[Any], payloads: list[list[bytes]], origin: float, sec
 
         calls[k].future(payloads[k][i % DISTINCT_REQUESTS], timeout=30).add_done_callback(
             finished)
-        if scheduled + interval < end:
-            heapq.heappush(due, (scheduled + interval, k, i + 1))
+        # from the index, not by adding intervals: (t + 1/3) + 1/3 + 1/3 can fall short of
+        # t + 1 and schedule one more request than rate x seconds
+        offset = (phases[k] + i + 1) * interval
+        if offset < seconds:
+            heapq.heappush(due, (origin + offset, k, i + 1))
     for slot in slots:  # wait for the last answers
         for _ in range(MAX_IN_FLIGHT):
             slot.acquire()
