@@ -78,6 +78,10 @@ def test_a_failing_exporter_gives_no_samples_and_is_logged_once(caplog) -> None:
 
 def _pipeline(data: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    # gpu_samples rows of 0.1 s, under the agent's 0.3 s scrapes: each reading its own row.
+    # At the 1 s default the old and the new counter reading could share a row, whose
+    # energy_j is its last reading (CI: the first row already held the new value).
+    env["FLEETLENS_PIPELINE__GPU_SAMPLE_INTERVAL_S"] = "0.1"
     out = subprocess.run([sys.executable, "-m", "fleetlens", "pipeline", "--data-dir",
                           str(data), "--json"], capture_output=True, text=True, timeout=300,
                          env=env)
