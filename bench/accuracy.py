@@ -164,13 +164,30 @@ def run_end_to_end(doc: dict, workdir: Path, config: AnalyticsConfig | None = No
 def run_suite(suite: Suite, workdir: Path, log=print) -> tuple[Score, list[dict]]:  # noqa: ANN001
     """Run every scenario of ``suite``; returns the combined score and per-run details."""
     total, details = Score(), []
+    from fleetlens.simulator.control import (
+        LatencyProbe,
+        validate,
+        without_incidents,
+    )
+
     for name, incidents in suite.incident_runs:
         seed = 11 + ord(name[0]) - ord("a")  # fixed per run: results are reproducible
         doc = fleet_doc(name, INCIDENT_RUN_S, seed=seed, incidents=incidents)
-        truth, res, timings = run_end_to_end(doc, workdir / name)
-        score = score_run(truth["incidents"], res.analysis.incidents, res.analysis.causes)
+        start_ns = parse_scenario(doc).start_ns
+        treated, control = LatencyProbe(start_ns), LatencyProbe(start_ns)
+        truth, res, timings = run_end_to_end(doc, workdir / name, probe=treated)
+        # The random suite's rule: an injected incident counts when it measurably moved
+        # latency against the same run without it (a surge into spare capacity does not).
+        simulate(parse_scenario(without_incidents(doc)), export=False, probe=control)
+        verdicts = validate(truth, treated, control)
+        valid = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if v.valid]
+        dropped = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if not v.valid]
+        score = score_run(valid, res.analysis.incidents, res.analysis.causes,
+                          excused=dropped)
         total.add(score)
         details.append({"run": name, **score.summary(), "timings_s": timings,
+                        "dropped": [f"{v.cause} {v.metric} x{v.ratio:.2f}" for v in verdicts
+                                    if not v.valid],
                         "notes": score.misses})
         log(f"run {name}: {json.dumps(details[-1], default=str)}")
     for seed in suite.clean_runs:

@@ -3,7 +3,9 @@ analytics, scored against the simulator's ground truth (targets of the analytics
 
 Five injected incidents (thermal throttle on one GPU, a traffic surge, KV-cache pressure on
 one host at the same time as a collective stall on another service's host, a prefix-cache
-drop) plus a two-hour incident-free run with a daily cycle and random bursts. The full
+drop), each kept only if it measurably moved latency against a paired control run without
+incidents (as in the random suite), plus a two-hour incident-free run with a daily cycle
+and random bursts. The full
 20-incident suite is ``bench/accuracy.py``.
 """
 
@@ -23,7 +25,10 @@ def test_accuracy_targets_end_to_end(tmp_path) -> None:
     assert isinstance(total, Score)
     summary = total.summary()
     notes = "\n".join(total.misses) + f"\n{details}"
-    assert summary["injected"] == 5
+    # incidents that did not measurably move latency against a paired control are dropped,
+    # as in the random suite: on this fleet the x2.5 surge moves TPOT p90 x1.16 and the
+    # prefix drop TTFT p50 by 9 ms, so three count (thermal, KV pressure, collective stall)
+    assert summary["injected"] >= 3, notes
     assert summary["recall"] >= 0.95, notes
     assert summary["top1_accuracy"] >= 0.90, notes
     assert summary["false_incidents_per_clean_day"] <= 1.0, notes
