@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
 if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
@@ -135,10 +136,14 @@ def connect(data_dir: DataDir, *, read_only_sandbox: bool = False,
             # content, tables.LOG_RECORD_KEY_SQL), as pipeline.logsignal counts them.
             select = f"SELECT DISTINCT ON ({t.LOG_RECORD_KEY_SQL}) *" \
                 if name == t.LOG_RECORDS else "SELECT *"
+            # Which copy DISTINCT ON keeps is arbitrary without an order (parallel scans):
+            # the first received, as pipeline.logsignal keeps the first.
+            order = f' ORDER BY {t.LOG_RECORD_KEY_SQL}, "{c.RECEIVED_NS}"' \
+                if name == t.LOG_RECORDS else ""
             # Creating the view reads every file's schema: compaction may delete one meanwhile.
-            retry_vanished(lambda glob=glob, name=name, select=select: con.execute(
+            retry_vanished(lambda glob=glob, name=name, select=select, order=order: con.execute(
                 f'CREATE VIEW "{name}" AS {select} FROM read_parquet('
-                f"'{glob}', hive_partitioning = true, union_by_name = true)"
+                f"'{glob}', hive_partitioning = true, union_by_name = true){order}"
             ))
         else:
             # A table with no data yet still answers queries, with zero rows. A real (empty)
