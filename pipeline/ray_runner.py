@@ -1,8 +1,8 @@
 """The pipeline on Ray (``fleetlens pipeline --runner ray``): the same run, hours as tasks.
 
 The unit of work is the one the local runner already uses, the UTC hour: phase 1 of an hour
-(:func:`~fleetlens.pipeline.runner.phase1_hour`) and phase 2 of an hour
-(:func:`~fleetlens.pipeline.runner.phase2_hour`) run as Ray tasks, and this driver publishes
+(:func:`~fleetlens.pipeline.phases.phase1_hour`) and phase 2 of an hour
+(:func:`~fleetlens.pipeline.phases.phase2_hour`) run as Ray tasks, and this driver publishes
 what they return, phase 1 in hour order and phase 2 in hour order, through the same
 :class:`~fleetlens.pipeline.runner.Pipeline` code as the local runner (discovery, state, job
 lock, the read-modify-write of crossing requests' energy). The tasks publish nothing, so the

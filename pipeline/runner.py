@@ -21,11 +21,9 @@ One run:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
@@ -35,62 +33,36 @@ import pyarrow as pa
 from fleetlens.pipeline import energy as en
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.discovery import discover
-from fleetlens.pipeline.gpupoints import gpu_points
 from fleetlens.pipeline.joblock import exclusive
-from fleetlens.pipeline.normalize import normalize
 from fleetlens.pipeline.partitions import (
     HOUR_NS,
     NS,
     existing_hours,
     hour_of,
-    hours_between,
     partition_file,
     publish,
     read_hours,
-    read_raw,
 )
-from fleetlens.pipeline.pivot import as_split
-from fleetlens.pipeline.samples import engine_samples, gpu_samples, instance_gpus
+from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
+    _CATEGORICAL,
+    _COLUMNS,
+    _SIGNALS,
+    OUTPUT_FORMAT,
+    OUTPUTS,
+    PHASE1_PARALLEL,
+    Phase2Output,
+    Progress,
+    _active,
+    _requests_active,
+    fingerprint,
+    phase1_files,
+    phase1_hour,
+    phase2_hour,
+)
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, damaged_error, unreadable_files
-from fleetlens.pipeline.windows import windows
-
-#: Version of the derived files' layout or meaning: a change recomputes them all on the next
-#: run (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added; 3: negative
-#: vLLM phases and the TTFT of requests without tokens are null; 4: gpu_samples one row per
-#: gpu_sample_interval_s, slot energy from the native points).
-OUTPUT_FORMAT = 4
-#: Derived tables this job owns (cleared for hours that lost all their raw data).
-OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
-           t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS)
-_SIGNALS = {"spans": t.SPANS, "metrics": t.METRIC_POINTS}
-
-#: The raw columns the stages read (the rest, e.g. events and links, are never loaded).
-_COLUMNS = {
-    "spans": (c.TRACE_ID, c.SPAN_ID, c.PARENT_SPAN_ID, c.NAME, c.KIND, c.START_NS, c.END_NS,
-              c.STATUS_CODE, c.SERVICE_NAME, c.HOST_NAME, c.RESOURCE_ATTRIBUTES, c.ATTRIBUTES,
-              c.RECEIVED_NS, c.GEN_AI_REQUEST_ID, c.GEN_AI_REQUEST_MODEL,
-              c.GEN_AI_TIME_IN_QUEUE_S, c.GEN_AI_TTFT_S, c.GEN_AI_E2E_S, c.GEN_AI_PREFILL_S,
-              c.GEN_AI_DECODE_S, c.GEN_AI_INFERENCE_S, c.GEN_AI_PROMPT_TOKENS,
-              c.GEN_AI_COMPLETION_TOKENS),
-    "metrics": (c.METRIC_NAME, c.UNIT, c.TS_NS, c.VALUE, c.TEMPORALITY, c.SERVICE_NAME,
-                c.HOST_NAME, c.ATTRIBUTES),
-}
-#: Raw string columns read as Parquet dictionaries (pl.Categorical): a handful of distinct
-#: values repeated over millions of rows, which the stages only ever group on.
-_CATEGORICAL = {
-    "spans": (),
-    "metrics": (c.METRIC_NAME, c.UNIT, c.TEMPORALITY, c.SERVICE_NAME, c.HOST_NAME,
-                c.ATTRIBUTES),
-}
-
-#: Hours whose phase 1 runs at once: the two cores of the target machine, with at most two
-#: hours of metric points in memory (the 4 GB budget holds about two and a half).
-PHASE1_PARALLEL = 2
-
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -109,134 +81,6 @@ class RunSummary:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def fingerprint(cfg: PipelineConfig) -> str:
-    """Hash of the settings (and output format) that shape derived output: a change forces a
-    full recompute."""
-    relevant = {"window": cfg.window_s, "slot": cfg.slot_s, "dims": cfg.dimension_map(),
-                "max_request_s": cfg.max_request_s, "gap": cfg.max_sample_gap_s,
-                "gpu_interval": cfg.gpu_sample_interval_s, "format": OUTPUT_FORMAT}
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _active(lo: int, hi: int) -> pl.Expr:
-    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
-    end = pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
-    return (pl.col(c.ARRIVAL_NS) < hi) & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo))
-
-
-def phase1_files(state: PipelineState, dd: DataDir, cfg: PipelineConfig,
-                 hour: int) -> dict[str, list[str]]:
-    """The raw segments phase 1 of ``hour`` reads, per signal (metric points from one sample
-    gap before the hour: a GPU sample's interval starts there)."""
-    gap_ns = int(cfg.max_sample_gap_s * NS)
-    return {"metrics": state.files("metrics", hour - gap_ns, hour + HOUR_NS, dd.root),
-            "spans": state.files("spans", hour, hour + HOUR_NS, dd.root)}
-
-
-def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
-                hour: int) -> list[tuple[str, pl.DataFrame]]:
-    """Phase 1 of one hour as a pure function: the raw ``files`` (see :func:`phase1_files`)
-    in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
-    can run this anywhere the files can be read)."""
-    lo, hi = hour, hour + HOUR_NS
-    gap_ns = int(cfg.max_sample_gap_s * NS)
-    points = read_raw(files["metrics"], _SIGNALS["metrics"],
-                      pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left"),
-                      _COLUMNS["metrics"], _CATEGORICAL["metrics"])
-    in_hour = pl.col(c.TS_NS) >= lo
-    points = as_split(points)  # once for the three samples stages
-    mapping = instance_gpus(points.filter(in_hour))
-    spans = read_raw(files["spans"], _SIGNALS["spans"],
-                     (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo),
-                     _COLUMNS["spans"], _CATEGORICAL["spans"])
-    requests = normalize(spans, mapping, cfg.dimension_map()).filter(
-        pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
-    gpu_pts = gpu_points(points)  # once for gpu_samples and the energy
-    gpu = gpu_samples(gpu_pts, cfg.max_sample_gap_s, cfg.gpu_sample_interval_s)
-    # Measured energy per slot from the native points now, while they are in memory: phase 2
-    # reads these few rows instead.
-    slots = en.gpu_slot_energy(gpu_pts, cfg.slot_s, lo, cfg.max_sample_gap_s)
-    eng = engine_samples(points).filter(in_hour)
-    return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu.filter(in_hour)),
-            (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots)]
-
-
-@dataclass
-class Phase2Output:
-    """One hour's phase-2 partitions, not yet published."""
-
-    gpu_window_energy: pl.DataFrame
-    request_energy: pl.DataFrame
-    windows: pl.DataFrame
-    #: (arrival hour, fresh request_energy rows) of requests from clean earlier hours that
-    #: ran into this one: merged into that hour's partition when published
-    crossers: list[tuple[int, pl.DataFrame]]
-
-
-def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
-                     cache: dict | None = None) -> pl.DataFrame:
-    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
-    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
-    frame = read_hours(dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS), cache=cache)
-    return frame.filter(_active(lo, hi))
-
-
-def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
-                cache: dict | None = None) -> Phase2Output:
-    """Phase 2 (energy, then windows) of one hour as a pure function of the phase-1
-    partitions published in ``dd``: reads no phase-2 output, publishes nothing.
-
-    ``cache``: request partitions already read (see :func:`read_hours`), which a caller running
-    the hours of one run in order passes from hour to hour (each hour reads the one before it
-    too); valid while none of them is published again. None: a fresh one."""
-    lo, hi = hour, hour + HOUR_NS
-    slot_ns = cfg.slot_s * NS
-    gap_ns = int(cfg.max_sample_gap_s * NS)
-    read: dict = {} if cache is None else cache  # what `active` reads serves `everyone` too
-    active = _requests_active(dd, cfg, lo, hi, read)
-    e_lo = min(lo, int(active[c.ARRIVAL_NS].min() or lo))
-    e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
-                       .item() or hi) + 1)
-    # A request running longer than max_request_s gets no energy past that (the hours
-    # after look back only that far for requests still running).
-    e_hi = min(e_hi, hi + cfg.max_request_s * NS)
-    e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
-    # `active` is a subset of `everyone`: take it from there, with the energy keys.
-    everyone = en.with_request_keys(_requests_active(dd, cfg, e_lo, e_hi, read))
-    active = everyone.filter(_active(lo, hi))
-    # A slot's measured energy comes from samples up to one gap after it, so from the
-    # slot-energy partitions of its hour and the next.
-    pieces = read_hours(dd, t.GPU_SLOT_ENERGY, hours_between(e_lo, e_hi + gap_ns))
-    slots = en.gpu_slots(pieces.filter(
-        pl.col(c.SLOT_START_NS).is_between(e_lo, e_hi, closed="left")))
-    arrival_hours = everyone.select(
-        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).unique().sort()
-    ).to_series().to_list()
-    mapping = pl.concat([
-        read_hours(dd, t.INSTANCE_GPUS, [h]).with_columns(pl.lit(h).alias(en.HOUR))
-        for h in arrival_hours
-    ] or [t.table(t.INSTANCE_GPUS).empty().with_columns(pl.lit(0).alias(en.HOUR))],
-        how="diagonal_relaxed")
-    in_e = pl.col(en.SLOT).is_between(e_lo, e_hi, closed="left")
-    weights = en.request_slot_weights(everyone, cfg.slot_s).filter(in_e)
-    shares, per_slot = en.attribute(weights, everyone, mapping, slots, cfg.slot_s)
-    in_hour = pl.col(en.SLOT).is_between(lo, hi, closed="left")
-    per_slot = per_slot.filter(in_hour)
-    gpu_windows = en.gpu_window_energy(per_slot, cfg.window_s)
-    own = active.filter(pl.col(c.ARRIVAL_NS) >= lo)
-    crossers = active.filter(pl.col(c.ARRIVAL_NS) < lo).with_columns(
-        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).alias(en.HOUR))
-    patches = [(int(h), en.request_energy(shares, group))
-               for (h,), group in crossers.group_by(en.HOUR, maintain_order=True)
-               if int(h) not in dirty]  # a dirty hour's own phase 2 writes them
-    groups = en.group_energy(shares.filter(in_hour), everyone, per_slot, cfg.window_s)
-    eng = read_hours(dd, t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
-    eng = eng.filter(pl.col(c.TS_NS) >= lo - gap_ns)
-    out = windows(own.drop(en.RIX, en.IID, en.GRP), eng, groups, cfg.window_s).filter(
-        pl.col(c.WINDOW_START_NS) >= lo)
-    return Phase2Output(gpu_windows, en.request_energy(shares, own), out, patches)
 
 
 class Pipeline:
