@@ -259,6 +259,20 @@ def tp2_straggler_beside_a_healthy_group(seed: int = 61) -> tuple[SynthData, Fle
     return data, spec
 
 
+def _fill_cache(data: SynthData, on: pl.Expr, running: float = 1.0) -> None:
+    """Where ``on`` holds: the KV cache 100% full, 2 more preemptions a sample, and the
+    running requests x ``running``."""
+    eng = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
+    step = pl.col(c.PREEMPTIONS_TOTAL).diff().fill_null(0).over(c.INSTANCE_ID)
+    eng = eng.with_columns(pl.when(on).then(step + 2.0).otherwise(step).alias("_step"))
+    data.engine_samples = eng.with_columns(
+        pl.col("_step").cum_sum().over(c.INSTANCE_ID).alias(c.PREEMPTIONS_TOTAL),
+        pl.when(on).then(1.0).otherwise(pl.col(c.KV_CACHE_USAGE)).alias(c.KV_CACHE_USAGE),
+        pl.when(on).then(pl.col(c.NUM_RUNNING) * running).otherwise(pl.col(c.NUM_RUNNING))
+        .alias(c.NUM_RUNNING),
+    ).drop("_step")
+
+
 def long_prompts_fill_the_cache(seed: int = 71) -> tuple[SynthData, FleetSpec]:
     """Random fleet 7008: prompts x1.9 on a small-GPU service fill every host's KV cache
     (100% full, preemptions), and requests queue for blocks. The cache is the mechanism;
@@ -266,14 +280,7 @@ def long_prompts_fill_the_cache(seed: int = 71) -> tuple[SynthData, FleetSpec]:
     spec = FleetSpec(duration_s=3 * H, seed=seed)
     data = generate(spec, [Injected("long_prompts", "service_name=chat", START, DURATION,
                                     magnitude=0.225)])
-    on = _during(data, spec, c.TS_NS)
-    eng = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
-    step = pl.col(c.PREEMPTIONS_TOTAL).diff().fill_null(0).over(c.INSTANCE_ID)
-    eng = eng.with_columns(pl.when(on).then(step + 2.0).otherwise(step).alias("_step"))
-    data.engine_samples = eng.with_columns(
-        pl.col("_step").cum_sum().over(c.INSTANCE_ID).alias(c.PREEMPTIONS_TOTAL),
-        pl.when(on).then(1.0).otherwise(pl.col(c.KV_CACHE_USAGE)).alias(c.KV_CACHE_USAGE),
-    ).drop("_step")
+    _fill_cache(data, _during(data, spec, c.TS_NS))
     queued = _during(data, spec, c.ARRIVAL_NS)
     data.requests = _scale(data.requests, queued, {c.QUEUE_S: 20.0})
     return rewindow(data, spec), spec
@@ -300,16 +307,8 @@ def stall_fills_the_cache(seed: int = 91) -> tuple[SynthData, FleetSpec]:
     spec = FleetSpec(duration_s=3 * H, gpus_per_host=2, tp=2, seed=seed, rps_per_instance=4.0)
     data = generate(spec, [Injected("collective_stall", "host_name=h01", START, DURATION,
                                     magnitude=4.0)])
-    on = _during(data, spec, c.TS_NS) & (pl.col(c.HOST_NAME) == "h01")
-    eng = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
-    step = pl.col(c.PREEMPTIONS_TOTAL).diff().fill_null(0).over(c.INSTANCE_ID)
-    eng = eng.with_columns(pl.when(on).then(step + 2.0).otherwise(step).alias("_step"))
-    data.engine_samples = eng.with_columns(
-        pl.col("_step").cum_sum().over(c.INSTANCE_ID).alias(c.PREEMPTIONS_TOTAL),
-        pl.when(on).then(1.0).otherwise(pl.col(c.KV_CACHE_USAGE)).alias(c.KV_CACHE_USAGE),
-        pl.when(on).then(pl.col(c.NUM_RUNNING) * 2.5).otherwise(pl.col(c.NUM_RUNNING))
-        .alias(c.NUM_RUNNING),
-    ).drop("_step")
+    _fill_cache(data, _during(data, spec, c.TS_NS) & (pl.col(c.HOST_NAME) == "h01"),
+                running=2.5)
     queued = _during(data, spec, c.ARRIVAL_NS) & (pl.col(c.HOST_NAME) == "h01")
     data.requests = _scale(data.requests, queued, {c.QUEUE_S: 20.0})
     return rewindow(data, spec), spec
