@@ -95,8 +95,11 @@ class Pipeline:
         self.dims = cfg.dimension_map()
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future[int]] = []
-        #: Request partitions phase 2 read in this run, for the next hour's phase 2.
+        #: Request partitions phase 2 read in this run, for the next hour's phase 2, and those
+        #: phase 1 published in this run (:meth:`_hand_over`).
         self._requests_read: dict = {}
+        #: End of the last hour whose requests phase 1 handed over in this run.
+        self._handed_until = 0
 
     # --- phase 1 -------------------------------------------------------------------------
     def _phase1(self, state: PipelineState, hour: int) -> list[tuple[str, pl.DataFrame]]:
@@ -117,6 +120,7 @@ class Pipeline:
         # max_request_s after the hour) plus one sample gap and slot.
         horizon = HOUR_NS + self.cfg.max_request_s * NS + self.gap_ns + self.cfg.slot_s * NS
         self._requests_read = {}  # nothing read in an earlier run is trusted
+        self._handed_until = 0
         waiting = deque(hours2)
         done2 = 0
 
@@ -133,6 +137,8 @@ class Pipeline:
             self._flush()  # at most one hour of output waiting to be written
             for table, frame in frames:
                 self._publish(table, hour, frame, summary)
+                if table == t.REQUESTS:
+                    self._hand_over(hour, frame)
 
         running: deque[tuple[int, Future[list[tuple[str, pl.DataFrame]]]]] = deque()
         with ThreadPoolExecutor(PHASE1_PARALLEL, thread_name_prefix="phase1") as pool:
@@ -156,6 +162,18 @@ class Pipeline:
         summary.rows_written[table] = summary.rows_written.get(table, 0) + frame.height
         self._pending.append(self._writer.submit(publish, self.dd, table, hour, frame))
 
+    def _hand_over(self, hour: int, requests: pl.DataFrame) -> None:
+        """Give phase 2 the ``requests`` partition phase 1 just published as the frame itself,
+        not the file read back (decoding it again was about 5% of a run's CPU).
+
+        The frame is what the file holds: the writer encodes this same frame, and the
+        partition's columns (strings, integers, floats, booleans) decode to the dtypes they
+        were written from. An empty frame publishes no file, so it is not handed over (phase 2
+        then finds no partition, as when reading)."""
+        if requests.height:
+            self._requests_read[(partition_file(self.dd, t.REQUESTS, hour), None)] = requests
+            self._handed_until = max(self._handed_until, hour + HOUR_NS)
+
     def _flush(self) -> None:
         """Wait for every submitted publish (re-raising the first failure)."""
         pending, self._pending = self._pending, []
@@ -167,11 +185,13 @@ class Pipeline:
         self._flush()  # it reads what phase 1 and the previous hours published
         out = phase2_hour(self.dd, self.cfg, hour, dirty, self._requests_read)
         # The next hours read some of the same partitions (from `back` before their hour to
-        # as far as their requests run): keep those. Phase 1 published them before phase 2
-        # got here and publishes none of them again in this run.
+        # as far as their requests run): keep those, and those phase 1 handed over for later
+        # hours. Phase 1 published them before phase 2 got here and publishes none of them
+        # again in this run.
         back = -(-self.cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
+        until = max(hour + 2 * HOUR_NS + back, self._handed_until)
         keep = {partition_file(self.dd, t.REQUESTS, h)
-                for h in range(hour + HOUR_NS - back, hour + 2 * HOUR_NS + back, HOUR_NS)}
+                for h in range(hour + HOUR_NS - back, until, HOUR_NS)}
         self._requests_read = {k: v for k, v in self._requests_read.items() if k[0] in keep}
         self._publish_phase2(hour, out, summary)
 
