@@ -105,7 +105,8 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
     gap_ns = int(cfg.max_sample_gap_s * NS)
     points = read_raw(files["metrics"], _SIGNALS["metrics"],
                       pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left"),
-                      _COLUMNS["metrics"], _CATEGORICAL["metrics"])
+                      _COLUMNS["metrics"], _CATEGORICAL["metrics"],
+                      within=(c.TS_NS, lo - gap_ns, hi))
     in_hour = pl.col(c.TS_NS) >= lo
     points = as_split(points)  # once for the three samples stages
     mapping = instance_gpus(points.filter(in_hour))
