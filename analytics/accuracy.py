@@ -4,7 +4,10 @@ A ground-truth incident (``cause``, ``subject``, ``start_ns``, ``end_ns``, and t
 ``hosts`` and service it touched) is *detected* when an incident overlaps its window (plus a
 grace period for the queue to drain) in a matching scope: the same service (or the fleet),
 and for a host-level incident one of the hosts it touched. Each detected incident is
-credited to at most one ground-truth incident; the rest are false incidents.
+credited to at most one ground-truth incident; the rest are false incidents, except those on
+a *natural surge* (a burst the replayed traffic brought by itself that measurably moved
+latency, labelled by :mod:`fleetlens.simulator.natural`) that name it ``traffic_surge``: that
+spike is real and rightly named. Natural surges are not part of recall.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetlens.pipeline.schema import FLEET_WIDE
+from fleetlens.pipeline.schema import FLEET_WIDE, Cause
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -35,6 +38,10 @@ class Score:
     false_incidents: int = 0
     clean_false_incidents: int = 0
     clean_days: float = 0.0
+    #: incidents on a natural surge named traffic_surge (not false); natural surges labelled
+    #: (the caller counts them: a treated run and its control share theirs)
+    natural_named: int = 0
+    natural_surges: int = 0
     delays_s: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
     #: (injected cause, top-1 cause or "missed") -> count, for a confusion matrix
@@ -42,7 +49,7 @@ class Score:
 
     def add(self, other: Score) -> None:
         for name in ("injected", "detected", "top1", "top3", "subject", "false_incidents",
-                     "clean_false_incidents", "clean_days"):
+                     "clean_false_incidents", "clean_days", "natural_named", "natural_surges"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.delays_s += other.delays_s
         self.misses += other.misses
@@ -63,6 +70,7 @@ class Score:
                                               if self.clean_days else None),
             "median_detection_delay_s": (statistics.median(self.delays_s)
                                          if self.delays_s else None),
+            "natural_surges_named": self.natural_named,
         }
 
 
@@ -78,17 +86,46 @@ def _scope_matches(truth: dict[str, Any], incident: dict[str, Any]) -> bool:
     return True
 
 
+def _ranked(causes: pl.DataFrame) -> dict[str, list[tuple[str, str]]]:
+    """incident id -> its (cause, subject) pairs, best first."""
+    ranked: dict[str, list[tuple[str, str]]] = {}
+    for row in causes.sort(c.RANK).iter_rows(named=True):
+        ranked.setdefault(row[c.INCIDENT_ID], []).append((row[c.CAUSE], row[c.SUBJECT]))
+    return ranked
+
+
+def _on_natural_surge(incident: dict[str, Any], natural: Sequence[dict[str, Any]],
+                      grace_s: float) -> bool:
+    return any(incident[c.SERVICE_NAME] in (n["service"], FLEET_WIDE)
+               and incident[c.START_NS] < n[c.END_NS] + int(grace_s * NS)
+               and incident[c.END_NS] > n[c.START_NS] for n in natural)
+
+
+def _judge_unmatched(score: Score, incident: dict[str, Any], top: list[tuple[str, str]],
+                     natural: Sequence[dict[str, Any]], grace_s: float) -> None:
+    """An incident no injected one explains: a natural surge named right, else false."""
+    on_surge = _on_natural_surge(incident, natural, grace_s)
+    if on_surge and top and top[0][0] == Cause.TRAFFIC_SURGE:
+        score.natural_named += 1
+        return
+    score.false_incidents += 1
+    score.misses.append(
+        f"false incident {incident[c.METRIC]} {incident[c.SERVICE_NAME]}/"
+        f"{incident[c.HOST_NAME]} at {incident[c.START_NS]}"
+        + (f" (on a natural surge, named {top[0][0] if top else 'nothing'})" if on_surge else ""))
+
+
 def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.DataFrame,
-              grace_s: float = 180.0, excused: Sequence[dict[str, Any]] = ()) -> Score:
+              grace_s: float = 180.0, excused: Sequence[dict[str, Any]] = (),
+              natural: Sequence[dict[str, Any]] = ()) -> Score:
     """Score one run's incidents and causes against its ground-truth incidents.
 
     ``excused``: injected incidents left out of the score (their effect was too small to
     count, see bench/accuracy_random.py); an incident near one is not a false incident.
+    ``natural``: the run's natural surges (``service``, ``start_ns``, ``end_ns``).
     """
     score = Score(injected=len(truth))
-    ranked: dict[str, list[tuple[str, str]]] = {}
-    for row in causes.sort(c.RANK).iter_rows(named=True):
-        ranked.setdefault(row[c.INCIDENT_ID], []).append((row[c.CAUSE], row[c.SUBJECT]))
+    ranked = _ranked(causes)
     rows = incidents.sort(c.START_NS).to_dicts()
     used: set[str] = set()
     for gt in sorted(truth, key=lambda g: g[c.START_NS]):
@@ -125,12 +162,17 @@ def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.D
         near = any(r[c.START_NS] < g[c.END_NS] + int(grace_s * NS) and r[c.END_NS] > g[c.START_NS]
                    for g in [*truth, *excused])
         if not near:
-            score.false_incidents += 1
-            score.misses.append(f"false incident {r[c.METRIC]} {r[c.SERVICE_NAME]}/"
-                                f"{r[c.HOST_NAME]} at {r[c.START_NS]}")
+            _judge_unmatched(score, r, ranked.get(r[c.INCIDENT_ID], []), natural, grace_s)
     return score
 
 
-def score_clean(incidents: pl.DataFrame, days: float) -> Score:
-    """An incident-free run: every incident is a false one."""
-    return Score(clean_false_incidents=incidents.height, clean_days=days)
+def score_clean(incidents: pl.DataFrame, days: float, causes: pl.DataFrame | None = None,
+                natural: Sequence[dict[str, Any]] = (), grace_s: float = 180.0) -> Score:
+    """An incident-free run: every incident is a false one, but for a natural surge named
+    ``traffic_surge`` (``natural`` and ``causes`` given; see the module doc)."""
+    score = Score(clean_days=days)
+    ranked = _ranked(causes) if causes is not None else {}
+    for r in incidents.sort(c.START_NS).iter_rows(named=True):
+        _judge_unmatched(score, r, ranked.get(r[c.INCIDENT_ID], []), natural, grace_s)
+    score.clean_false_incidents, score.false_incidents = score.false_incidents, 0
+    return score

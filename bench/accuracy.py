@@ -221,7 +221,9 @@ def main() -> None:
                         help="with --rescore: override an analytics setting (repeatable), "
                              "e.g. --set band_k=5")
     args = parser.parse_args()
-    if args.suite == "random":
+    if args.set and not args.rescore:
+        parser.error("--set needs --rescore")
+    if args.suite == "random" or args.rescore:  # only random-suite runs can be rescored
         main_random(args)
         return
     started = time.perf_counter()

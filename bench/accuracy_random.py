@@ -6,7 +6,9 @@ same seed, without its incidents (the paired control, :mod:`simulator.control`).
 incidents that moved a latency metric measurably against the control are scored; the others
 are reported as dropped (and a detection near one is not a false incident). The time after
 the warm-up that lies outside every incident window (+ grace) is judged clean time, so false
-incidents per clean simulated day come from the same runs.
+incidents per clean simulated day come from the same runs. The bursts a replayed trace brings
+by itself are labelled on the control (:mod:`simulator.natural`): an incident on one that
+names ``traffic_surge`` is a true one, not false (and is counted apart).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from fleetlens.simulator.control import (
     validate,
     without_incidents,
 )
+from fleetlens.simulator.natural import natural_surges
 from fleetlens.simulator.randomfleet import WARMUP_S, FleetSize, random_fleet
 
 GRACE_S = 180.0  # as analytics.accuracy.score_run
@@ -96,6 +99,7 @@ def run_fleet(doc: dict, workdir: Path, clean_control: bool = False
         simulate(parse_scenario(control_doc), export=False, probe=control)
     timings["control"] = time.perf_counter() - started
     verdicts = validate(truth, treated, control)
+    natural = natural_from(control)
     for name, probe in (("treated", treated), ("control", control)):
         pl.DataFrame(probe_frame(probe)).write_parquet(
             workdir / doc["fleet"]["name"] / PROBES_FILE.format(name))
@@ -103,18 +107,28 @@ def run_fleet(doc: dict, workdir: Path, clean_control: bool = False
     (workdir / doc["fleet"]["name"] / VERDICTS_FILE).write_text(json.dumps(
         {"scenario": doc, "truth": truth,
          "verdicts": [dataclasses.asdict(v) for v in verdicts]}, default=str))
-    score = score_fleet(truth, verdicts, res.analysis)
+    score = score_fleet(truth, verdicts, res.analysis, natural)
     if clean is not None:
         score.add(score_clean(clean.analysis.incidents,
-                              max(doc["fleet"]["duration_s"] - WARMUP_S, 0) / 86400))
+                              max(doc["fleet"]["duration_s"] - WARMUP_S, 0) / 86400,
+                              clean.analysis.causes, natural, GRACE_S))
     return score, verdicts, timings
 
 
-def score_fleet(truth: dict, verdicts: list[Verdict], analysis: object) -> Score:
+def natural_from(control: LatencyProbe) -> list[dict]:
+    """The control run's natural surges as the scorer takes them."""
+    return [{"service": n.service, c.START_NS: n.start_ns, c.END_NS: n.end_ns}
+            for n in natural_surges(control)]
+
+
+def score_fleet(truth: dict, verdicts: list[Verdict], analysis: object,
+                natural: Sequence[dict] = ()) -> Score:
     """Score one fleet's analysis against its validated incidents; clean time counted."""
     valid = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if v.valid]
     dropped = [g for g, v in zip(truth["incidents"], verdicts, strict=True) if not v.valid]
-    score = score_run(valid, analysis.incidents, analysis.causes, GRACE_S, excused=dropped)
+    score = score_run(valid, analysis.incidents, analysis.causes, GRACE_S, excused=dropped,
+                      natural=natural)
+    score.natural_surges = len(natural)
     # false incidents in this run's clean time count per clean day too
     score.clean_false_incidents += score.false_incidents
     score.clean_days += clean_seconds(truth) / 86400
@@ -141,29 +155,33 @@ def rescore(keep: Path, config: object | None = None,
         doc = json.loads(path.read_text())
         verdicts = [Verdict(**v) for v in doc["verdicts"]]
         probes = [path.parent / PROBES_FILE.format(n) for n in ("treated", "control")]
+        natural: list[dict] = []
         if all(p.exists() for p in probes):  # validate again: the rule may have changed
             start = doc["truth"][c.START_NS]
-            verdicts = validate(doc["truth"], *(probe_from(pl.read_parquet(p).to_dict(
-                as_series=False), start) for p in probes))
+            treated, control = (probe_from(pl.read_parquet(p).to_dict(as_series=False), start)
+                                for p in probes)
+            verdicts = validate(doc["truth"], treated, control)
+            natural = natural_from(control)
         analysed = run_analytics(DataDir(path.parent / "data"), config or AnalyticsConfig(),
                                  notify=False)
-        score = score_fleet(doc["truth"], verdicts, analysed.analysis)
+        score = score_fleet(doc["truth"], verdicts, analysed.analysis, natural)
         control = path.parent.parent / f"{path.parent.name}-control" / "data"
         if control.is_dir():  # the paired control run end to end (--clean-control)
             clean = run_analytics(DataDir(control), config or AnalyticsConfig(), notify=False)
             duration = doc["scenario"]["fleet"]["duration_s"]
-            score.add(score_clean(clean.analysis.incidents,
-                                  max(duration - WARMUP_S, 0) / 86400))
-            score.misses += [
-                f"false incident in the clean control: {row[c.METRIC]} "
-                f"{row[c.SERVICE_NAME]}/{row[c.HOST_NAME]} at {row[c.START_NS]}"
-                for row in clean.analysis.incidents.iter_rows(named=True)]
+            clean_score = score_clean(clean.analysis.incidents,
+                                      max(duration - WARMUP_S, 0) / 86400,
+                                      clean.analysis.causes, natural, GRACE_S)
+            clean_score.misses = [f"clean control: {m}" for m in clean_score.misses]
+            score.add(clean_score)
         out.score.add(score)
         out.verdicts += verdicts
         out.seeds.append(doc["scenario"]["fleet"]["seed"])
         log(f"fleet {path.parent.name}: {describe(doc['scenario'])}: "
             f"recall {score.summary()['recall']:.2f}, top-1 {score.top1}/{score.detected}, "
-            f"false {score.false_incidents}")
+            f"false {score.false_incidents} + {score.clean_false_incidents - score.false_incidents}"
+            f" in the control, natural surges {score.natural_named} named of "
+            f"{score.natural_surges}")
         for note in score.misses:
             log(f"  {note}")
     out.wall_s = time.perf_counter() - started
@@ -227,6 +245,9 @@ def report(result: RandomResult) -> str:
         lines.append(f"{key:>34}: {value:.3f}" if isinstance(value, float) else
                      f"{key:>34}: {value}")
     lines.append(f"{'clean simulated days':>34}: {result.score.clean_days:.3f}")
+    lines.append(f"{'natural surges labelled':>34}: {result.score.natural_surges}, "
+                 f"incidents on them named traffic_surge (not false): "
+                 f"{result.score.natural_named}")
     if delays:
         lines.append(f"{'detection delay s (median, p90)':>34}: {statistics.median(delays):.0f}, "
                      f"{sorted(delays)[int(0.9 * (len(delays) - 1))]:.0f}")

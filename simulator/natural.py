@@ -1,0 +1,113 @@
+"""Natural surges: the latency spikes a replayed trace causes by itself, with no incident.
+
+A replay of a production trace (the Azure conversation trace) brings its own bursts: a minute
+with twice the usual arrivals on a fleet sized for the usual minute queues requests and moves
+latency x10 and more. Such a spike is a real one; a detector that reports it, and names it
+a traffic surge, is right, and counting it as a *false* incident would punish the detector for
+seeing what an on-call engineer wants to see. The scorer therefore needs the ground truth of
+these spikes too, and it can only come from the simulator: this module reads it from an
+incident-free run's :class:`~fleetlens.simulator.control.LatencyProbe`.
+
+A *natural surge* on a service is a run of minutes whose arrivals at its engines are at least
+:data:`SURGE_RATIO` x the median minute of the :data:`LOOKBACK_MIN` minutes before, during
+which (or within :data:`DRAIN_MIN` minutes after) a p90 of TTFT, time per output token or
+end-to-end latency rose to at least :data:`~fleetlens.simulator.control.MIN_RATIO` x its own
+median minute of the look-back (and :data:`~fleetlens.simulator.control.MIN_DELTA_S` more).
+Both conditions are measured on the run itself, not on what a detector saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from fleetlens.simulator.control import MIN_DELTA_S, MIN_RATIO, LatencyProbe
+
+#: a minute is a surge minute at this multiple of the look-back's median minute of arrivals
+SURGE_RATIO = 1.5
+#: the look-back for the usual minute, minutes (at least half of it must have requests)
+LOOKBACK_MIN = 30
+#: after the last surge minute, how long the backlog may take to show and drain, minutes
+DRAIN_MIN = 5
+#: fewest requests in a minute for its arrivals or latency to mean anything
+MIN_MINUTE_REQUESTS = 10
+_LATENCIES = ("ttft", "tpot", "e2e")
+
+
+@dataclass(frozen=True)
+class NaturalSurge:
+    """One natural surge: the service, its window (ns) and what moved (ratios)."""
+
+    service: str
+    start_ns: int
+    end_ns: int
+    arrivals_ratio: float
+    latency_ratio: float
+
+
+def _minutes(probe: LatencyProbe) -> pl.DataFrame:
+    """Per (service, minute): arrivals and the p90 of each latency, with look-back medians."""
+    rows = [(iid.split("/")[1], row[0], *row[1:4])
+            for iid, kept in probe.rows.items() for row in kept]
+    if not rows:
+        return pl.DataFrame()
+    frame = pl.DataFrame(rows, schema=["service", "arrival", *_LATENCIES], orient="row")
+    per_minute = (frame.with_columns((pl.col("arrival") // 60).cast(pl.Int64).alias("minute"))
+                  .group_by("service", "minute")
+                  .agg(pl.len().alias("n"), *(pl.col(m).quantile(0.9).alias(m)
+                                             for m in _LATENCIES)))
+    # Every minute present (an idle minute has 0 arrivals), so the look-back is in minutes.
+    grid = per_minute.group_by("service").agg(
+        pl.int_range(pl.col("minute").min(), pl.col("minute").max() + 1).alias("minute")
+    ).explode("minute")
+    full = (grid.join(per_minute, on=["service", "minute"], how="left")
+            .with_columns(pl.col("n").fill_null(0)).sort("service", "minute"))
+    quiet = pl.when(pl.col("n") >= MIN_MINUTE_REQUESTS)
+    look = {"window_size": LOOKBACK_MIN, "min_samples": LOOKBACK_MIN // 2}
+    return full.with_columns(
+        pl.col("n").cast(pl.Float64).rolling_median(**look).shift(1).over("service")
+        .alias("usual_n"),
+        *(quiet.then(pl.col(m)).rolling_median(**look).shift(1).over("service")
+          .alias(f"usual_{m}") for m in _LATENCIES),
+    )
+
+
+def natural_surges(probe: LatencyProbe) -> list[NaturalSurge]:
+    """The natural surges of an incident-free run, from its probe (see module doc)."""
+    minutes = _minutes(probe)
+    if minutes.is_empty():
+        return []
+    busy = pl.col("n") >= MIN_MINUTE_REQUESTS
+    ratios = [pl.when(busy & (pl.col(m) - pl.col(f"usual_{m}") >= MIN_DELTA_S))
+              .then(pl.col(m) / pl.col(f"usual_{m}")) for m in _LATENCIES]
+    minutes = minutes.with_columns(
+        (pl.col("n") / pl.col("usual_n")).alias("arrivals_ratio"),
+        pl.max_horizontal(ratios).fill_null(0.0).alias("latency_ratio"))
+    out = []
+    for (service,), rows in minutes.group_by("service", maintain_order=True):
+        out += _chains(service, probe.start_ns, rows.sort("minute").to_dicts())
+    return out
+
+
+def _chains(service: str, start_ns: int, rows: list[dict]) -> list[NaturalSurge]:
+    """Join surge minutes less than DRAIN_MIN apart; keep the chains latency moved in."""
+    surges = [r for r in rows if r["usual_n"] and r["n"] >= MIN_MINUTE_REQUESTS
+              and r["arrivals_ratio"] >= SURGE_RATIO]
+    chains: list[list[dict]] = []
+    for r in surges:
+        if chains and r["minute"] - chains[-1][-1]["minute"] <= DRAIN_MIN:
+            chains[-1].append(r)
+        else:
+            chains.append([r])
+    by_minute = {r["minute"]: r for r in rows}
+    out = []
+    for chain in chains:
+        first, last = chain[0]["minute"], chain[-1]["minute"] + DRAIN_MIN
+        moved = max(by_minute[m]["latency_ratio"] for m in range(first, last + 1)
+                    if m in by_minute)
+        if moved >= MIN_RATIO:
+            out.append(NaturalSurge(service, start_ns + first * 60 * 10**9,
+                                    start_ns + (last + 1) * 60 * 10**9,
+                                    max(r["arrivals_ratio"] for r in chain), moved))
+    return out

@@ -1,0 +1,76 @@
+"""Natural surges (simulator/natural.py): the bursts a replayed trace brings by itself,
+labelled from an incident-free run's latency probe, and how the accuracy scorer treats an
+incident on one (analytics/accuracy.py)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from fleetlens.analytics.accuracy import score_clean, score_run
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.simulator.control import LatencyProbe
+from fleetlens.simulator.natural import natural_surges
+
+START_NS = 1_767_225_600 * 10**9
+MIN = 60 * 10**9
+
+
+def _probe(minutes: int = 60, burst: tuple[int, int] = (40, 42), burst_factor: float = 2.5,
+           slow: tuple[int, int] = (40, 46), slow_ttft: float = 2.0) -> LatencyProbe:
+    """One service on two engines: 100 arrivals a minute (TTFT 50 ms), ``burst_factor`` x
+    as many in the ``burst`` minutes, TTFT ``slow_ttft`` for arrivals in the ``slow`` ones."""
+    probe = LatencyProbe(START_NS)
+    for m in range(minutes):
+        n = int(100 * (burst_factor if burst[0] <= m < burst[1] else 1))
+        ttft = slow_ttft if slow[0] <= m < slow[1] else 0.05
+        for i in range(n):
+            engine = f"h0{1 + i % 2}/svc1a"
+            probe.rows[engine].append((m * 60 + i * 60 / n, ttft, 0.02, ttft + 2.0, -1.0, -1.0))
+    return probe
+
+
+def test_a_burst_that_slowed_requests_is_a_natural_surge() -> None:
+    (surge,) = natural_surges(_probe())
+    assert surge.service == "svc1a"
+    assert surge.start_ns == START_NS + 40 * MIN
+    # the last burst minute (41) plus the drain allowance (5 minutes), inclusive
+    assert surge.end_ns == START_NS + 47 * MIN
+    assert surge.arrivals_ratio == 2.5 and surge.latency_ratio == 40.0
+
+
+def test_a_burst_that_slowed_nothing_or_a_slowdown_without_a_burst_is_not() -> None:
+    assert natural_surges(_probe(slow_ttft=0.05)) == []  # served without a queue
+    assert natural_surges(_probe(burst_factor=1.0)) == []  # slower, same arrivals
+    assert natural_surges(_probe(burst_factor=1.3)) == []  # under 1.5x the usual minute
+    assert natural_surges(_probe(burst=(10, 12), slow=(10, 16))) == []  # no 15-min look-back
+
+
+def _incidents(*starts_min: int) -> pl.DataFrame:
+    return pl.DataFrame({
+        c.INCIDENT_ID: [f"i{m}" for m in starts_min],
+        c.START_NS: [START_NS + m * MIN for m in starts_min],
+        c.END_NS: [START_NS + (m + 4) * MIN for m in starts_min],
+        c.DETECTED_NS: [START_NS + (m + 3) * MIN for m in starts_min],
+        c.SERVICE_NAME: ["svc1a"] * len(starts_min), c.HOST_NAME: ["*"] * len(starts_min),
+        c.METRIC: ["ttft_p99_s"] * len(starts_min)})
+
+
+def _causes(named: dict[int, str]) -> pl.DataFrame:
+    return pl.DataFrame({c.INCIDENT_ID: [f"i{m}" for m in named], c.RANK: [1] * len(named),
+                         c.CAUSE: list(named.values()),
+                         c.SUBJECT: ["service_name=svc1a"] * len(named)})
+
+
+def test_an_incident_on_a_natural_surge_named_a_surge_is_not_false() -> None:
+    natural = [{"service": s.service, c.START_NS: s.start_ns, c.END_NS: s.end_ns}
+               for s in natural_surges(_probe())]
+    # on the surge and named right; on the surge but named a cache; far from it
+    incidents = _incidents(41, 43, 10)
+    causes = _causes({41: "traffic_surge", 43: "kv_cache_pressure", 10: "traffic_surge"})
+    clean = score_clean(incidents, 1.0, causes, natural)
+    assert (clean.natural_named, clean.clean_false_incidents) == (1, 2)
+    assert any("on a natural surge, named kv_cache_pressure" in m for m in clean.misses)
+    # the same in an incident run's clean time; without labels every one is false
+    run = score_run([], incidents, causes, natural=natural)
+    assert (run.natural_named, run.false_incidents) == (1, 2)
+    assert score_clean(incidents, 1.0, causes).clean_false_incidents == 3
