@@ -13,7 +13,12 @@ import polars as pl
 
 from fleetlens.analytics.attribution import Tables, attribute_all
 from fleetlens.analytics.attribution.split import split_by_cause
-from fleetlens.analytics.baselines import EXCLUDED, rolling_baseline, to_baselines_table
+from fleetlens.analytics.baselines import (
+    EXCLUDED,
+    UPPER_SPREAD,
+    rolling_baseline,
+    to_baselines_table,
+)
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
@@ -87,11 +92,31 @@ def all_series(tables: Tables, config: AnalyticsConfig, window_s: int) -> pl.Dat
     return pl.concat(parts, how="vertical_relaxed").collect()
 
 
+def demand_bands(banded: pl.DataFrame, config: AnalyticsConfig) -> pl.DataFrame:
+    """Where the scope's arrivals rose to ``demand_ratio`` x their expected value, judge its
+    latency by the spread alone: the usual-highs floor keeps a bursty service's regular
+    peaks quiet, but a rise that comes with more demand than usual is a surge."""
+    if config.demand_ratio is None:
+        return banded
+    keys = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME, c.TS_NS]
+    demand = (banded.filter((pl.col(c.METRIC) == "rps") & (pl.col(c.EXPECTED) > 0)
+                            & (pl.col(c.VALUE) >= config.demand_ratio * pl.col(c.EXPECTED)))
+              .select(keys).unique().with_columns(pl.lit(True).alias("_demand")))
+    if demand.is_empty():
+        return banded
+    # Only the scope's own latencies: a peer ratio or the network does not grow with load.
+    latency = pl.col(c.METRIC).is_in(list(config.detect_metrics))
+    return banded.join(demand, on=keys, how="left", maintain_order="left").with_columns(
+        pl.when(pl.col("_demand").fill_null(False) & latency
+                & pl.col(UPPER_SPREAD).is_not_null())
+        .then(pl.col(UPPER_SPREAD)).otherwise(pl.col(c.UPPER)).alias(c.UPPER)).drop("_demand")
+
+
 def _detect(banded: pl.DataFrame, config: AnalyticsConfig, window_s: int) -> pl.DataFrame:
     extra = [m for m in (*NETWORK_METRICS, *map(peer_metric, config.peer_metrics))
              if m not in config.detect_metrics]
     detect_cfg = dataclasses.replace(config, detect_metrics=(*config.detect_metrics, *extra))
-    anomalies = detect(banded, detect_cfg, window_s)
+    anomalies = detect(demand_bands(banded, config), detect_cfg, window_s)
     # Grouped request series (config.group_by) are baselined, not merged into incidents.
     return anomalies.filter(pl.col(c.SERIES).str.contains(c.SERVICE_NAME + "=", literal=True))
 

@@ -25,6 +25,9 @@ IQR_TO_SIGMA = 1.349
 #: Marks windows left out of the statistics (inside a detected incident); kept in the
 #: banded frame so other baselines (Prophet) leave them out too.
 EXCLUDED = "_excluded"
+#: The upper bound from the spread alone (without the look-back's usual highs), kept so
+#: detection can judge a window by it when demand explains a rise (analyse.py).
+UPPER_SPREAD = "_upper_spread"
 
 
 def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
@@ -96,6 +99,7 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
                           pl.when(pl.col(c.EXPECTED).is_not_null()).then(usual_high))
         .alias(c.UPPER),
         pl.lit(METHOD_ROLLING).alias(c.METHOD),
+        (pl.col(c.EXPECTED) + pl.col("_half")).alias(UPPER_SPREAD),
     ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma", "_high")
 
 

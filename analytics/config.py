@@ -97,6 +97,10 @@ class AnalyticsConfig:
     #: The upper band is at least this quantile of the look-back x (1 + band_min_rel): a
     #: level the series reaches regularly is not a breach (None: the MAD band alone).
     band_quantile: float | None = 0.9
+    #: ... except in windows whose arrivals (`rps`) are at least this multiple of their
+    #: expected value: a rise that comes with a surge of demand is judged by the spread
+    #: alone (None: never).
+    demand_ratio: float | None = 2.0
     #: A breach needs this many consecutive windows above the band.
     consecutive: int = 3
     #: Windows with fewer requests than this are not judged (noisy tails).
@@ -164,6 +168,8 @@ class AnalyticsConfig:
                 "must be between 1 and rolling_windows")
         require(self.band_k > 0, "band_k", "must be positive")
         require(self.band_min_rel >= 0, "band_min_rel", "must not be negative")
+        require(self.demand_ratio is None or self.demand_ratio > 1, "demand_ratio",
+                "must be above 1 (or unset)")
         require(self.band_quantile is None or 0 < self.band_quantile <= 1, "band_quantile",
                 "must be in (0, 1], or unset")
         require(self.consecutive >= 1, "consecutive", "must be at least 1")
