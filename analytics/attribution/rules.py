@@ -27,6 +27,7 @@ from fleetlens.pipeline.schema.causes import subject as fmt_subject
 #: Score floor for a cause with evidence but little measured excess in its phases; small
 #: so that a cause explaining most of the excess outranks one explaining little of it.
 SHARE_FLOOR = 0.1
+CROWDED_DAMP = 0.8
 
 
 def clip01(x: float) -> float:
@@ -218,10 +219,11 @@ def kv_pressure(f: Facts) -> Candidate:
     s = f.signals.hosts.get(host, {})
     # A full cache because of more or longer requests is the demand change's doing; one
     # that filled while *more* requests were running (each holding its blocks longer behind
-    # a slower GPU, link or engine) is the slowdown's. A cache that shrank runs fewer.
-    crowded = clip01((f.running_ratio([host] if host else None) - 1.3) / 0.7)
-    damp = 1 - 0.6 * max(surge_strength(f), long_prompt_strength(f), demand_strength(f),
-                         crowded)
+    # a slower GPU, link or engine, or more of them let in) is the slowdown's or the load's.
+    # A cache that shrank runs fewer, so 1.4x as many running rules the cache out as cause.
+    crowded = clip01((f.running_ratio([host] if host else None) - 1.1) / 0.3)
+    damp = min(1 - 0.6 * max(surge_strength(f), long_prompt_strength(f), demand_strength(f)),
+               1 - CROWDED_DAMP * crowded)
     # Waiting for blocks (queue), smaller or preempted batches (decode) and recomputing
     # preempted prompts (prefill per token).
     share = f.share("queue", "decode", "prefill_rate")

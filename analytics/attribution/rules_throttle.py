@@ -71,10 +71,14 @@ def power_strength(f: Facts, gpu: str) -> float:
     slowdown (:func:`clock_explains`)."""
     s = f.signals.gpus.get(gpu, {})
     limit = clip01((1 - ratio(s.get("power_limit"))) / 0.2)
+    clock_drop = 1 - ratio(s.get("sm_clock"))
     if reasons_known(s):
-        strength = max(limit, clip01(delta(s.get("power_cap_frac")) / 0.5))
+        # Bits set more often at an unchanged limit and a clock barely down: a GPU whose
+        # limit is always near its draw (an L4 at 72 W) trips them more when it works
+        # harder; that costs what the clock lost, no more (full strength from 15% down).
+        bits = clip01(delta(s.get("power_cap_frac")) / 0.5)
+        strength = max(limit, bits * clip01(clock_drop / 0.15))
     else:
-        clock_drop = 1 - ratio(s.get("sm_clock"))
         at_limit = 1.0 if value(s.get("power_vs_limit")) >= 0.95 else 0.0
         strength = max(limit, clip01(clock_drop / 0.2) * at_limit)
     return strength * clock_explains(f, gpu)

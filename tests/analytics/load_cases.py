@@ -1,0 +1,60 @@
+"""Issue 15's load cases: fleets that got busier by themselves, as random fleets 12001 and
+7008 showed them (a replayed trace's bursts on a fleet with no headroom).
+
+Built like :mod:`tests.analytics.issue15_cases`: a synthetic fleet, then the symptoms
+reshaped the way the reported fleet showed them.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from fleetlens.pipeline.schema import columns as c
+from tests.analytics.issue15_cases import (
+    DURATION,
+    START,
+    _during,
+    _fill_cache,
+    _scale,
+    gpu,
+    rewindow,
+)
+from tests.analytics.synthetic import NS, POWER_CAP_BIT, FleetSpec, Injected, SynthData, generate
+
+H = 3600
+
+
+def surge_crowds_a_full_cache(seed: int = 111) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 12001: arrivals x1.5 on a service with no headroom; 1.5x as many
+    requests run at once, the KV cache fills (100%, preemptions) and requests queue for
+    seconds. A cache that shrank would run fewer requests, not more: the load filled it."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, DURATION,
+                                    magnitude=0.25)])
+    _fill_cache(data, _during(data, spec, c.TS_NS), running=1.5)
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 8.0})
+    return rewindow(data, spec), spec
+
+
+def surge_trips_power_bits(seed: int = 121) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 12001 (L4s at a fixed 72 W limit): arrivals x1.5; every GPU, busier,
+    trips the power-cap bit in two thirds of its samples instead of a fifth, and its clock
+    dips 5%. Nothing capped the power: the limit is where it was, and 5% of clock cannot
+    explain requests queueing for seconds."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, DURATION,
+                                    magnitude=0.25)])
+    on = _during(data, spec, c.TS_NS)
+    sample = pl.col(c.TS_NS) // (10 * NS)  # the synthetic GPU samples are 10 s apart
+    tripped = pl.when(on).then(sample % 3 != 0).otherwise(sample % 5 == 0)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * 0.95).otherwise(pl.col(c.SM_CLOCK_MHZ))
+        .alias(c.SM_CLOCK_MHZ),
+        pl.when(tripped).then(pl.col(c.CLOCKS_EVENT_REASONS) | POWER_CAP_BIT)
+        .otherwise(pl.col(c.CLOCKS_EVENT_REASONS)).alias(c.CLOCKS_EVENT_REASONS),
+    )
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 8.0})
+    return rewindow(data, spec), spec
+
+
+__all__ = ["DURATION", "START", "gpu", "surge_crowds_a_full_cache", "surge_trips_power_bits"]
