@@ -32,6 +32,9 @@ from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import subject as fmt_subject
 
+#: How much of a stall signature seen on every host under more arrivals is discounted.
+STALL_LOAD_DAMP = 0.8
+
 
 def _hw(f: Facts, gpu: str) -> float:
     """Evidence that ``gpu`` is throttled, or at least not at its usual clock: a slow GPU
@@ -179,36 +182,57 @@ def _host_util(f: Facts, host: str) -> float:
     return _mean_ratio(f, _host_gpus(f, host), "util")
 
 
+def _stall_strength(f: Facts, h: str, detail: dict) -> float:
+    """The stall signature on host ``h``: a TP group busy with its memory idle, decode
+    slower, no throttle; or the engines' NCCL warnings and watchdog timeouts."""
+    best = 0.0
+    for group in _groups(f, h):
+        mem = [ratio(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in group]
+        waiting = clip01((0.85 - max(mem)) / 0.25)  # all GPUs wait: it is the link
+        busy = clip01((_mean_ratio(f, group, "util") - 0.85) / 0.1)
+        hw = max(_hw(f, g) for g in group)
+        best = max(best, _host_slow(f, h) * waiting * busy * (1 - hw))
+        detail[h] = {"util_mem_ratio": mem, "util_ratio": _mean_ratio(f, group, "util")}
+    # --- issue 15 hook (analytics/attribution/logs.py): NCCL warnings and watchdog
+    # collective timeouts from the host's engines are direct evidence of the stall.
+    log, log_counts = collective_log_strength(f.ctx, h)
+    if log_counts:
+        detail.setdefault(h, {})["logs"] = log_counts
+    return max(best, log * max(_host_slow(f, h), 0.5))
+
+
+def _stalled_everywhere(f: Facts, per_host: dict[str, float]) -> float:
+    """How far the signature is the load's: arrivals up (full from x1.5) while every other
+    host of the scope shows it too. A link fails on one tensor-parallel group; a busier
+    service makes every group's batches bigger, each step longer and its memory less busy
+    per token, on every host at once (random fleet 7008's natural bursts)."""
+    if len(per_host) < 2:
+        return 0.0
+    ranked = sorted(per_host.values(), reverse=True)
+    others = sum(clip01(x / 0.3) for x in ranked[1:]) / (len(ranked) - 1)
+    more = clip01((ratio(f.signals.scope.get("rps")) - 1.2) / 0.3)
+    return more * others
+
+
 def collective_stall(f: Facts) -> Candidate:
     """Tensor-parallel all-reduces slower: every GPU of the group waits (busy, but its
     memory idle and its power down), decode slows, clocks are normal."""
-    per_host, detail = {}, {}
-    for h in f.hosts():
-        best = 0.0
-        for group in _groups(f, h):
-            mem = [ratio(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in group]
-            waiting = clip01((0.85 - max(mem)) / 0.25)  # all GPUs wait: it is the link
-            busy = clip01((_mean_ratio(f, group, "util") - 0.85) / 0.1)
-            hw = max(_hw(f, g) for g in group)
-            best = max(best, _host_slow(f, h) * waiting * busy * (1 - hw))
-            detail[h] = {"util_mem_ratio": mem, "util_ratio": _mean_ratio(f, group, "util")}
-        # --- issue 15 hook (analytics/attribution/logs.py): NCCL warnings and watchdog
-        # collective timeouts from the host's engines are direct evidence of the stall.
-        log, log_counts = collective_log_strength(f.ctx, h)
-        if log_counts:
-            detail.setdefault(h, {})["logs"] = log_counts
-        per_host[h] = max(best, log * max(_host_slow(f, h), 0.5))
+    detail: dict = {}
+    every = {h: _stall_strength(f, h, detail) for h in f.all_hosts()}
+    per_host = {h: every[h] for h in f.hosts()}
+    damp = 1 - STALL_LOAD_DAMP * _stalled_everywhere(f, every)
     subject, strength = place(f, per_host)
     host = max(per_host, key=per_host.__getitem__) if per_host else ""
     s = f.signals.hosts.get(host, {})
     share = f.share("decode", "prefill_rate")
     mem = _mean_ratio(f, _host_gpus(f, host), c.UTIL_MEM)
     return Candidate(
-        Cause.COLLECTIVE_STALL, subject, weigh(strength, share), share,
+        Cause.COLLECTIVE_STALL, subject, weigh(strength * damp, share), share,
         f"decode x{ratio(s.get('tpot')):.1f} on {where(subject)} while its tensor-parallel "
         f"GPUs wait on each other (memory activity x{mem:.2f}, utilisation "
         f"x{_host_util(f, host):.2f}, clocks normal)",
-        {"tpot": s.get("tpot"), "groups": detail, "per_host_strength": per_host},
+        {"tpot": s.get("tpot"), "groups": detail, "per_host_strength": per_host,
+         "load_damp": damp},
     )
 
 

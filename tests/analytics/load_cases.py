@@ -57,4 +57,19 @@ def surge_trips_power_bits(seed: int = 121) -> tuple[SynthData, FleetSpec]:
     return rewindow(data, spec), spec
 
 
-__all__ = ["DURATION", "START", "gpu", "surge_crowds_a_full_cache", "surge_trips_power_bits"]
+
+def surge_looks_like_a_stall_everywhere(seed: int = 131) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 7008 (L4s, TP2, a replayed trace): arrivals x1.6 and every TP group's
+    batches 4x bigger: each step is longer and the GPUs' memory is less busy per token, on
+    every host at once. It looks like a stalled link, but a link stalls on one group."""
+    spec = FleetSpec(duration_s=3 * H, hosts=2, gpus_per_host=2, tp=2, seed=seed,
+                     rps_per_instance=4.0)
+    data = generate(spec, [
+        Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.3),
+        *(Injected("collective_stall", f"host_name=h0{h}", START, DURATION, magnitude=2.0)
+          for h in range(spec.hosts)),
+    ])
+    return data, spec
+
+
+__all__ = ["DURATION", "START", "gpu"]

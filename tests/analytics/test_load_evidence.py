@@ -36,3 +36,12 @@ def test_power_bits_at_a_fixed_limit_with_a_5pct_clock_dip_are_no_power_cap() ->
     top = causes.row(0, named=True)
     assert top[c.CAUSE] == "traffic_surge", causes
     assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+
+
+def test_a_stall_signature_on_every_host_under_more_arrivals_is_the_load() -> None:
+    # Before: collective_stall 0.96 over traffic_surge 0.31 (random fleet 7008: 6 natural
+    # bursts of its clean control named collective_stall). Now 0.19: the signature was on
+    # both TP groups at once, with 1.6x the arrivals.
+    causes = _ranked(load_cases.surge_looks_like_a_stall_everywhere)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("traffic_surge", "service_name=chat"), causes
