@@ -157,10 +157,14 @@ def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     slot_ns = cfg.slot_s * NS
     gap_ns = int(cfg.max_sample_gap_s * NS)
     read: dict = {} if cache is None else cache  # what `active` reads serves `everyone` too
-    active = _requests_active(dd, cfg, lo, hi, read)
-    e_lo = min(lo, int(active[c.ARRIVAL_NS].min() or lo))
-    e_hi = max(hi, int(active.select(pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)).max()
-                       .item() or hi) + 1)
+    # The extent of the hour's active requests: only two of their columns are filtered.
+    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
+    candidates = read_hours(dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS), cache=read)
+    first, last = candidates.lazy().filter(_active(lo, hi)).select(
+        pl.col(c.ARRIVAL_NS).min(), pl.max_horizontal(c.END_NS, c.ARRIVAL_NS).max()
+    ).collect().row(0)
+    e_lo = min(lo, int(first or lo))
+    e_hi = max(hi, int(last or hi) + 1)
     # A request running longer than max_request_s gets no energy past that (the hours
     # after look back only that far for requests still running).
     e_hi = min(e_hi, hi + cfg.max_request_s * NS)
