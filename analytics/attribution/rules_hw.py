@@ -202,15 +202,18 @@ def _stall_strength(f: Facts, h: str, detail: dict) -> float:
 
 
 def _stalled_everywhere(f: Facts, per_host: dict[str, float]) -> float:
-    """How far the signature is the load's: arrivals up (full from x1.5) while every other
-    host of the scope shows it too. A link fails on one tensor-parallel group; a busier
-    service makes every group's batches bigger, each step longer and its memory less busy
-    per token, on every host at once (random fleet 7008's natural bursts)."""
+    """How far the signature is the load's: more work (arrivals or prompt tokens per
+    request up, full from x1.5) while every other host of the scope shows it too. A link
+    fails on one tensor-parallel group; a busier service makes every group's batches
+    bigger, and longer prompts every step's prefill share bigger: each step is longer and
+    the memory less busy per token, on every host at once (random fleet 7008's natural
+    bursts; 14011's prompts x3-4 read as a stall on all five hosts)."""
     if len(per_host) < 2:
         return 0.0
     ranked = sorted(per_host.values(), reverse=True)
     others = sum(clip01(x / 0.3) for x in ranked[1:]) / (len(ranked) - 1)
-    more = clip01((ratio(f.signals.scope.get("rps")) - 1.2) / 0.3)
+    more = max(clip01((ratio(f.signals.scope.get(k)) - 1.2) / 0.3)
+               for k in ("rps", c.INPUT_TOKENS))
     return more * others
 
 
