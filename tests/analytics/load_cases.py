@@ -73,9 +73,9 @@ def surge_looks_like_a_stall_everywhere(seed: int = 131) -> tuple[SynthData, Fle
 
 def long_prompts_look_like_a_stall_everywhere(seed: int = 141) -> tuple[SynthData, FleetSpec]:
     """Random fleet 14011 (five 4-GPU hosts, TP4; prompts x3-4), here prompts x2 at the same
-    arrivals. Every step
-    carries more prefill, decode slows and the GPUs' memory is less busy per token on every
-    host at once: the signature of a stalled link, everywhere, from the prompts."""
+    arrivals. Every step carries more prefill, decode slows and the GPUs' memory is less
+    busy per token on every host at once: a stalled link's signature, everywhere, from the
+    prompts."""
     spec = FleetSpec(duration_s=3 * H, hosts=2, gpus_per_host=2, tp=2, seed=seed,
                      rps_per_instance=4.0)
     data = generate(spec, [
