@@ -248,6 +248,10 @@ def report(result: RandomResult) -> str:
     lines.append(f"{'natural surges labelled':>34}: {result.score.natural_surges}, "
                  f"incidents on them named traffic_surge (not false): "
                  f"{result.score.natural_named}")
+    if result.score.clean_days:  # the scoring before natural surges were labelled
+        every = result.score.clean_false_incidents + result.score.natural_named
+        lines.append(f"{'false per clean day, those counted':>34}: "
+                     f"{every / result.score.clean_days:.3f}")
     if delays:
         lines.append(f"{'detection delay s (median, p90)':>34}: {statistics.median(delays):.0f}, "
                      f"{sorted(delays)[int(0.9 * (len(delays) - 1))]:.0f}")
