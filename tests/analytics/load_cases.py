@@ -58,32 +58,32 @@ def surge_trips_power_bits(seed: int = 121) -> tuple[SynthData, FleetSpec]:
 
 
 
+def _stall_signature_everywhere(load: Injected, stall: float, seed: int
+                                ) -> tuple[SynthData, FleetSpec]:
+    """Two TP2 hosts under ``load``, each with a stall's signature of ``stall``."""
+    spec = FleetSpec(duration_s=3 * H, hosts=2, gpus_per_host=2, tp=2, seed=seed,
+                     rps_per_instance=4.0)
+    data = generate(spec, [load, *(
+        Injected("collective_stall", f"host_name=h0{h}", START, DURATION, magnitude=stall)
+        for h in range(spec.hosts))])
+    return data, spec
+
+
 def surge_looks_like_a_stall_everywhere(seed: int = 131) -> tuple[SynthData, FleetSpec]:
     """Random fleet 7008 (L4s, TP2, a replayed trace): arrivals x1.6 and every TP group's
     batches 4x bigger: each step is longer and the GPUs' memory is less busy per token, on
     every host at once. It looks like a stalled link, but a link stalls on one group."""
-    spec = FleetSpec(duration_s=3 * H, hosts=2, gpus_per_host=2, tp=2, seed=seed,
-                     rps_per_instance=4.0)
-    data = generate(spec, [
-        Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.3),
-        *(Injected("collective_stall", f"host_name=h0{h}", START, DURATION, magnitude=2.0)
-          for h in range(spec.hosts)),
-    ])
-    return data, spec
+    surge = Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.3)
+    return _stall_signature_everywhere(surge, 2.0, seed)
+
 
 def long_prompts_look_like_a_stall_everywhere(seed: int = 141) -> tuple[SynthData, FleetSpec]:
     """Random fleet 14011 (five 4-GPU hosts, TP4; prompts x3-4), here prompts x2 at the same
     arrivals. Every step carries more prefill, decode slows and the GPUs' memory is less
     busy per token on every host at once: a stalled link's signature, everywhere, from the
     prompts."""
-    spec = FleetSpec(duration_s=3 * H, hosts=2, gpus_per_host=2, tp=2, seed=seed,
-                     rps_per_instance=4.0)
-    data = generate(spec, [
-        Injected("long_prompts", "service_name=chat", START, DURATION, magnitude=0.25),
-        *(Injected("collective_stall", f"host_name=h0{h}", START, DURATION, magnitude=1.0)
-          for h in range(spec.hosts)),
-    ])
-    return data, spec
+    longer = Injected("long_prompts", "service_name=chat", START, DURATION, magnitude=0.25)
+    return _stall_signature_everywhere(longer, 1.0, seed)
 
 
 __all__ = ["DURATION", "START", "gpu"]

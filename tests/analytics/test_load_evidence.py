@@ -21,12 +21,16 @@ def _scores(causes: pl.DataFrame) -> dict[str, float]:
     return dict(zip(causes[c.CAUSE], causes[c.SCORE], strict=True))
 
 
+def _named_first(builder, cause: str) -> None:  # noqa: ANN001
+    causes = _ranked(builder)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == (cause, "service_name=chat"), causes
+
+
 def test_a_cache_filled_by_more_requests_running_is_the_loads_doing() -> None:
     # Before: kv_cache_pressure 0.40 over traffic_surge 0.25 (1.5x as many running requests
     # damped the cache only 17%). Now 0.20 under 0.25.
-    causes = _ranked(load_cases.surge_crowds_a_full_cache)
-    top = causes.row(0, named=True)
-    assert (top[c.CAUSE], top[c.SUBJECT]) == ("traffic_surge", "service_name=chat"), causes
+    _named_first(load_cases.surge_crowds_a_full_cache, "traffic_surge")
 
 
 def test_power_bits_at_a_fixed_limit_with_a_5pct_clock_dip_are_no_power_cap() -> None:
@@ -42,14 +46,10 @@ def test_a_stall_signature_on_every_host_under_more_arrivals_is_the_load() -> No
     # Before: collective_stall 0.96 over traffic_surge 0.31 (random fleet 7008: 6 natural
     # bursts of its clean control named collective_stall). Now 0.19: the signature was on
     # both TP groups at once, with 1.6x the arrivals.
-    causes = _ranked(load_cases.surge_looks_like_a_stall_everywhere)
-    top = causes.row(0, named=True)
-    assert (top[c.CAUSE], top[c.SUBJECT]) == ("traffic_surge", "service_name=chat"), causes
+    _named_first(load_cases.surge_looks_like_a_stall_everywhere, "traffic_surge")
 
 
 def test_a_stall_signature_on_every_host_under_longer_prompts_is_the_prompts() -> None:
     # Before: collective_stall 0.97 over long_prompts 0.57 (held-out random fleet 14011:
     # prompts x3-4 named collective_stall twice, with no more arrivals). Now 0.19.
-    causes = _ranked(load_cases.long_prompts_look_like_a_stall_everywhere)
-    top = causes.row(0, named=True)
-    assert (top[c.CAUSE], top[c.SUBJECT]) == ("long_prompts", "service_name=chat"), causes
+    _named_first(load_cases.long_prompts_look_like_a_stall_everywhere, "long_prompts")
