@@ -43,6 +43,14 @@ def _stored(data: Path) -> set[tuple[str, str]]:
     return set(frame.iter_rows())
 
 
+def _wait_published(data: Path, keys: set[tuple[str, str]], timeout_s: float = 30) -> None:
+    """Wait until ``keys`` are in Parquet: nothing else is buffered when a fault is armed."""
+    deadline = time.monotonic() + timeout_s
+    while keys - _stored(data) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert keys - _stored(data) == set(), "acknowledged spans not published in time"
+
+
 class _Sender:
     """Sends 5-span Export requests over gRPC in a thread; remembers the acknowledged spans."""
 
@@ -146,6 +154,10 @@ def test_eio_full_disk_and_a_kill_mid_publish_lose_nothing_acknowledged(tmp_path
             rules.unlink()
             time.sleep(1.0)
         acked |= sender.acked
+        # The sender's last requests (and batches whose publish failed on the full disk) must
+        # be published before the kill is armed: a flush of them would kill the process
+        # before the request below is sent (CI saw that: UNAVAILABLE on the export).
+        _wait_published(data, sender.acked)
         # Two hours in one buffer: two segments; the process dies after the first one. One
         # request carries both hours: two requests could be flushed (every 0.2 s) apart, and
         # the process would die before the second was sent.
@@ -154,7 +166,13 @@ def test_eio_full_disk_and_a_kill_mid_publish_lose_nothing_acknowledged(tmp_path
         request = vllm_trace_request(5, seed=10**6, start_ns=base)
         request.resource_spans.extend(
             vllm_trace_request(5, seed=10**6 + 1, start_ns=base + HOUR_NS).resource_spans)
-        col.export(request)
+        try:
+            col.export(request)
+        except grpc.RpcError as exc:
+            # The flusher seals (fsyncs) the WAL before it publishes, so it may publish this
+            # request, and be killed, before the request's own fsync waiter answers: the
+            # client sees the connection drop, and the request must still be stored.
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
         acked |= _keys(request)
         deadline = time.monotonic() + 30
         while col.process.poll() is None and time.monotonic() < deadline:
