@@ -116,7 +116,7 @@ def _detect(banded: pl.DataFrame, config: AnalyticsConfig, window_s: int) -> pl.
     extra = [m for m in (*NETWORK_METRICS, *map(peer_metric, config.peer_metrics))
              if m not in config.detect_metrics]
     detect_cfg = dataclasses.replace(config, detect_metrics=(*config.detect_metrics, *extra))
-    anomalies = detect(demand_bands(banded, config), detect_cfg, window_s)
+    anomalies = detect(banded, detect_cfg, window_s)
     # Grouped request series (config.group_by) are baselined, not merged into incidents.
     return anomalies.filter(pl.col(c.SERIES).str.contains(c.SERVICE_NAME + "=", literal=True))
 
@@ -128,14 +128,16 @@ def detect_unpoisoned(series: pl.DataFrame, config: AnalyticsConfig,
     A first pass finds the incidents; their windows (every series of the incident's scope)
     are then left out of the rolling statistics and the series are banded and judged again,
     so an earlier incident in the look-back cannot widen the band a later one is judged
-    against. Returns (banded series, anomalies).
+    against. The bands are those judged, demand bands included (:func:`demand_bands`), so
+    the `baselines` table draws the band each breach crossed. Returns (banded series,
+    anomalies).
     """
-    banded = rolling_baseline(series, config).collect()
+    banded = demand_bands(rolling_baseline(series, config).collect(), config)
     anomalies = _detect(banded, config, window_s)
     excluded = incident_windows(anomalies, banded, config, window_s)
     if excluded.is_empty():
         return banded, anomalies
-    banded = rolling_baseline(series, config, exclude=excluded).collect()
+    banded = demand_bands(rolling_baseline(series, config, exclude=excluded).collect(), config)
     anomalies = _detect(banded, config, window_s)
     # Incidents only the second pass found are marked too (Prophet leaves them out).
     found = incident_windows(anomalies, banded, config, window_s)

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from fleetlens.analytics.analyse import detect_unpoisoned
+from fleetlens.analytics.baselines import to_baselines_table
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.pipeline.schema import columns as c
 
@@ -60,3 +61,15 @@ def test_a_rise_under_the_usual_highs_with_twice_the_arrivals_is_found() -> None
 def test_the_same_rise_without_more_arrivals_stays_under_the_floor() -> None:
     # The service's own bursts and a rise as high as they reach are not incidents.
     assert _found(_bursty_service(1.0), AnalyticsConfig()) == []
+
+
+def test_the_baselines_table_draws_the_band_the_surge_crossed() -> None:
+    # Before: the demand band judged the surge, but the `baselines` table (the dashboard's
+    # band) kept the floored one, so the breach was drawn under its own band.
+    banded, anomalies = detect_unpoisoned(_bursty_service(2.2), AnalyticsConfig(), 60)
+    table = to_baselines_table(banded)
+    start = T0 + SURGE.start * STEP
+    assert start in anomalies[c.START_NS].to_list()
+    row = table.filter((pl.col(c.METRIC) == "ttft_p99_s") & (pl.col(c.TS_NS) == start))
+    assert row.height == 1
+    assert row[c.VALUE][0] > row[c.UPPER][0]
