@@ -58,6 +58,29 @@ def surge_trips_power_bits(seed: int = 121) -> tuple[SynthData, FleetSpec]:
 
 
 
+def surge_caps_the_clock(seed: int = 151) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 14007 (L4s at a fixed 72 W limit, a replayed trace): arrivals x1.8 on
+    the service; on its busiest host every GPU trips the power-cap bit in seven samples of
+    eight instead of one in three and loses 13% of its clock, and requests queue for
+    seconds. A real throttle, but the demand's doing: the limit did not move."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, DURATION,
+                                    magnitude=0.4)])
+    busiest = pl.col(c.HOST_NAME) == "h01"
+    on = _during(data, spec, c.TS_NS) & busiest
+    sample = pl.col(c.TS_NS) // (10 * NS)  # the synthetic GPU samples are 10 s apart
+    tripped = pl.when(on).then(sample % 8 != 0).otherwise(sample % 3 == 0)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * 0.87).otherwise(pl.col(c.SM_CLOCK_MHZ))
+        .alias(c.SM_CLOCK_MHZ),
+        pl.when(tripped).then(pl.col(c.CLOCKS_EVENT_REASONS) | POWER_CAP_BIT)
+        .otherwise(pl.col(c.CLOCKS_EVENT_REASONS)).alias(c.CLOCKS_EVENT_REASONS),
+    )
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS) & busiest,
+                           {c.QUEUE_S: 8.0, c.DECODE_S: 1.15})
+    return rewindow(data, spec), spec
+
+
 def _stall_signature_everywhere(load: Injected, stall: float, seed: int
                                 ) -> tuple[SynthData, FleetSpec]:
     """Two TP2 hosts under ``load``, each with a stall's signature of ``stall``."""

@@ -42,6 +42,16 @@ def test_power_bits_at_a_fixed_limit_with_a_5pct_clock_dip_are_no_power_cap() ->
     assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
 
 
+def test_power_bits_and_a_13pct_clock_drop_at_a_fixed_limit_under_a_surge_are_the_load() -> None:
+    # Random fleet 14007's clean control: natural surges x1.5-1.8 named power_cap 0.67-0.80
+    # four times (bits 30% -> 88% of samples, clock -13%, limit unchanged). At an unchanged
+    # limit the bits count only as far as the demand does not explain the harder work.
+    causes = _ranked(load_cases.surge_caps_the_clock)
+    top = causes.row(0, named=True)
+    assert top[c.CAUSE] == "traffic_surge", causes
+    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+
+
 def test_a_stall_signature_on_every_host_under_more_arrivals_is_the_load() -> None:
     # Before: collective_stall 0.96 over traffic_surge 0.31 (random fleet 7008: 6 natural
     # bursts of its clean control named collective_stall). Now 0.19: the signature was on
