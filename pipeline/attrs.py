@@ -99,6 +99,27 @@ def code(column: str) -> pl.Expr:
     return pl.col(column).cast(pl.Categorical).to_physical()
 
 
+def packed_codes(frame: pl.DataFrame, columns: list[str]) -> pl.Series | None:
+    """One int64 per row of ``frame``: the :func:`code` of each of the string ``columns``
+    (shifted by one, null as 0: a value of its own, ordered first), packed side by side in as
+    few bits as the largest code needs, the first column highest. Equal rows get equal keys,
+    and the keys order as the tuples of codes do (what ``pl.struct(codes)`` sorts by), so a
+    group-by, window or rank on the key partitions and orders rows as on the codes, hashing
+    one integer instead of row-encoding strings. None when the codes need more than 62 bits.
+    """
+    shifted = [(code(col).cast(pl.Int64) + 1).fill_null(0).alias(f"__code{i}")
+               for i, col in enumerate(columns)]
+    codes = frame.select(shifted)  # cast once: the maxima and the key see the same codes
+    bits = [int(m or 0).bit_length() for m in codes.select(pl.all().max()).row(0)]
+    if sum(bits) > 62:
+        return None
+    key, shift = pl.lit(0, pl.Int64), 0
+    for i in reversed(range(len(columns))):
+        key = key + pl.col(f"__code{i}") * (1 << shift)
+        shift += bits[i]
+    return codes.select(key.alias("__packed")).to_series()
+
+
 def first_string_of_key(column: str, key: str) -> pl.Expr:
     """The first string of a list-valued top-level ``key``, read without parsing the JSON.
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleetlens.pipeline.attrs import code
+from fleetlens.pipeline.attrs import code, packed_codes
 from fleetlens.pipeline.gpupoints import (
     GID,
     JOULES,
@@ -82,7 +82,11 @@ def with_request_keys(requests: pl.DataFrame) -> pl.DataFrame:
     """``requests`` plus the integer keys the energy stages work on: :data:`RIX` (row number),
     :data:`IID` (host, instance) and :data:`GRP` (the (service, model, host) group). Pass this
     frame, or a filter of it, to every energy stage of one computation."""
-    group = pl.struct(*(code(col) for col in _GROUP)).rank("dense").cast(pl.Int64)
+    # The dense rank of the groups' codes: ranking their packed int64 (same order, same ranks)
+    # sorts one integer column instead of row-encoded structs, about half the time.
+    packed = packed_codes(requests, _GROUP)
+    group = (pl.struct(*(code(col) for col in _GROUP)) if packed is None
+             else pl.lit(packed)).rank("dense").cast(pl.Int64)
     return requests.with_row_index(RIX).with_columns(
         pl.col(RIX).cast(pl.Int64), _pair_id(c.HOST_NAME, c.INSTANCE_ID).alias(IID),
         group.alias(GRP))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from fleetlens.pipeline.attrs import packed_codes
 from fleetlens.pipeline.samples import counter_increase
 from fleetlens.pipeline.schema import FLEET_WIDE
 from fleetlens.pipeline.schema import columns as c
@@ -24,6 +25,8 @@ _LATENCY_COLUMNS = {
     "prefill": c.PREFILL_S, "decode": c.DECODE_S,
 }
 _GROUP = [c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
+#: One engine instance as one integer (see :func:`_instance_key`; never written).
+_INSTANCE_KEY = "__instance_key"
 
 
 def window_start(ts: pl.Expr, window_s: int) -> pl.Expr:
@@ -59,6 +62,18 @@ def _request_aggregates(requests: pl.DataFrame, window_s: int) -> pl.DataFrame:
     ).drop("__errors")
 
 
+def _instance_key(engine: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """``engine`` with :data:`_INSTANCE_KEY`, one int64 per distinct (host_name, instance_id)
+    (:func:`~pipeline.attrs.packed_codes`), and the columns that now name an instance: three
+    window expressions over one integer column cost half of what they cost over the two
+    strings. The two strings when the codes do not fit in one int64."""
+    by = [c.HOST_NAME, c.INSTANCE_ID]
+    key = packed_codes(engine, by)
+    if key is None:
+        return engine, by
+    return engine.with_columns(key.alias(_INSTANCE_KEY)), [_INSTANCE_KEY]
+
+
 def engine_window_stats(engine: pl.DataFrame, window_s: int) -> pl.DataFrame:
     """KV-cache usage, prefix hit rate and preemptions per (window, host, model) and fleet-wide.
 
@@ -66,10 +81,11 @@ def engine_window_stats(engine: pl.DataFrame, window_s: int) -> pl.DataFrame:
     land in the window of the later sample. ``engine`` should include each instance's last
     sample before the first window (the caller trims nothing: windows are what it asks for).
     """
-    by = [c.HOST_NAME, c.INSTANCE_ID]
     # Time order within each instance is all the counters need: a sort on the one integer
     # column (stable, so repeated timestamps keep their order) instead of on two strings.
-    eng = engine.sort(c.TS_NS, maintain_order=True).with_columns(
+    eng = engine.sort(c.TS_NS, maintain_order=True)
+    eng, by = _instance_key(eng)
+    eng = eng.with_columns(
         window_start(pl.col(c.TS_NS), window_s).alias(c.WINDOW_START_NS),
         counter_increase(pl.col(c.PREFIX_CACHE_HITS_TOTAL), by).alias("__hits"),
         counter_increase(pl.col(c.PREFIX_CACHE_QUERIES_TOTAL), by).alias("__queries"),
@@ -82,6 +98,7 @@ def engine_window_stats(engine: pl.DataFrame, window_s: int) -> pl.DataFrame:
         pl.col(c.PREEMPTIONS_TOTAL).is_not_null().any().alias("__has_preempt"),
         pl.col("__preempt").sum().alias(c.PREEMPTIONS),
     ]
+    eng = eng.drop(_INSTANCE_KEY, strict=False)
     per_host = eng.group_by(c.WINDOW_START_NS, c.HOST_NAME, c.MODEL).agg(aggs)
     fleet = eng.group_by(c.WINDOW_START_NS, c.MODEL).agg(aggs).with_columns(
         pl.lit(FLEET_WIDE).alias(c.HOST_NAME))
