@@ -20,6 +20,7 @@ from fleetlens.analytics.baselines import (
     to_baselines_table,
 )
 from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.confirm import withhold_unsupported
 from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
 from fleetlens.analytics.peers import peer_metric, peer_series
@@ -167,5 +168,6 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
         incidents = split_by_cause(tables, incidents, anomalies, config, window_s)
     causes = (attribute_all(tables, incidents, config, window_s) if attribute
               else t.table(t.CAUSES).empty())
+    incidents, causes = withhold_unsupported(incidents, causes, config)
     return Analysis(window_s, banded, to_baselines_table(banded), anomalies, incidents,
                     causes)

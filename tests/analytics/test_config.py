@@ -34,6 +34,7 @@ ttft_p99_s = 0.3
     ("band_k = 0", "analytics.band_k"),
     ('detect_metrics = ["rps"]', "analytics.detect_metrics"),
     ("consecutive = 0", "analytics.consecutive"),
+    ("confirm_min_score = 2", "analytics.confirm_min_score"),
     ("windw_s = 5", "analytics.windw_s"),
 ])
 def test_bad_values_name_the_field(tmp_path: Path, text: str, field: str) -> None:
