@@ -36,26 +36,35 @@ def surge_crowds_a_full_cache(seed: int = 111) -> tuple[SynthData, FleetSpec]:
     return rewindow(data, spec), spec
 
 
+def _surge_trips_power_bits(seed: int, surge: float, on_hosts: pl.Expr, every: int,
+                            before: int, clock: float, slower: dict[str, float]
+                            ) -> tuple[SynthData, FleetSpec]:
+    """A surge (``surge``: magnitude) during which the GPUs of ``on_hosts`` trip the
+    power-cap bit in all samples but one in ``every`` (one in ``before`` outside it) at
+    ``clock`` x their SM clock, their requests' phases scaled by ``slower``."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, DURATION,
+                                    magnitude=surge)])
+    on = _during(data, spec, c.TS_NS) & on_hosts
+    sample = pl.col(c.TS_NS) // (10 * NS)  # the synthetic GPU samples are 10 s apart
+    tripped = pl.when(on).then(sample % every != 0).otherwise(sample % before == 0)
+    data.gpu_samples = data.gpu_samples.with_columns(
+        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * clock).otherwise(pl.col(c.SM_CLOCK_MHZ))
+        .alias(c.SM_CLOCK_MHZ),
+        pl.when(tripped).then(pl.col(c.CLOCKS_EVENT_REASONS) | POWER_CAP_BIT)
+        .otherwise(pl.col(c.CLOCKS_EVENT_REASONS)).alias(c.CLOCKS_EVENT_REASONS),
+    )
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS) & on_hosts,
+                           slower)
+    return rewindow(data, spec), spec
+
+
 def surge_trips_power_bits(seed: int = 121) -> tuple[SynthData, FleetSpec]:
     """Random fleet 12001 (L4s at a fixed 72 W limit): arrivals x1.5; every GPU, busier,
     trips the power-cap bit in two thirds of its samples instead of a fifth, and its clock
     dips 5%. Nothing capped the power: the limit is where it was, and 5% of clock cannot
     explain requests queueing for seconds."""
-    spec = FleetSpec(duration_s=3 * H, seed=seed)
-    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, DURATION,
-                                    magnitude=0.25)])
-    on = _during(data, spec, c.TS_NS)
-    sample = pl.col(c.TS_NS) // (10 * NS)  # the synthetic GPU samples are 10 s apart
-    tripped = pl.when(on).then(sample % 3 != 0).otherwise(sample % 5 == 0)
-    data.gpu_samples = data.gpu_samples.with_columns(
-        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * 0.95).otherwise(pl.col(c.SM_CLOCK_MHZ))
-        .alias(c.SM_CLOCK_MHZ),
-        pl.when(tripped).then(pl.col(c.CLOCKS_EVENT_REASONS) | POWER_CAP_BIT)
-        .otherwise(pl.col(c.CLOCKS_EVENT_REASONS)).alias(c.CLOCKS_EVENT_REASONS),
-    )
-    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 8.0})
-    return rewindow(data, spec), spec
-
+    return _surge_trips_power_bits(seed, 0.25, pl.lit(True), 3, 5, 0.95, {c.QUEUE_S: 8.0})
 
 
 def surge_caps_the_clock(seed: int = 151) -> tuple[SynthData, FleetSpec]:
@@ -63,22 +72,8 @@ def surge_caps_the_clock(seed: int = 151) -> tuple[SynthData, FleetSpec]:
     the service; on its busiest host every GPU trips the power-cap bit in seven samples of
     eight instead of one in three and loses 13% of its clock, and requests queue for
     seconds. A real throttle, but the demand's doing: the limit did not move."""
-    spec = FleetSpec(duration_s=3 * H, seed=seed)
-    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, DURATION,
-                                    magnitude=0.4)])
-    busiest = pl.col(c.HOST_NAME) == "h01"
-    on = _during(data, spec, c.TS_NS) & busiest
-    sample = pl.col(c.TS_NS) // (10 * NS)  # the synthetic GPU samples are 10 s apart
-    tripped = pl.when(on).then(sample % 8 != 0).otherwise(sample % 3 == 0)
-    data.gpu_samples = data.gpu_samples.with_columns(
-        pl.when(on).then(pl.col(c.SM_CLOCK_MHZ) * 0.87).otherwise(pl.col(c.SM_CLOCK_MHZ))
-        .alias(c.SM_CLOCK_MHZ),
-        pl.when(tripped).then(pl.col(c.CLOCKS_EVENT_REASONS) | POWER_CAP_BIT)
-        .otherwise(pl.col(c.CLOCKS_EVENT_REASONS)).alias(c.CLOCKS_EVENT_REASONS),
-    )
-    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS) & busiest,
-                           {c.QUEUE_S: 8.0, c.DECODE_S: 1.15})
-    return rewindow(data, spec), spec
+    return _surge_trips_power_bits(seed, 0.4, pl.col(c.HOST_NAME) == "h01", 8, 3, 0.87,
+                                   {c.QUEUE_S: 8.0, c.DECODE_S: 1.15})
 
 
 def _stall_signature_everywhere(load: Injected, stall: float, seed: int
