@@ -190,8 +190,12 @@ class Pipeline:
         # again in this run.
         back = -(-self.cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
         until = max(hour + 2 * HOUR_NS + back, self._handed_until)
+        # The next hour reads back to its energy extent's start minus `back`, and that start
+        # can itself lie up to `back` before the hour (a request arrived then, still running):
+        # two lookbacks. Keeping only one made every hour read the partition two hours back
+        # from its file again (about 4% of a run's CPU on the bench day).
         keep = {partition_file(self.dd, t.REQUESTS, h)
-                for h in range(hour + HOUR_NS - back, until, HOUR_NS)}
+                for h in range(hour + HOUR_NS - 2 * back, until, HOUR_NS)}
         self._requests_read = {k: v for k, v in self._requests_read.items() if k[0] in keep}
         self._publish_phase2(hour, out, summary)
 

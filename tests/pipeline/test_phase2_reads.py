@@ -15,6 +15,7 @@ from fleetlens.pipeline import partitions
 from fleetlens.pipeline import runner as runner_module
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import Pipeline
+from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir
 from tests.pipeline.fleet import make_fleet, write_batches
@@ -79,3 +80,24 @@ def test_an_incremental_run_reads_the_clean_hours_once(
     incremental = {p: p.read_bytes() for p in sorted(derived.rglob("*.parquet"))}
     job.run_once(full=True)
     assert {p: p.read_bytes() for p in sorted(derived.rglob("*.parquet"))} == incremental
+
+
+def test_requests_running_into_the_hour_read_no_partition_two_hours_back(
+        tmp_path: Path, traced: tuple[Counter[str], Counter[str]]) -> None:
+    """An hour whose active requests include one that arrived in the hour before starts its
+    energy extent there, and looks back one more hour from that start: the partition two
+    hours back must still be the handed-over frame (it was read from its file again)."""
+    reads, published = traced
+    dd = DataDir(tmp_path / "data")
+    # four hours of requests (from 50 min into the first), about 7 a second
+    write_batches(dd, make_fleet(seconds=3 * 3600, rps=3.5, sample_hz=0.5))
+    job = Pipeline(dd, PipelineConfig())
+    job.run_once(full=True)
+    assert len(published) == 4, sorted(published)
+    requests = pl.read_parquet(sorted(published))
+    hour_ns = 3600 * 10**9
+    crossing = requests.filter(
+        (pl.col(c.END_NS) // hour_ns) > (pl.col(c.ARRIVAL_NS) // hour_ns)).select(
+        (pl.col(c.END_NS) // hour_ns).unique())
+    assert crossing.height >= 2  # requests run into at least two of the later hours
+    assert not reads, (sorted(published), sorted(reads.items()))
