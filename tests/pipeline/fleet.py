@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import tables as t
@@ -103,3 +104,16 @@ def write_batches(dd: DataDir, fleet: Fleet, which: range | None = None) -> None
         write_raw(dd, t.SPANS, spans_frame(fleet.span_batches[i]), writer=f"w{i}", seq=i)
         write_raw(dd, t.METRIC_POINTS, points_frame(fleet.point_batches[i]), writer=f"w{i}",
                   seq=i)
+
+
+def full_run_files(root: Path, fleet: Fleet) -> dict[str, bytes]:
+    """Publish ``fleet`` in a data dir at ``root``, run the pipeline once in full and
+    return its derived files' bytes by relative path (to compare two runs byte for byte)."""
+    from fleetlens.pipeline.config import PipelineConfig
+    from fleetlens.pipeline.runner import Pipeline
+
+    dd = DataDir(root)
+    write_batches(dd, fleet)
+    Pipeline(dd, PipelineConfig()).run_once(full=True)
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted((root / "derived").rglob("*.parquet"))}

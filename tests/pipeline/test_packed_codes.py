@@ -14,11 +14,8 @@ from fleetlens.pipeline import attrs
 from fleetlens.pipeline import energy as en
 from fleetlens.pipeline import windows as win
 from fleetlens.pipeline.attrs import code, packed_codes
-from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.schema import columns as c
-from fleetlens.pipeline.storage import DataDir
-from tests.pipeline.fleet import make_fleet, write_batches
+from tests.pipeline.fleet import full_run_files, make_fleet
 
 NS = 1_000_000_000
 T = 1_790_000_000 * NS
@@ -87,10 +84,6 @@ def test_engine_window_stats_equal_the_string_keys(monkeypatch: pytest.MonkeyPat
     assert packed.height > 100
 
 
-def _derived(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes()
-            for p in sorted((root / "derived").rglob("*.parquet"))}
-
 
 def test_packed_and_string_keys_publish_the_same_files(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,9 +100,6 @@ def test_packed_and_string_keys_publish_the_same_files(tmp_path: Path,
         fake = spy if packing else (lambda *_args: None)
         monkeypatch.setattr(en, "packed_codes", fake)
         monkeypatch.setattr(win, "packed_codes", fake)
-        dd = DataDir(tmp_path / name)
-        write_batches(dd, fleet)
-        Pipeline(dd, PipelineConfig()).run_once(full=True)
-        runs[name] = _derived(tmp_path / name)
+        runs[name] = full_run_files(tmp_path / name, fleet)
     assert used and all(used)  # the packed keys were used
     assert runs["packed"] and runs["packed"] == runs["strings"]

@@ -9,11 +9,8 @@ from pathlib import Path
 import polars as pl
 
 from fleetlens.pipeline import energy as en
-from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.slotkeys import GID, GK, SLOT, gpu_slot_key
-from fleetlens.pipeline.storage import DataDir
-from tests.pipeline.fleet import make_fleet, write_batches
+from tests.pipeline.fleet import full_run_files, make_fleet
 
 NS = 1_000_000_000
 SLOT_NS = 10 * NS
@@ -38,10 +35,6 @@ def test_numbers_too_large_to_pack_take_the_two_column_keys() -> None:
     assert gpu_slot_key(SLOT_NS, pl.DataFrame({GID: [-1], SLOT: [T]})) is None
 
 
-def _derived(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes()
-            for p in sorted((root / "derived").rglob("*.parquet"))}
-
 
 def test_packed_and_two_column_keys_publish_the_same_files(tmp_path: Path, monkeypatch) -> None:
     fleet = make_fleet(seconds=2400, rps=1.0, hosts=3)
@@ -55,9 +48,6 @@ def test_packed_and_two_column_keys_publish_the_same_files(tmp_path: Path, monke
 
     for name, packing in (("packed", True), ("columns", False)):
         monkeypatch.setattr(en, "gpu_slot_key", spy if packing else lambda *_args: None)
-        dd = DataDir(tmp_path / name)
-        write_batches(dd, fleet)
-        Pipeline(dd, PipelineConfig()).run_once(full=True)
-        runs[name] = _derived(tmp_path / name)
+        runs[name] = full_run_files(tmp_path / name, fleet)
     assert packed and all(packed)  # the packed keys were used
     assert runs["packed"] and runs["packed"] == runs["columns"]
