@@ -119,11 +119,15 @@ class AnalyticsConfig:
     #: Peak/expected ratios for severity "major" and "critical" (below: "minor").
     severity_major: float = 1.8
     severity_critical: float = 3.0
-    #: Decode-side metrics, felt by users through their end-to-end time: an incident on one
+    #: Decode-side and tail metrics, felt by users through their end-to-end time (a p99 is
+    #: the few slowest requests of a window): an incident on one
     #: of them is reported only if its top cause scores at least ``confirm_min_score`` or
-    #: its mean end-to-end latency rose (``analytics.confirm``; None: report every breach).
-    confirm_metrics: tuple[str, ...] = ("tpot_p99_s", "tpot_p50_s")
+    #: its mean end-to-end latency rose by more than ``confirm_min_e2e_rise`` (a share:
+    #: 0.05 is 5%, about the sampling noise of a mean over a few hundred requests)
+    #: (``analytics.confirm``; None: report every breach).
+    confirm_metrics: tuple[str, ...] = ("tpot_p99_s", "tpot_p50_s", "ttft_p99_s", "e2e_p99_s")
     confirm_min_score: float | None = 0.2
+    confirm_min_e2e_rise: float = 0.05
     #: Baseline period before an incident used by attribution, in seconds.
     attribution_lookback_s: int = 1800
     #: Dimensions compared BubbleUp-style when present as `requests` columns.
@@ -179,6 +183,7 @@ class AnalyticsConfig:
                 "must be in (0, 1], or unset")
         require(self.confirm_min_score is None or 0 <= self.confirm_min_score <= 1,
                 "confirm_min_score", "must be in [0, 1], or unset")
+        require(self.confirm_min_e2e_rise >= 0, "confirm_min_e2e_rise", "must not be negative")
         require(self.consecutive >= 1, "consecutive", "must be at least 1")
         require(self.min_requests >= 0, "min_requests", "must not be negative")
         require(self.min_requests_median >= 0, "min_requests_median", "must not be negative")

@@ -35,6 +35,7 @@ ttft_p99_s = 0.3
     ('detect_metrics = ["rps"]', "analytics.detect_metrics"),
     ("consecutive = 0", "analytics.consecutive"),
     ("confirm_min_score = 2", "analytics.confirm_min_score"),
+    ("confirm_min_e2e_rise = -0.1", "analytics.confirm_min_e2e_rise"),
     ("windw_s = 5", "analytics.windw_s"),
 ])
 def test_bad_values_name_the_field(tmp_path: Path, text: str, field: str) -> None:
