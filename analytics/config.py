@@ -82,6 +82,17 @@ class AnalyticsConfig:
     #: Per-instance latencies detected against the instance's peers (same service and model,
     #: same window; analytics/peers.py): what a straggler GPU moves whatever the traffic does.
     peer_metrics: tuple[str, ...] = ("tpot_p50_s", "prefill_per_token_p50_s")
+    #: "LATENCY:SIGNAL" pairs: the latency is judged against a lower bar where the signal
+    #: of the same scope fell at the same time (analytics.detect.corroborated_breaches): a
+    #: host whose prefix cache was emptied serves TTFT p50 x1.2-1.5, under its band.
+    corroborated_metrics: tuple[str, ...] = ("ttft_p50_s:prefix_hit_rate",)
+    #: ... the lower bar: the latency at least this multiple of its expected value,
+    corroborated_min_ratio: float = 1.2
+    #: ... while the signal is at most this share of its expected value,
+    corroborated_signal_drop: float = 0.1
+    #: ... and at least this much under it (in the signal's unit: a rate of 0.02 that
+    #: falls to 0 is no cache emptied).
+    corroborated_min_drop: float = 0.1
     #: More `windows` columns that get baselines (signals shown beside incidents).
     signal_metrics: tuple[str, ...] = (
         "rps", "queue_p99_s", "kv_cache_usage_max", "prefix_hit_rate", "j_per_token",
@@ -215,6 +226,16 @@ class AnalyticsConfig:
             base = name.split("_")[0]
             require(base in _WINDOW_METRICS and name.endswith("_s"), "detect_metrics",
                     f"{name!r} is not a latency percentile column such as e2e_p99_s")
+        for pair in self.corroborated_metrics:
+            latency, _, signal = pair.partition(":")
+            require(latency in self.detect_metrics and signal in self.signal_metrics,
+                    "corroborated_metrics", f"{pair!r} is not 'LATENCY:SIGNAL' with LATENCY "
+                    "one of detect_metrics and SIGNAL one of signal_metrics")
+        require(self.corroborated_min_ratio > 1, "corroborated_min_ratio", "must be above 1")
+        require(0 < self.corroborated_signal_drop < 1, "corroborated_signal_drop",
+                "must be in (0, 1)")
+        require(self.corroborated_min_drop >= 0, "corroborated_min_drop",
+                "must not be negative")
         from fleetlens.analytics.slo import parse_rule
 
         for rule in self.slo_rules:
