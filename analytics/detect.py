@@ -164,6 +164,27 @@ def detect(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
     return out.with_columns(pl.col(c.REQUESTS).cast(pl.Int64)).sort(c.START_NS, c.SERIES)
 
 
+def explain_detector(detector: str, config: AnalyticsConfig) -> str:
+    """How an incident whose ``detector`` column reads ``detector`` (comma-joined names)
+    was found, in one sentence per detector: what the dashboard shows under its chart."""
+    said = []
+    for name in filter(None, (detector or "").split(",")):
+        if name == DETECTOR_BAND:
+            said.append(f"Above the upper band for {config.consecutive} windows in a row.")
+        elif name.startswith(f"{DETECTOR_CORROBORATED}:"):
+            said.append(
+                f"At least {config.corroborated_min_ratio:g}x its expected value for "
+                f"{config.consecutive} windows in a row while {name.split(':', 1)[1]} of "
+                f"the same scope fell to {config.corroborated_signal_drop:.0%} of its "
+                "expected value or less: found under the band, by the mechanism and its "
+                "effect together.")
+        elif name.startswith("slo:"):
+            said.append(f"SLO rule broken: {name.removeprefix('slo:')}.")
+        else:
+            said.append(f"Detector {name}.")
+    return " ".join(said)
+
+
 def incident_windows(anomalies: pl.DataFrame, banded: pl.DataFrame, config: AnalyticsConfig,
                      window_s: int) -> pl.DataFrame:
     """Windows that must not feed the baselines: those inside detected incidents.

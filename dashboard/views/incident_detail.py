@@ -6,8 +6,10 @@ import json
 import polars as pl
 import streamlit as st
 
+from fleetlens.analytics.detect import explain_detector
 from fleetlens.dashboard import charts, data, ui
 from fleetlens.dashboard.incident import periods, report_markdown
+from fleetlens.dashboard.ranking import analytics_config
 from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
@@ -47,6 +49,7 @@ context = ui.with_time(data.load("metric_context", inc), c.TS_NS)
 band = context.select(c.TS_NS, c.EXPECTED, c.LOWER, c.UPPER).drop_nulls(c.EXPECTED)
 st.plotly_chart(ui.band_chart(context.drop_nulls("value"), "value", inc[c.METRIC], band=band,
                               shade=(p["start"], p["end"]), height=320), key="detail_metric")
+st.caption(explain_detector(inc[c.DETECTOR], analytics_config()))
 
 left, right = st.columns(2)
 left.subheader("Ranked causes")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.detect import explain_detector
 from fleetlens.pipeline.schema import columns as c
 
 from . import issue15_cases as cases
@@ -74,3 +75,12 @@ def test_a_hit_rate_that_only_halved_does_not_lower_the_bar() -> None:
     # ... and the same data with the cache emptied is found (the case can fail).
     emptied, _ = _bursty_host_loses_its_prefix_cache(0.0)
     assert not _h01_incidents(emptied, spec, AnalyticsConfig()).is_empty()
+
+
+def test_the_detector_is_explained_in_words() -> None:
+    config = AnalyticsConfig()
+    both = explain_detector("band,corroborated:prefix_hit_rate", config)
+    assert both.startswith("Above the upper band for 3 windows in a row. At least 1.2x")
+    assert "prefix_hit_rate of the same scope fell to 10% of its expected value" in both
+    assert explain_detector("slo:p99(e2e) > 850 ms", config) == (
+        "SLO rule broken: p99(e2e) > 850 ms.")

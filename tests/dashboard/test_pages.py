@@ -92,6 +92,8 @@ def test_incident_detail_renders_every_section(app) -> None:
     assert app.selectbox(key="detail_pick").value == INCIDENT
     assert "KV cache" in app.subheader[0].value
     assert len(app.get("plotly_chart")) >= 6  # metric, phases, signals
+    # How it was found, under the metric's chart (the synthetic incident is a band breach).
+    assert any("Above the upper band for 3 windows" in cap.value for cap in app.caption)
     causes, phases, dims, slowest = frames(app)
     assert causes[c.CAUSE][0] == Cause.KV_CACHE_PRESSURE.value
     assert dims.height > 0 and slowest.height > 0
