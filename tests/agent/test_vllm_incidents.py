@@ -92,6 +92,13 @@ def _engine(data: DataDir, name: str, lo: int, hi: int) -> pl.Series:
     return points[c.VALUE]
 
 
+def _arrivals_per_s(data: DataDir, lo: int, hi: int) -> float:
+    """Requests the server received per second in [lo, hi] (its spans' start times)."""
+    spans = scan(data, t.SPANS).filter(
+        (pl.col(c.NAME) == a.VLLM_REQUEST_SPAN) & pl.col(c.START_NS).is_between(lo, hi))
+    return spans.select(pl.len()).collect().item() / ((hi - lo) / NS)
+
+
 def _queue_s(data: DataDir, lo: int, hi: int) -> float:
     spans = scan(data, t.SPANS).filter(
         (pl.col(c.NAME) == a.VLLM_REQUEST_SPAN) & pl.col(c.START_NS).is_between(lo, hi))
@@ -153,6 +160,10 @@ def check_conditions(data: DataDir, first: Timeline, second: Timeline, report: d
     small = second.spans["small_kv"]
     report["queue_mean_s"] = {name: round(_queue_s(data, *span), 3) for name, span in
                               (("steady", steady), ("surge", surge), ("small_kv", small))}
+    # What the server received, not what was sent: a starved machine delays the sender
+    # and vLLM's API server alike (one run here at load 13-14 turned x5.3 sent into x1.3).
+    report["arrivals_ratio"] = round(_arrivals_per_s(data, *surge)
+                                     / max(_arrivals_per_s(data, *steady), 1e-9), 2)
     report["waiting_max"] = {
         name: _engine(data, a.ENGINE_NUM_WAITING, *span).max() for name, span in
         (("steady", steady), ("surge", surge), ("small_kv", small))}
@@ -181,7 +192,16 @@ def _check(run: Run, span: tuple[int, int], cause: str) -> None:
     assert first[c.CAUSE] == cause, f"ranked {ranking}"
 
 
+#: The surge is a surge when the server received at least this multiple of the steady
+#: arrivals (x5.3 is sent); below it the machine could not deliver the case.
+MIN_ARRIVALS_RATIO = 2.0
+
+
 def test_a_surge_above_capacity_is_found_and_ranked_traffic_surge(run: Run) -> None:
+    if run.report["arrivals_ratio"] < MIN_ARRIVALS_RATIO:
+        pytest.skip(f"the surge reached the server as x{run.report['arrivals_ratio']} the "
+                    f"steady arrivals (x{SURGE / STEADY:.1f} sent, send lag up to "
+                    f"{run.report['max_send_lag_s']} s): this machine could not deliver it")
     _check(run, run.surge, "traffic_surge")
 
 
