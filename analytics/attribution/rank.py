@@ -35,6 +35,10 @@ _PHASE_FALLBACK = {
 }
 
 
+#: Dimensions that describe requests rather than a place in the fleet.
+_REQUEST_SHAPE = frozenset({c.PROMPT_BUCKET, c.OUTPUT_BUCKET, c.CACHED_RATIO_BUCKET})
+
+
 def _facts(ctx: IncidentContext, config: AnalyticsConfig) -> Facts:
     scoped_inc, scoped_base = ctx.requests_inc, ctx.requests_base
     if ctx.host:
@@ -85,10 +89,16 @@ def rank_candidates(facts: Facts, found: list[Candidate] | None = None) -> list[
     if kept:
         return kept
     phase = facts.phases.dominant()
-    subject = fmt_subject("phase", phase)
-    if facts.findings and facts.findings[0].score > 0:
-        top = facts.findings[0]
+    # Where the excess concentrates, when the top finding names a place; a prompt or
+    # output bucket says which requests, not where (random seed 19: three slow GPUs "on
+    # prompt_bucket=2048-8192"), so then the incident's own scope.
+    top = facts.findings[0] if facts.findings and facts.findings[0].score > 0 else None
+    if top is not None and top.dimension not in _REQUEST_SHAPE:
         subject = fmt_subject(top.dimension, top.value)
+    elif facts.ctx.host:
+        subject = fmt_subject(c.HOST_NAME, facts.ctx.host)
+    else:
+        subject = facts.service_subject()
     cause = _PHASE_FALLBACK[phase]
     parts = facts.phases.parts
     if phase == "prefill" and parts.get("prefill_rate", 0.0) > parts.get("prefill_volume", 0.0):

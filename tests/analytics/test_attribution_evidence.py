@@ -147,3 +147,23 @@ def test_a_hit_rate_halved_by_longer_prompts_is_the_prompts_doing() -> None:
     _, causes = _ranked(cases.longer_prompts_halve_the_hit_rate)
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SUBJECT]) == ("long_prompts", "service_name=chat"), causes
+
+
+def _long_prompts_decode_slower(seed: int = 191):  # noqa: ANN202
+    """Service-wide, requests with the longest prompts decode 3x slower per token; no engine
+    or GPU signal moves, so the dominant-phase fallback names the cause."""
+    spec = cases.FleetSpec(duration_s=3 * 3600, seed=seed)
+    data = cases.generate(spec)
+    long = pl.col(c.INPUT_TOKENS) >= data.requests[c.INPUT_TOKENS].quantile(0.6)
+    on = cases._during(data, spec, c.ARRIVAL_NS) & long
+    data.requests = cases._scale(data.requests, on, {c.DECODE_S: 3.0, c.TPOT_S: 3.0})
+    return cases.rewindow(data, spec), spec
+
+
+def test_the_fallback_names_a_place_not_a_prompt_bucket() -> None:
+    # Before: "slow_gpu on prompt_bucket=..." (random seed 19, three times): the fallback
+    # took the top dimension finding, and a prompt bucket says which requests, not where.
+    _, causes = _ranked(_long_prompts_decode_slower)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SCORE]) == ("slow_gpu", 0.01), causes
+    assert top[c.SUBJECT] == "service_name=chat", causes
