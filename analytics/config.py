@@ -139,6 +139,14 @@ class AnalyticsConfig:
     confirm_metrics: tuple[str, ...] = ("tpot_p99_s", "tpot_p50_s", "ttft_p99_s", "e2e_p99_s")
     confirm_min_score: float | None = 0.2
     confirm_min_e2e_rise: float = 0.05
+    #: ... or an instance of its scope breached against its peers at the same time (a
+    #: straggler; False: peers do not count).
+    confirm_by_peers: bool = True
+    #: Detection passes at most: each leaves the windows of every incident found so far out
+    #: of the baselines; passes after the second re-judge the peer-ratio series only
+    #: (analytics.analyse.detect_unpoisoned; 1: no incident left out, 2: before issue 15's
+    #: chains).
+    unpoison_passes: int = 4
     #: Baseline period before an incident used by attribution, in seconds.
     attribution_lookback_s: int = 1800
     #: Dimensions compared BubbleUp-style when present as `requests` columns.
@@ -195,6 +203,7 @@ class AnalyticsConfig:
         require(self.confirm_min_score is None or 0 <= self.confirm_min_score <= 1,
                 "confirm_min_score", "must be in [0, 1], or unset")
         require(self.confirm_min_e2e_rise >= 0, "confirm_min_e2e_rise", "must not be negative")
+        require(self.unpoison_passes >= 1, "unpoison_passes", "must be at least 1")
         require(self.consecutive >= 1, "consecutive", "must be at least 1")
         require(self.min_requests >= 0, "min_requests", "must not be negative")
         require(self.min_requests_median >= 0, "min_requests_median", "must not be negative")

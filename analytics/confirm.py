@@ -18,7 +18,12 @@ incident on one of ``confirm_metrics`` is reported when at least one of two hold
 * its top cause scored at least ``confirm_min_score`` (its own mechanism signal moved), or
 * its requests' mean end-to-end latency rose by more than ``confirm_min_e2e_rise`` over the
   attribution baseline (5%: the mean of a few hundred requests of a replayed trace moves a
-  few percent by chance; seed 16's withheld blips rose 2.6-3.5%).
+  few percent by chance; seed 16's withheld blips rose 2.6-3.5%), or
+* an instance of its scope breached against its peers at the same time (a peer-ratio
+  anomaly, :mod:`analytics.peers`): a straggler is slower than its siblings serving the
+  same model *now*, which no traffic mix does. One slow GPU of four on a host lifts the
+  host's TPOT p99 while its mean barely moves, and the rank's slow-GPU score is small
+  (its share of the host's excess); withholding that was a miss (random seed 17).
 
 Incidents meeting neither are withheld with their causes; the log says how many.
 """
@@ -31,6 +36,7 @@ import logging
 import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.peers import PEER_SUFFIX
 from fleetlens.pipeline.schema import columns as c
 
 log = logging.getLogger(__name__)
@@ -47,30 +53,55 @@ def _e2e_rose(evidence: str | None, min_rise: float) -> bool:
     return base <= 0 or inc > base * (1 + min_rise)
 
 
-def unsupported(incidents: pl.DataFrame, causes: pl.DataFrame,
-                config: AnalyticsConfig) -> set[str]:
+def peer_supported(incidents: pl.DataFrame, anomalies: pl.DataFrame | None) -> set[str]:
+    """Ids of incidents during which a peer-ratio series of their scope breached (same
+    service and model; the same host, or any host for a service-level incident)."""
+    if anomalies is None or anomalies.is_empty() or incidents.is_empty():
+        return set()
+    peers = anomalies.filter(pl.col(c.METRIC).str.ends_with(PEER_SUFFIX)).select(
+        c.SERVICE_NAME, c.MODEL, pl.col(c.HOST_NAME).alias("_host"),
+        pl.col(c.START_NS).alias("_start"), pl.col(c.END_NS).alias("_end"))
+    if peers.is_empty():
+        return set()
+    overlapping = incidents.select(c.INCIDENT_ID, c.SERVICE_NAME, c.MODEL, c.HOST_NAME,
+                                   c.START_NS, c.END_NS).join(
+        peers, on=[c.SERVICE_NAME, c.MODEL]).filter(
+        ((pl.col(c.HOST_NAME) == pl.col("_host")) | (pl.col(c.HOST_NAME) == "*"))
+        & (pl.col("_start") < pl.col(c.END_NS)) & (pl.col("_end") > pl.col(c.START_NS)))
+    return set(overlapping[c.INCIDENT_ID].to_list())
+
+
+def unsupported(incidents: pl.DataFrame, causes: pl.DataFrame, config: AnalyticsConfig,
+                anomalies: pl.DataFrame | None = None) -> set[str]:
     """Ids of incidents on a ``confirm_metrics`` metric whose top cause scored under
-    ``confirm_min_score`` while their mean end-to-end latency did not rise (an incident
-    without causes is kept)."""
+    ``confirm_min_score`` while their mean end-to-end latency did not rise and no peer
+    series of their scope breached with them (``anomalies``: those of
+    :func:`analytics.detect.detect`); an incident without causes is kept."""
     if config.confirm_min_score is None or causes.is_empty() or incidents.is_empty():
         return set()
     decode_side = incidents.filter(pl.col(c.METRIC).is_in(list(config.confirm_metrics)))
     top = causes.filter(
         (pl.col(c.RANK) == 1) & (pl.col(c.SCORE) < config.confirm_min_score)
         & pl.col(c.INCIDENT_ID).is_in(decode_side[c.INCIDENT_ID].implode()))
-    return {row[c.INCIDENT_ID] for row in top.iter_rows(named=True)
+    weak = {row[c.INCIDENT_ID] for row in top.iter_rows(named=True)
             if not _e2e_rose(row[c.EVIDENCE], config.confirm_min_e2e_rise)}
+    if not weak or not config.confirm_by_peers:
+        return weak
+    return weak - peer_supported(decode_side.filter(pl.col(c.INCIDENT_ID).is_in(sorted(weak))),
+                                 anomalies)
 
 
 def withhold_unsupported(incidents: pl.DataFrame, causes: pl.DataFrame,
-                         config: AnalyticsConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+                         config: AnalyticsConfig, anomalies: pl.DataFrame | None = None,
+                         ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Stage: (`incidents`, `causes`) -> the same tables without unsupported incidents
-    (:func:`unsupported`). The rows kept are unchanged."""
-    withheld = unsupported(incidents, causes, config)
+    (:func:`unsupported`; ``anomalies`` as there). The rows kept are unchanged."""
+    withheld = unsupported(incidents, causes, config, anomalies)
     if not withheld:
         return incidents, causes
-    log.info("withheld %d decode-side incident(s): no cause scored %.2f and the mean "
-             "end-to-end latency did not rise", len(withheld), config.confirm_min_score)
+    log.info("withheld %d decode-side incident(s): no cause scored %.2f, the mean "
+             "end-to-end latency did not rise and no instance breached against its peers",
+             len(withheld), config.confirm_min_score)
     ids = pl.Series(sorted(withheld), dtype=pl.String).implode()
     return (incidents.filter(~pl.col(c.INCIDENT_ID).is_in(ids)),
             causes.filter(~pl.col(c.INCIDENT_ID).is_in(ids)))
