@@ -36,6 +36,7 @@ ttft_p99_s = 0.3
     ("consecutive = 0", "analytics.consecutive"),
     ("confirm_min_score = 2", "analytics.confirm_min_score"),
     ("confirm_min_e2e_rise = -0.1", "analytics.confirm_min_e2e_rise"),
+    ("unpoison_passes = 0", "analytics.unpoison_passes"),
     ('corroborated_metrics = ["ttft_p50_s:hit_rate"]', "analytics.corroborated_metrics"),
     ("corroborated_signal_drop = 1.5", "analytics.corroborated_signal_drop"),
     ("windw_s = 5", "analytics.windw_s"),
