@@ -142,6 +142,9 @@ class AnalyticsConfig:
     #: ... or an instance of its scope breached against its peers at the same time (a
     #: straggler; False: peers do not count).
     confirm_by_peers: bool = True
+    #: Causes whose mechanism is more prefill work per request: their score does not
+    #: confirm an incident on TPOT (decode time per output token; analytics.confirm).
+    confirm_not_tpot_by: tuple[str, ...] = ("prefix_cache_drop",)
     #: Detection passes at most: each leaves the windows of every incident found so far out
     #: of the baselines; passes after the second re-judge the peer-ratio series only
     #: (analytics.analyse.detect_unpoisoned; 1: no incident left out, 2: before issue 15's
