@@ -22,6 +22,7 @@ from fleetlens.analytics.baselines import (
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.confirm import withhold_unsupported
 from fleetlens.analytics.detect import detect, incident_windows
+from fleetlens.analytics.gpu_signals import GPU_CLOCK_MIN, gpu_clock_series
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
 from fleetlens.analytics.peers import PEER_SUFFIX, peer_metric, peer_series
 from fleetlens.analytics.series import (
@@ -86,6 +87,10 @@ def all_series(tables: Tables, config: AnalyticsConfig, window_s: int) -> pl.Dat
                         config.min_requests)
     if peers is not None:
         parts.append(peers)
+    clocks = (gpu_clock_series(tables.gpu_samples, tables.windows, window_s)
+              if config.clock_corroborated_metrics else None)
+    if clocks is not None:
+        parts.append(clocks)
     if config.group_by:
         parts.append(request_series(tables.requests, list(config.group_by), window_s,
                                     [m for m in config.detect_metrics
@@ -134,11 +139,14 @@ def _unpoison_peers(series: pl.DataFrame, banded: pl.DataFrame, anomalies: pl.Da
     (banded, anomalies, excluded)."""
     peer = pl.col(c.METRIC).str.ends_with(PEER_SUFFIX)
     peers = series.filter(peer)
+    # the GPU clock stays as banded: peer ratios are also judged against it
+    clocks = banded.filter(pl.col(c.METRIC) == GPU_CLOCK_MIN)
     for _ in range(config.unpoison_passes - 2):
         if peers.is_empty():
             break
         rebanded = rolling_baseline(peers, config, exclude=excluded).collect()
-        found = _detect(rebanded, config, window_s)
+        found = _detect(pl.concat([rebanded, clocks], how="vertical_relaxed"), config,
+                        window_s).filter(peer)
         banded = pl.concat([banded.filter(~peer), rebanded], how="vertical_relaxed")
         anomalies = pl.concat([anomalies.filter(~peer), found], how="vertical_relaxed")
         more = _union(excluded, incident_windows(found, rebanded, config, window_s))

@@ -93,6 +93,16 @@ class AnalyticsConfig:
     #: ... and at least this much under it (in the signal's unit: a rate of 0.02 that
     #: falls to 0 is no cache emptied).
     corroborated_min_drop: float = 0.1
+    #: Latencies judged against a lower bar where a GPU of the same host slowed its clock
+    #: at the same time (analytics.detect.clock_corroborated_breaches; the host's slowest
+    #: busy GPU clock, analytics.gpu_signals): a throttle on one GPU of eight moves its
+    #: instance x1.15-1.3 against its peers, under the band.
+    clock_corroborated_metrics: tuple[str, ...] = ("tpot_p50_s", "tpot_p50_vs_peers")
+    #: ... the lower bar: the latency at least this multiple of its expected value,
+    clock_corroborated_min_ratio: float = 1.15
+    #: ... while the host's slowest busy GPU clock is at most this share of its expected
+    #: value (a throttle takes 15-60% off; a busy GPU's clock otherwise moves a few %).
+    clock_corroborated_drop: float = 0.9
     #: More `windows` columns that get baselines (signals shown beside incidents).
     signal_metrics: tuple[str, ...] = (
         "rps", "queue_p99_s", "kv_cache_usage_max", "prefix_hit_rate", "j_per_token",
@@ -243,6 +253,14 @@ class AnalyticsConfig:
             require(latency in self.detect_metrics and signal in self.signal_metrics,
                     "corroborated_metrics", f"{pair!r} is not 'LATENCY:SIGNAL' with LATENCY "
                     "one of detect_metrics and SIGNAL one of signal_metrics")
+        for name in self.clock_corroborated_metrics:
+            base = name.split("_")[0]
+            require(base in _WINDOW_METRICS, "clock_corroborated_metrics",
+                    f"{name!r} is not a latency column or peer ratio such as tpot_p50_s")
+        require(self.clock_corroborated_min_ratio > 1, "clock_corroborated_min_ratio",
+                "must be above 1")
+        require(0 < self.clock_corroborated_drop < 1, "clock_corroborated_drop",
+                "must be in (0, 1)")
         require(self.corroborated_min_ratio > 1, "corroborated_min_ratio", "must be above 1")
         require(0 < self.corroborated_signal_drop < 1, "corroborated_signal_drop",
                 "must be in (0, 1)")

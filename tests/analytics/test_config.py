@@ -39,6 +39,8 @@ ttft_p99_s = 0.3
     ("unpoison_passes = 0", "analytics.unpoison_passes"),
     ('corroborated_metrics = ["ttft_p50_s:hit_rate"]', "analytics.corroborated_metrics"),
     ("corroborated_signal_drop = 1.5", "analytics.corroborated_signal_drop"),
+    ("clock_corroborated_drop = 0", "analytics.clock_corroborated_drop"),
+    ('clock_corroborated_metrics = ["rps"]', "analytics.clock_corroborated_metrics"),
     ("windw_s = 5", "analytics.windw_s"),
 ])
 def test_bad_values_name_the_field(tmp_path: Path, text: str, field: str) -> None:
