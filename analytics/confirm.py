@@ -18,9 +18,9 @@ incident on one of ``confirm_metrics`` is reported when one of these holds:
 * its top cause scored at least ``confirm_min_score`` (its own mechanism signal moved) and
   that mechanism acts on the metric: a prefix-cache drop (``confirm_not_tpot_by``) adds
   prefill work, which is TTFT, so it does not confirm a TPOT incident (on seeds 7 and
-  11-20 every TPOT incident named ``prefix_cache_drop`` was a replayed burst of new
-  conversations with short answers, 3-5 minutes, mean end-to-end -31% to +3.5%; the
-  injected drops were found on TTFT), or
+  11-20 none of the 26 TPOT incidents named ``prefix_cache_drop`` was an injected drop:
+  25 were replayed bursts of new conversations with short answers, 3-5 minutes, mean
+  end-to-end -31% to +3.5%; the injected drops were found on TTFT), or
 * its requests' mean end-to-end latency rose by more than ``confirm_min_e2e_rise`` over the
   attribution baseline (5%: the mean of a few hundred requests of a replayed trace moves a
   few percent by chance; seed 16's withheld blips rose 2.6-3.5%), or
