@@ -270,16 +270,24 @@ def baseline_with_actual(
         return band
     first = band.row(0, named=True)
     metric = first[c.METRIC]
-    if metric not in table_columns(con, t.WINDOWS):
-        return band.with_columns(pl.lit(None, pl.Float64).alias("actual"),
-                                 pl.lit(False).alias("anomaly"))
     scope = {"s": first[c.SERVICE_NAME], "m": first[c.MODEL], "h": first[c.HOST_NAME],
              "fleet": t.FLEET_WIDE}
     # The newest window may still be filling: its value is left out (its dip is no anomaly).
-    actual = run(con, f"""SELECT {c.WINDOW_START_NS} AS {c.TS_NS}, avg("{metric}") AS actual
-        FROM {t.WINDOWS} WHERE {c.SERVICE_NAME} = $s AND {c.MODEL} = $m AND {c.HOST_NAME} = $h
-        AND {c.WINDOW_START_NS} < (SELECT max({c.WINDOW_START_NS}) FROM {t.WINDOWS})
-        GROUP BY 1""", {k: v for k, v in scope.items() if k != "fleet"})
+    newest = f"(SELECT max({c.WINDOW_START_NS}) FROM {t.WINDOWS})"
+    if metric in table_columns(con, t.WINDOWS):
+        actual = run(con, f"""SELECT {c.WINDOW_START_NS} AS {c.TS_NS}, avg("{metric}") AS actual
+            FROM {t.WINDOWS} WHERE {c.SERVICE_NAME} = $s AND {c.MODEL} = $m
+            AND {c.HOST_NAME} = $h AND {c.WINDOW_START_NS} < {newest}
+            GROUP BY 1""", {k: v for k, v in scope.items() if k != "fleet"})
+    elif c.VALUE in table_columns(con, t.BASELINES):
+        # Series analytics builds itself (an instance against its peers, a host's slowest
+        # GPU clock) are no `windows` column: their values are stored beside their bands.
+        actual = run(con, f"""SELECT {c.TS_NS}, avg({c.VALUE}) AS actual FROM {t.BASELINES}
+            WHERE {c.SERIES} = $series AND {c.METHOD} = $method AND {c.TS_NS} < {newest}
+            GROUP BY 1""", {"series": series, "method": method})
+    else:
+        return band.with_columns(pl.lit(None, pl.Float64).alias("actual"),
+                                 pl.lit(False).alias("anomaly"), pl.lit(False).alias("in_incident"))
     # Windows during an incident whose scope overlaps the series' (``*`` overlaps all).
     overlap = " AND ".join(f"({k} = ${p} OR {k} = $fleet OR ${p} = $fleet)" for k, p in
                            ((c.SERVICE_NAME, "s"), (c.MODEL, "m"), (c.HOST_NAME, "h")))

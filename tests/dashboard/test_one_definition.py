@@ -181,6 +181,32 @@ def test_baselines_leave_out_the_filling_window_and_count_incidents_apart(app, d
     assert during["anomaly"].any()  # the spike leaves the band inside the incident
 
 
+def test_baselines_of_series_analytics_builds_draw_their_values(demo_data, tmp_path) -> None:
+    # A peer ratio or a host's slowest GPU clock is no `windows` column: the page drew
+    # their bands with no values (and no breaches) until the stored values were read.
+    import shutil
+
+    from fleetlens.dashboard import queries
+    from fleetlens.dashboard.filters import Filters
+    from fleetlens.pipeline.storage import DataDir, connect
+
+    root = DataDir(tmp_path / "data")
+    shutil.copytree(demo_data[0].root, root.root)
+    stored = scan(root, t.BASELINES).collect()
+    one = stored.filter(pl.col(c.SERIES) == stored[c.SERIES][0])
+    name = "gpu_clock_min_mhz{service_name=a,model=b,host_name=c}"
+    clock = one.with_columns(
+        pl.lit(name).alias(c.SERIES), pl.lit("gpu_clock_min_mhz").alias(c.METRIC),
+        (1900.0 + pl.int_range(pl.len()).cast(pl.Float64)).alias(c.VALUE))
+    partition = next(root.table_dir(t.BASELINES).rglob("*.parquet")).parent
+    clock.write_parquet(partition / "part-clock.parquet")
+    frame = queries.baseline_with_actual(connect(root), Filters(), name, one[c.METHOD][0])
+    joined = frame.join(clock.select(c.TS_NS, c.VALUE), on=c.TS_NS).drop_nulls("actual")
+    assert joined.height >= frame.height - 1 > 0  # all but the filling window
+    assert (joined["actual"] - joined[c.VALUE]).abs().max() < 1e-9
+    assert not frame["in_incident"].any()
+
+
 def test_phase_chart_has_no_empty_negative_half() -> None:
     from fleetlens.dashboard.charts import phase_excess_chart
 
