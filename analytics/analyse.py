@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from fleetlens.analytics.attribution import Tables, attribute_all
+from fleetlens.analytics.attribution.local_faults import split_local_faults
 from fleetlens.analytics.attribution.split import split_by_cause
 from fleetlens.analytics.baselines import (
     EXCLUDED,
@@ -210,6 +211,7 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
     incidents = merge_anomalies(anomalies, hosts_by_service(banded), config)
     if attribute:  # an incident whose dominant cause changes is split (issue 15)
         incidents = split_by_cause(tables, incidents, anomalies, config, window_s)
+        incidents = split_local_faults(tables, incidents, anomalies, config, window_s)
     causes = (attribute_all(tables, incidents, config, window_s) if attribute
               else t.table(t.CAUSES).empty())
     incidents, causes = withhold_unsupported(incidents, causes, config, anomalies)

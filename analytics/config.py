@@ -155,6 +155,9 @@ class AnalyticsConfig:
     #: Causes whose mechanism is more prefill work per request: their score does not
     #: confirm an incident on TPOT (decode time per output token; analytics.confirm).
     confirm_not_tpot_by: tuple[str, ...] = ("prefix_cache_drop",)
+    #: A GPU fault (its clock fell as its latency rose) that began inside a wider incident
+    #: becomes a host-level incident of its own (analytics.attribution.local_faults).
+    split_local_faults: bool = True
     #: Detection passes at most: each leaves the windows of every incident found so far out
     #: of the baselines; passes after the second re-judge the peer-ratio series only
     #: (analytics.analyse.detect_unpoisoned; 1: no incident left out, 2: before issue 15's

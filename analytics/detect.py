@@ -11,12 +11,15 @@ import numpy as np
 import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.gpu_signals import GPU_CLOCK_MIN
 from fleetlens.analytics.slo import SloRule, parse_rule
 from fleetlens.pipeline.schema import columns as c
 
 DETECTOR_BAND = "band"
 #: Detector name of a corroborated rise: ``corroborated:<signal metric>``.
 DETECTOR_CORROBORATED = "corroborated"
+#: Detector of a latency rise found with the GPU clock's drop (clock_corroborated_breaches).
+DETECTOR_CLOCK = f"{DETECTOR_CORROBORATED}:{GPU_CLOCK_MIN}"
 _RUN = "_run"
 _BAD = "_bad"
 _SCOPE = [c.SERIES, c.METRIC, c.SERVICE_NAME, c.MODEL, c.HOST_NAME, c.LEVEL]
@@ -120,8 +123,6 @@ def clock_corroborated_breaches(banded: pl.LazyFrame | pl.DataFrame, config: Ana
     instance's usual swings, while its clock fell 15-60% (random seeds 7 and 11-20: 15 of
     the 46 incidents missed).
     """
-    from fleetlens.analytics.gpu_signals import GPU_CLOCK_MIN
-
     parts = [_corroborated(banded, latency, GPU_CLOCK_MIN,
                            config.clock_corroborated_min_ratio,
                            config.clock_corroborated_drop, 0.0, config, window_s)
@@ -205,7 +206,7 @@ def explain_detector(detector: str, config: AnalyticsConfig) -> str:
     for name in filter(None, (detector or "").split(",")):
         if name == DETECTOR_BAND:
             said.append(f"Above the upper band for {config.consecutive} windows in a row.")
-        elif name == f"{DETECTOR_CORROBORATED}:gpu_clock_min_mhz":
+        elif name == DETECTOR_CLOCK:
             said.append(
                 f"At least {config.clock_corroborated_min_ratio:g}x its expected value for "
                 f"{config.consecutive} windows in a row while the slowest busy GPU clock of "

@@ -31,7 +31,7 @@ Row = dict[str, Any]
 SPLIT_MIN_SCORE = 0.2
 
 
-def _members(incident: Row, anomalies: pl.DataFrame) -> list[Row]:
+def members_of(incident: Row, anomalies: pl.DataFrame) -> list[Row]:
     """The incident's own anomalies: its host's (host incident) or its service's."""
     scope = ((pl.col(c.SERVICE_NAME) == incident[c.SERVICE_NAME])
              & (pl.col(c.MODEL) == incident[c.MODEL])
@@ -56,8 +56,10 @@ def segments(members: list[Row]) -> list[list[Row]]:
     return out
 
 
-def _top(tables: Tables, incident: Row, part: list[Row], incidents: pl.DataFrame,
+def top_of(tables: Tables, incident: Row, part: list[Row], incidents: pl.DataFrame,
          config: AnalyticsConfig, window_s: int) -> tuple[tuple[str, str], float]:
+    """The top (cause, subject) and its score of ``incident``'s scope over the span of
+    ``part`` (anomaly rows), its baseline clear of ``incidents``."""
     sub = {**incident, c.START_NS: min(r[c.START_NS] for r in part),
            c.END_NS: max(r[c.END_NS] for r in part)}
     ctx = load_context(tables, sub, window_s, config.attribution_lookback_s)
@@ -101,14 +103,14 @@ def split_by_cause(tables: Tables, incidents: pl.DataFrame, anomalies: pl.DataFr
     changes between segments. Invariant: every part's anomalies were the incident's."""
     rows: list[Row] = []
     for incident in incidents.iter_rows(named=True):
-        members = _members(incident, anomalies) if incident[c.LEVEL] != LEVEL_FLEET else []
+        members = members_of(incident, anomalies) if incident[c.LEVEL] != LEVEL_FLEET else []
         segs = segments(members)
         if len(segs) < 2:
             rows.append(incident)
             continue
         # Each segment's baseline must be clear of the incident's other segments too.
         others = _with_segments(incidents, incident, segs)
-        tops = [_top(tables, incident, seg, others, config, window_s) for seg in segs]
+        tops = [top_of(tables, incident, seg, others, config, window_s) for seg in segs]
         parts = _parts(segs, tops)
         if len(parts) == 1:
             rows.append(incident)
