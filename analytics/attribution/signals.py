@@ -134,9 +134,32 @@ def _host_of(values: dict[str, Pair]) -> str | None:
     return pair[1] or pair[0]  # type: ignore[return-value]
 
 
+def up_seconds(engine: pl.DataFrame, start_ns: int, end_ns: int) -> float:
+    """Seconds of ``[start_ns, end_ns)`` in which the scope's engines reported: the span
+    less every gap between their samples (and the span's ends) over three times the usual
+    gap. A restarted server receives no requests while it is down; counted as time, those
+    seconds would read as a lull (the real vLLM KV case: a 3 req/s load read as 1.44 req/s
+    over a baseline holding a restart, and the same load after it as a x1.7 surge). The
+    whole span where no engine reported at all (no engine metrics is no outage)."""
+    span = max(end_ns - start_ns, 0) / 1e9
+    if engine.is_empty():
+        return span
+    ts = engine[c.TS_NS].unique().sort()
+    edges = pl.concat([pl.Series([start_ns]), ts.filter(ts.is_between(start_ns, end_ns)),
+                       pl.Series([end_ns])]).cast(pl.Int64)
+    gaps = edges.diff().drop_nulls()
+    if gaps.len() < 3:
+        return span
+    usual = float(gaps.median())
+    down = float(gaps.filter(gaps > 3 * usual).sum()) - usual * int((gaps > 3 * usual).sum())
+    return max(span - down / 1e9, span * 0.05)
+
+
 def collect_signals(ctx: IncidentContext) -> Signals:
-    """All signals of one incident, baseline versus incident."""
-    inc_s, base_s = ctx.duration_s, ctx.base_duration_s
+    """All signals of one incident, baseline versus incident (rates over the seconds the
+    engines were up, :func:`up_seconds`)."""
+    inc_s = up_seconds(ctx.engine_inc, ctx.start_ns, ctx.end_ns)
+    base_s = up_seconds(ctx.engine_base, ctx.base_start_ns, ctx.base_end_ns)
     sig = Signals()
     b, i = _scope(ctx.requests_base, base_s), _scope(ctx.requests_inc, inc_s)
     sig.scope = {k: (b.get(k), i.get(k)) for k in set(b) | set(i)}
