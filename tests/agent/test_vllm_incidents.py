@@ -210,11 +210,13 @@ def test_a_surge_above_capacity_is_found_and_ranked_traffic_surge(run: Run) -> N
 
 @pytest.mark.xfail(strict=False, raises=AssertionError, reason=(
     "measured 2026-12-01 (run 3 of 5; runs 2 and 5 ranked it first, 1.00): the KV incident "
-    "was found but ranked traffic_surge "
-    "0.48 > kv_cache_pressure 0.45 > slow_gpu 0.10: its attribution baseline (the 220 s "
-    "after the surge incident) holds the restart, when no request arrived, so 3 req/s sent "
-    "read as 1.44 -> 2.5 req/s, a x1.7 'surge' (run 2, restart gap 60 s shorter: "
-    "kv_cache_pressure 1.00, slow_gpu 0.10)"))
+    "was found but ranked traffic_surge 0.48 > kv_cache_pressure 0.45: its attribution "
+    "baseline (the 220 s after the surge incident) held the restart and an idle wait, when "
+    "no request arrived, so the same 3 req/s read as a x1.7 surge. Since 2026-12-02 rates "
+    "are per second the engine was up (a309e09) and the load runs until the restart (no "
+    "idle wait); run 3's data re-analysed: the surge's score 0.55 -> 0.32 (its idle wait "
+    "remains there), one new run at 08:17 UTC passed; kept non-strict until more runs say "
+    "the case holds"))
 def test_a_restart_with_a_small_kv_cache_is_found_and_ranked_kv_cache_pressure(
         run: Run) -> None:
     _check(run, run.small_kv, "kv_cache_pressure")
