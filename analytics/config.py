@@ -144,11 +144,11 @@ class AnalyticsConfig:
     #: the few slowest requests of a window): an incident on one
     #: of them is reported only if its top cause scores at least ``confirm_min_score`` or
     #: its mean end-to-end latency rose by more than ``confirm_min_e2e_rise`` (a share:
-    #: 0.05 is 5%, about the sampling noise of a mean over a few hundred requests)
+    #: 0.1 is 10%; the mean of a few hundred replayed requests moves 5-10% by chance)
     #: (``analytics.confirm``; None: report every breach).
     confirm_metrics: tuple[str, ...] = ("tpot_p99_s", "tpot_p50_s", "ttft_p99_s", "e2e_p99_s")
     confirm_min_score: float | None = 0.2
-    confirm_min_e2e_rise: float = 0.05
+    confirm_min_e2e_rise: float = 0.1
     #: ... or an instance of its scope breached against its peers at the same time (a
     #: straggler; False: peers do not count).
     confirm_by_peers: bool = True

@@ -82,6 +82,22 @@ def test_a_tpot_tail_whose_mean_e2e_rose_less_than_the_noise_is_withheld() -> No
         ["tpot_p99_s", "tpot_p50_s"])).is_empty(), new.incidents
 
 
+def test_a_tpot_tail_nothing_explains_whose_mean_e2e_rose_under_10_percent_is_withheld(
+        ) -> None:
+    # Random seeds 12, 18, 22 and 25 (session 11): four false incidents on TPOT or p99
+    # tails of replayed traffic, top cause under 0.2, mean e2e +5-10% over a few hundred
+    # requests. Rescored at 10% no incident injected on seeds 7 and 11-25 was lost.
+    data, spec = _short_answers_with_a_slow_tail(False, shorter=0.86)
+    lo = spec.start_ns + int(cases.START * 1e9)
+    window = (pl.col(c.END_NS) > lo) & (pl.col(c.START_NS) < lo + cases.DURATION * 10**9)
+    tpot = pl.col(c.METRIC).is_in(["tpot_p99_s", "tpot_p50_s"])
+    old = cases.run(data, AnalyticsConfig(confirm_min_e2e_rise=0.05))
+    reported = old.incidents.filter(window & tpot)
+    assert not reported.is_empty(), old.incidents
+    assert 1.05 < _e2e_ratio(reported, old.causes) < 1.10  # the case is what it claims
+    assert cases.run(data, AnalyticsConfig()).incidents.filter(window & tpot).is_empty()
+
+
 def test_a_ttft_tail_nothing_explains_with_the_mean_unchanged_is_withheld() -> None:
     # Random fleets 16001 and 11000 clean runs: TTFT p99 x5 on one host for three windows
     # (a few of the replayed trace's longest prompts queued together), top cause 0.01-0.03,

@@ -95,5 +95,5 @@ def test_a_prefix_drop_does_not_confirm_a_tpot_incident() -> None:
     incidents, _ = withhold_unsupported(_incident(), _causes(0.25, e2e=3.0), config)
     assert incidents[c.INCIDENT_ID].to_list() == ["i1"]
     # a TPOT incident whose users waited longer is kept whatever named it
-    rose = _causes(0.25, "prefix_cache_drop", e2e=4.4)
+    rose = _causes(0.25, "prefix_cache_drop", e2e=4.6)
     assert not withhold_unsupported(_incident(), rose, config)[0].is_empty()
