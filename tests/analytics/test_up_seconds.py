@@ -36,6 +36,10 @@ def _one_server(restart_s: tuple[float, float] | None):
     return load_context(tables, incident, 60, 1800)
 
 
+# up_seconds measures the synthetic data's own timestamps (seconds of simulated time the
+# engine reported), not how long anything took to run: the figures are exact by design.
+
+
 def test_a_restart_in_the_baseline_is_no_lull() -> None:
     # a 10-minute restart inside the 30-minute look-back: 28 minutes of baseline of which
     # 18 were up; counted as time, the same 2 req/s read as x1.56 after it
