@@ -70,13 +70,25 @@ def _vs_peers(own: float, peers: list[float]) -> float:
     return own / statistics.median(peers) if peers else own
 
 
-def _straggler_host(f: Facts, host: str) -> float:
-    """``host`` slower per token than the other hosts serving the same model."""
+def _straggler_host(f: Facts, host: str, need_peers: bool = False) -> float:
+    """``host`` slower per token than the other hosts serving the same model (than its
+    own baseline where it has no peers, unless ``need_peers``)."""
     own = f.signals.hosts.get(host, {})
     if "tpot" not in own:
         return 0.0
     peers = [slowdown(v) for h, v in f.signals.hosts.items() if h != host and "tpot" in v]
+    if need_peers and not peers:
+        return 0.0
     return clip01((_vs_peers(slowdown(own), peers) - 1.2) / 0.6)
+
+
+def _unmeasured_host(f: Facts, host: str) -> float:
+    """A host without GPU telemetry (no agent, or a CPU server): that its GPUs are busy at
+    normal clocks is not measured, so only a straggler against its peers counts, at half
+    strength. A lone instance slower than its own past is what every cause looks like: a
+    real vLLM server whose shrunken KV cache preempted and recomputed (decode per token
+    6.4 -> 13.0 ms) scored slow_gpu 0.50 "with normal clocks", over the KV pressure."""
+    return 0.5 * _straggler_host(f, host, need_peers=True)
 
 
 def _straggler_instance(f: Facts, group: list[str]) -> float:
@@ -159,6 +171,9 @@ def slow_gpu(f: Facts) -> Candidate:
         per_host = {}
         for h in f.hosts():
             gpus = _host_gpus(f, h)
+            if not gpus:
+                per_host[h] = 0.0 if per_gpu else _unmeasured_host(f, h)
+                continue
             hw = max([_hw(f, g) for g in gpus], default=0.0)
             busy = clip01((_mean_ratio(f, gpus, "util") - 0.85) / 0.15)
             alone = 0.0 if per_gpu else _straggler_host(f, h) * (1 - hw) * busy
@@ -172,7 +187,8 @@ def slow_gpu(f: Facts) -> Candidate:
     return Candidate(
         Cause.SLOW_GPU, subject, 0.0 if faster else weigh(strength * damp, share), share,
         f"decode {value(s.get('tpot'), 0) * 1000:.1f} -> {value(s.get('tpot')) * 1000:.1f} "
-        f"ms/token on {where(subject)} with normal clocks and no throttling "
+        f"ms/token on {where(subject)} "
+        f"{'with normal clocks and no throttling' if f.gpus() else 'against its peers'} "
         f"({share:.0%} of excess)",
         {"signals": s, "per_gpu_strength": per_gpu, **(faster or {})},
     )

@@ -333,3 +333,15 @@ def longer_prompts_halve_the_hit_rate(seed: int = 101) -> tuple[SynthData, Fleet
         pl.when(arrived).then(pl.col(c.CACHED_TOKENS) // 2).otherwise(pl.col(c.CACHED_TOKENS))
         .alias(c.CACHED_TOKENS))
     return rewindow(data, spec), spec
+
+
+def kv_pressure_without_gpu_telemetry(seed: int = 111) -> tuple[SynthData, FleetSpec]:
+    """One instance and no GPU telemetry at all (the real vLLM CPU server of the tests):
+    a shrunken KV cache fills, requests queue and are preempted and recomputed, so decode
+    per token doubles (x2 here)."""
+    spec = FleetSpec(hosts=1, gpus_per_host=1, duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("kv_cache_pressure", "host_name=h00", START, DURATION,
+                                    magnitude=2.5)])
+    data.gpu_samples = data.gpu_samples.clear()
+    data.instance_gpus = data.instance_gpus.clear()
+    return rewindow(data, spec), spec

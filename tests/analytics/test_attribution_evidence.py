@@ -167,3 +167,13 @@ def test_the_fallback_names_a_place_not_a_prompt_bucket() -> None:
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SCORE]) == ("slow_gpu", 0.01), causes
     assert top[c.SUBJECT] == "service_name=chat", causes
+
+
+def test_no_gpu_telemetry_and_no_peer_is_no_evidence_of_a_slow_gpu() -> None:
+    # Before: slow_gpu 0.50 "with normal clocks and no throttling" on a host that reports no
+    # GPU at all (a real vLLM CPU server, session 12: ranked over the KV pressure, 0.40); an
+    # absent GPU was read as a busy one at its usual clock, and a lone instance slower than
+    # its own past as a straggler.
+    _, causes = _ranked(cases.kv_pressure_without_gpu_telemetry)
+    assert causes.row(0, named=True)[c.CAUSE] == "kv_cache_pressure", causes
+    assert "slow_gpu" not in _scores(causes), causes
