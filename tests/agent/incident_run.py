@@ -75,6 +75,20 @@ def phase_plan(rng: random.Random, phases: list[Phase],
     return plan, Timeline(offsets)
 
 
+def measure_capacity(port: int, make: Callable[[float], Request], batch: int,
+                     batches: int = 3) -> tuple[float, list[Request]]:
+    """Requests per second the server at ``port`` completes when saturated: ``batches``
+    times ``batch`` (its ``--max-num-seqs``) requests of ``make`` at once; the rate is
+    taken after the first ``batch`` completed, so the server's warm-up is left out.
+    Returns the rate and the requests sent (their spans land with the rest)."""
+    plan = [make(0.0) for _ in range(batch * batches)]
+    loadgen.run(port, plan, timeout_s=600.0)
+    if any(r.status != 200 for r in plan):
+        raise AssertionError(f"calibration failed: {[r.response for r in plan if r.status != 200]}")
+    done = sorted(r.sent_at + r.latency_s for r in plan)
+    return (len(done) - batch) / max(done[-1] - done[batch - 1], 1e-3), plan
+
+
 def clean_env() -> dict[str, str]:
     """This environment without FLEETLENS_* settings (they would override the test's)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}

@@ -3,11 +3,17 @@ the real ``fleetlens pipeline`` + ``fleetlens analyze`` with 10 s windows.
 
 One instance, one timeline (one server start and one steady baseline serve both cases):
 
-1. steady open-loop Poisson load, 3 req/s (~106-token prompts, 380 generated tokens);
-2. a traffic surge: 16 req/s for a minute, above what ``--max-num-seqs 8`` serves here;
-3. the steady load again for 200 s (the backlog drains in 15-70 s);
+0. two calibration bursts (three batches of ``--max-num-seqs`` requests at once) size the
+   load from what this server serves (:mod:`tests.agent.incident_load`): the answer length
+   (392 tokens down to 136, so about 6 req/s are served) and then the rates. The CPU build
+   decoded 750 to 5,700 tokens/s on the machines of these runs, so fixed rates were
+   either no surge or an overload from the start;
+1. steady open-loop Poisson load at 40% of the capacity ``c`` (3 req/s at most, the rate of
+   runs 1-5);
+2. a traffic surge: twice ``c`` for a minute (16 req/s at most, likewise);
+3. the steady load again for 200 s (the backlog of the surge drains in about 100 s);
 4. the same instance (same ``service.instance.id``, port and agent) restarted with a much
-   smaller KV cache (``--kv-cache-memory-bytes``: 5 blocks of 128 tokens instead of 1 GiB)
+   smaller KV cache (``--kv-cache-memory-bytes``: one block more than a request, not 1 GiB)
    under the same steady load, at least 200 s after the surge (more than the 180 s
    ``merge_gap_s`` after its drain: two incidents by design).
 
@@ -36,12 +42,14 @@ from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, scan
+from tests.agent.incident_load import PROMPT_WORDS, Load, Shape
 from tests.agent.incident_run import (
     NS,
     Diagnosis,
     Phase,
     Timeline,
     diagnose,
+    measure_capacity,
     phase_plan,
     running_agent,
     wait_for_spans,
@@ -54,17 +62,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 HOST = "incident-host"
 INSTANCE = f"{HOST}/tiny-0"
 WINDOW_S = 10
-STEADY = 3.0  # req/s: well under what the server serves here
-SURGE = 16.0  # req/s for a minute: above it (the server served 9-15 req/s in these runs)
-#: ~106 prompt tokens growing by 380: one block of 128 tokens at admission, four at the end
-#: (requests that grow are preempted when the cache is full; long prompts only queue)
-PROMPT_WORDS, MAX_TOKENS = 100, 380
-SERVER_ARGS = ["--max-model-len", "512", "--max-num-seqs", "8"]
+MAX_NUM_SEQS = 8
+SERVER_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS)]
 #: vLLM's span exporter: a batch whose Export misses its deadline is dropped whole, and on
 #: this shared machine (load average 50-110) Exports took over the default 10 s: 715 of
 #: 2,247 spans lost in one run. Smaller batches and a 30 s deadline bound that loss.
 EXPORTER_ENV = {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "128", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "30"}
-SMALL_KV_BYTES = 5 * 128 * 256  # 5 blocks of 128 tokens at 256 B/token: 1.25 requests
 #: Steady load after the surge: the backlog drains (15-70 s here), then quiet windows; with
 #: the restart (30-120 s) the two cases are more than ``merge_gap_s`` (180 s) apart, so they
 #: are two incidents by design (how the analytics splits two causes closer together is not
@@ -85,8 +88,28 @@ class Run:
     report: dict
 
 
-def _request(rng: random.Random):
-    return lambda at: Request(at, prompt_of(rng, PROMPT_WORDS), MAX_TOKENS)
+def _request(rng: random.Random, shape: Shape):
+    return lambda at: Request(at, prompt_of(rng, PROMPT_WORDS), shape.max_tokens)
+
+
+def _server_args(shape: Shape) -> list[str]:
+    return [*SERVER_ARGS, "--max-model-len", str(shape.max_model_len)]
+
+
+def _size_load(port: int, rng: random.Random, report: dict) -> tuple[Shape, Load, list]:
+    """The answer length, then the rates, from two calibration bursts (incident_load)."""
+    longest = Shape()
+    rate, first = measure_capacity(port, _request(rng, longest), MAX_NUM_SEQS)
+    shape = Shape.for_throughput(rate * longest.max_tokens)
+    capacity, second = measure_capacity(port, _request(rng, shape), MAX_NUM_SEQS)
+    load = Load.of(capacity)
+    report["load"] = {"decode_tokens_per_s": round(rate * longest.max_tokens),
+                      "max_tokens": shape.max_tokens, **load.__dict__}
+    if not load.judged:
+        pytest.skip(f"this machine's vLLM server served {capacity:.2f} req/s of "
+                    f"{shape.max_tokens}-token answers: a steady load of 40% of it gives "
+                    "too few requests a 10 s window to judge")
+    return shape, load, first + second
 
 
 def _engine(data: DataDir, name: str, lo: int, hi: int) -> pl.Series:
@@ -108,20 +131,19 @@ def _queue_s(data: DataDir, lo: int, hi: int) -> float:
     return spans.select(pl.col(c.GEN_AI_TIME_IN_QUEUE_S).mean()).collect().item()
 
 
-def _send_or_skip(timeline: Timeline, port: int, plan: list[Request]) -> None:
-    """Send ``plan``; skip when this machine's server cannot serve the steady load at all.
+def _send_or_skip(timeline: Timeline, port: int, plan: list[Request], load: Load) -> None:
+    """Send ``plan``; skip when the server fell far below its calibrated capacity.
 
-    The rates are fixed (STEADY, SURGE), the server's capacity is not: runs 1-5 served 9-15
-    req/s of these requests, run 7 about 3.3, and a clean-clone CI run on 2026-12-02 about
-    2 (750 generated tokens/s with 8 running), under the steady 3 req/s: its queue grew
-    until a request waited past the load generator's 600 s and the fixture errored. A
-    machine that slow cannot deliver the cases (a steady baseline, then a surge above it).
-    Sizing the load from the server's measured capacity is the lasting fix (not done)."""
+    The rates are sized from the capacity measured at the start, but this machine is shared:
+    a server slowed by other work after the calibration (a clean-clone CI run on 2026-12-02
+    served about 2 req/s where runs 1-5 had 9-15) lets its queue grow until a request
+    waits past the load generator's 600 s. Such a run cannot deliver the cases."""
     try:
         timeline.send(port, plan)
     except TimeoutError:
-        pytest.skip("a request waited over 600 s for this machine's vLLM server: it served "
-                    f"fewer than the steady {STEADY} req/s of these requests, so the cases "
+        pytest.skip(f"a request waited over 600 s for this machine's vLLM server: it served "
+                    f"fewer than the steady {load.steady:.2f} req/s (40% of the "
+                    f"{load.capacity} req/s it served when calibrated), so the cases "
                     "(a steady baseline, then a surge above it) cannot be delivered here")
 
 
@@ -135,33 +157,37 @@ def run(tmp_path_factory) -> Iterator[Run]:
     report: dict = {}
     resource = {a.SERVICE_INSTANCE_ID: INSTANCE, a.HOST_NAME: HOST}
     port = free_port()
-    before, first = phase_plan(rng, [Phase("steady", STEADY, 230), Phase("surge", SURGE, 60),
-                                     Phase("recovery", STEADY, RECOVERY_S)], _request(rng))
-    after, second = phase_plan(rng, [Phase("small_kv", STEADY, 70)], _request(rng))
     started = time.monotonic()
     with running_collector(data.root, config={"flush_interval_s": 1.0}) as col:
         server = dict(python=python, model=model, log_path=tmp / "vllm.log", port=port,
                       otlp_endpoint=col.grpc_address, service_name="vllm-tiny",
                       resource_attributes=resource, extra_env=EXPORTER_ENV)
         with running_agent(tmp, col.grpc_address, f"http://127.0.0.1:{port}", INSTANCE, HOST):
-            with running_vllm(**server, args=SERVER_ARGS):
-                _send_or_skip(first, port, before)
-                landed = wait_for_spans(data, len(before))
+            with running_vllm(**server, args=_server_args(Shape())):
+                shape, load, calibration = _size_load(port, rng, report)
+                before, first = phase_plan(rng, [
+                    Phase("steady", load.steady, 230), Phase("surge", load.surge, 60),
+                    Phase("recovery", load.steady, RECOVERY_S)], _request(rng, shape))
+                after, second = phase_plan(rng, [Phase("small_kv", load.steady, 70)],
+                                           _request(rng, shape))
+                _send_or_skip(first, port, before, load)
+                landed = wait_for_spans(data, len(calibration) + len(before))
             report["first_server_s"] = round(time.monotonic() - started, 1)
             with running_vllm(**server, kv_cache_space_gib=None,
-                              args=[*SERVER_ARGS, "--kv-cache-memory-bytes",
-                                    str(SMALL_KV_BYTES)]):
+                              args=[*_server_args(shape), "--kv-cache-memory-bytes",
+                                    str(shape.small_kv_bytes)]):
                 surge_end = first.spans["surge"][1] / NS
                 report["surge_end_to_restart_ready_s"] = round(time.time() - surge_end, 1)
                 time.sleep(max(0.0, surge_end + SEPARATION_S - time.time()))
-                _send_or_skip(second, port, after)
-                landed = wait_for_spans(data, len(before) + len(after))
+                _send_or_skip(second, port, after, load)
+                sent = len(calibration) + len(before) + len(after)
+                landed = wait_for_spans(data, sent)
                 time.sleep(2.0)  # the agent's last scrapes of the small cache
     report["load_and_servers_s"] = round(time.monotonic() - started, 1)
     assert all(r.status == 200 for r in before + after)
     # vLLM's exporter may drop a batch under heavy load (see wait_for_spans): a few at most
-    report["spans_lost_by_vllm"] = len(before) + len(after) - landed
-    assert landed >= 0.97 * (len(before) + len(after)), report
+    report["spans_lost_by_vllm"] = sent - landed
+    assert landed >= 0.97 * sent, report
     (tmp / "timeline.json").write_text(json.dumps(
         {"surge": first.spans, "small_kv": second.spans}))  # for re-analysing the data dir
     report["max_send_lag_s"] = round(max(r.lag_s for r in before + after), 3)
@@ -218,9 +244,10 @@ MIN_ARRIVALS_RATIO = 2.0
 
 
 def test_a_surge_above_capacity_is_found_and_ranked_traffic_surge(run: Run) -> None:
+    load = run.report["load"]
     if run.report["arrivals_ratio"] < MIN_ARRIVALS_RATIO:
         pytest.skip(f"the surge reached the server as x{run.report['arrivals_ratio']} the "
-                    f"steady arrivals (x{SURGE / STEADY:.1f} sent, send lag up to "
+                    f"steady arrivals (x{load['surge'] / load['steady']:.1f} sent, send lag up to "
                     f"{run.report['max_send_lag_s']} s): this machine could not deliver it")
     _check(run, run.surge, "traffic_surge")
 
