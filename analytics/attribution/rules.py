@@ -13,6 +13,7 @@ counts less.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,9 @@ from fleetlens.pipeline.schema.causes import subject as fmt_subject
 #: so that a cause explaining most of the excess outranks one explaining little of it.
 SHARE_FLOOR = 0.1
 CROWDED_DAMP = 0.8
+#: least part of the demand's growth (in log terms) the arrivals carry for a surge of
+#: demand to be a traffic surge (:func:`rate_led_demand`)
+SURGE_RATE_PART = 0.4
 
 
 def clip01(x: float) -> float:
@@ -161,19 +165,41 @@ def _where(subject: str) -> str:
 def traffic_surge(f: Facts) -> Candidate:
     rps = f.signals.scope.get("rps")
     r = ratio(rps)
-    strength = clip01((r - 1.25) / 1.0)
+    by_rate = clip01((r - 1.25) / 1.0)
+    by_demand = rate_led_demand(f)
+    strength = max(by_rate, by_demand)
     waiting = sum(value(v.get("waiting")) for v in f.signals.hosts.values())
     # More requests wait (queue) and, once admitted, share bigger batches: each token is
     # slower in proportion to how much the running batch grew.
     batch = clip01((f.running_ratio() - 1) / 0.25)
     share = min(1.0, f.share("queue") + batch * f.share("decode", "prefill_rate"))
+    demand = ""
+    if by_demand > by_rate:
+        tokens = f.signals.scope.get(c.INPUT_TOKENS)
+        demand = (f"; demand x{demand_ratio(f):.1f} tokens/s with prompts "
+                  f"x{ratio(tokens):.1f}")
     return Candidate(
         Cause.TRAFFIC_SURGE, f.service_subject(), weigh(strength, share), share,
         f"arrivals x{r:.1f} ({value(rps, 0):.1f} -> {value(rps):.1f} req/s) on "
-        f"{f.service}; queue time {f.ms('queue'):+.0f} ms ({f.share('queue'):.0%} of excess), "
-        f"{waiting:.0f} requests waiting",
-        {"rps": rps, "rps_ratio": r, "waiting": waiting},
+        f"{f.service}{demand}; queue time {f.ms('queue'):+.0f} ms ({f.share('queue'):.0%} "
+        f"of excess), {waiting:.0f} requests waiting",
+        {"rps": rps, "rps_ratio": r, "waiting": waiting, "demand_strength": by_demand},
     )
+
+
+def rate_led_demand(f: Facts) -> float:
+    """A surge of demand the arrivals led: more requests *and* longer ones (random fleet
+    28009's clean control: a replayed trace's burst of new conversations, arrivals x1.4
+    with prompts x1.6, read as long prompts, x1.4 alone being a weak surge). It counts when
+    the arrivals rose by a burst's x1.3 (fully at x1.4), the tokens asked for per second
+    by x1.5 (fully at x1.9), and the arrivals carried at least :data:`SURGE_RATE_PART` of
+    that growth: prompts x3 beside arrivals x1.3 are the prompts' doing. A replayed trace
+    drifts x1.2-1.3 in arrivals with prompts x1.3-1.4 by itself (random fleet 27011):
+    under a fault, that is no surge."""
+    r, d = ratio(f.signals.scope.get("rps")), demand_ratio(f)
+    if r <= 1 or d <= 1 or math.log(r) < SURGE_RATE_PART * math.log(d):
+        return 0.0
+    return clip01((d - 1.5) / 0.4) * clip01((r - 1.3) / 0.1)
 
 
 def surge_strength(f: Facts) -> float:
@@ -184,15 +210,21 @@ def long_prompt_strength(f: Facts) -> float:
     return clip01((ratio(f.signals.scope.get(c.INPUT_TOKENS)) - 1.3) / 1.2)
 
 
+def demand_ratio(f: Facts) -> float:
+    """Incident/baseline tokens asked for per second (arrivals x tokens per request); 1
+    where a side is missing."""
+    rps, tin, tout = (f.signals.scope.get(k) for k in ("rps", c.INPUT_TOKENS, c.OUTPUT_TOKENS))
+    if not all(p and p[0] and p[1] for p in (rps, tin, tout)):
+        return 1.0
+    before = value(rps, 0) * (value(tin, 0) + value(tout, 0))
+    after = value(rps) * (value(tin) + value(tout))
+    return after / before if before > 0 else 1.0
+
+
 def demand_strength(f: Facts) -> float:
     """More tokens asked for per second (arrivals x tokens per request): a full cache that
     came with ~1.5x the demand is the demand's doing, whichever of rate or length grew."""
-    rps, tin, tout = (f.signals.scope.get(k) for k in ("rps", c.INPUT_TOKENS, c.OUTPUT_TOKENS))
-    if not all(p and p[0] and p[1] for p in (rps, tin, tout)):
-        return 0.0
-    before = value(rps, 0) * (value(tin, 0) + value(tout, 0))
-    after = value(rps) * (value(tin) + value(tout))
-    return clip01((after / before - 1.3) / 0.4) if before > 0 else 0.0
+    return clip01((demand_ratio(f) - 1.3) / 0.4)
 
 
 def _load_share(f: Facts) -> float:

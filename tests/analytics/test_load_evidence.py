@@ -63,3 +63,18 @@ def test_a_stall_signature_on_every_host_under_longer_prompts_is_the_prompts() -
     # Before: collective_stall 0.97 over long_prompts 0.57 (held-out random fleet 14011:
     # prompts x3-4 named collective_stall twice, with no more arrivals). Now 0.19.
     _named_first(load_cases.long_prompts_look_like_a_stall_everywhere, "long_prompts")
+
+
+def test_more_requests_and_longer_ones_at_once_are_a_surge() -> None:
+    # Before: long_prompts 0.25 over traffic_surge 0.14 (random fleet 28009's clean control:
+    # a natural burst of x1.4 arrivals with prompts x1.6 named long_prompts 0.12 over
+    # traffic_surge 0.11). Now traffic_surge 0.86: the demand doubled, the arrivals led.
+    causes = _ranked(load_cases.more_and_longer_requests)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("traffic_surge", "service_name=chat"), causes
+    assert "demand x" in top[c.SUMMARY]
+
+
+def test_much_longer_prompts_in_a_small_burst_are_the_prompts() -> None:
+    # The guard of the rule above: arrivals x1.3 beside prompts x3 are not the surge.
+    _named_first(load_cases.long_prompts_in_a_small_burst, "long_prompts")
