@@ -104,29 +104,31 @@ def long_prompts_look_like_a_stall_everywhere(seed: int = 141) -> tuple[SynthDat
     return _stall_signature_everywhere(longer, 1.0, seed)
 
 
+def _burst_with_longer_prompts(seed: int, surge: float, longer: float
+                               ) -> tuple[SynthData, FleetSpec]:
+    """Arrivals x(1 + 2 ``surge``) and prompts x(1 + 4 ``longer``) at once on the service,
+    and requests queue for seconds."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [
+        Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=surge),
+        Injected("long_prompts", "service_name=chat", START, DURATION, magnitude=longer)])
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 20.0})
+    return rewindow(data, spec), spec
+
+
 def more_and_longer_requests(seed: int = 161) -> tuple[SynthData, FleetSpec]:
     """Random fleet 28009 (a replayed trace, no incident): a burst of new conversations
     brings x1.4 the arrivals *and* prompts x1.6 (x1.9-2.2 the tokens asked for per
     second), requests queue for seconds. Neither the rate nor the length alone reads as
     much of a change (x1.4 arrivals scored 0.15 as a surge, prompts x1.6 0.25), but
     together the demand doubled: the traffic surged."""
-    spec = FleetSpec(duration_s=3 * H, seed=seed)
-    data = generate(spec, [
-        Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.2),
-        Injected("long_prompts", "service_name=chat", START, DURATION, magnitude=0.15)])
-    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 20.0})
-    return rewindow(data, spec), spec
+    return _burst_with_longer_prompts(seed, 0.2, 0.15)
 
 
 def long_prompts_in_a_small_burst(seed: int = 171) -> tuple[SynthData, FleetSpec]:
     """Prompts x3 (an injected change) while a replayed trace's arrivals happen to run
     x1.3: the demand grew x3.9, but by the prompts; the arrivals are a bystander."""
-    spec = FleetSpec(duration_s=3 * H, seed=seed)
-    data = generate(spec, [
-        Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.15),
-        Injected("long_prompts", "service_name=chat", START, DURATION, magnitude=0.5)])
-    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 20.0})
-    return rewindow(data, spec), spec
+    return _burst_with_longer_prompts(seed, 0.15, 0.5)
 
 
 __all__ = ["DURATION", "START", "gpu"]
