@@ -252,21 +252,11 @@ def test_a_surge_above_capacity_is_found_and_ranked_traffic_surge(run: Run) -> N
     _check(run, run.surge, "traffic_surge")
 
 
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=(
-    "measured 2026-12-01 (run 3 of 5; runs 2 and 5 ranked it first, 1.00): the KV incident "
-    "was found but ranked traffic_surge 0.48 > kv_cache_pressure 0.45: its attribution "
-    "baseline (the 220 s after the surge incident) held the restart and an idle wait, when "
-    "no request arrived, so the same 3 req/s read as a x1.7 surge. Since 2026-12-02 rates "
-    "are per second the engine was up (a309e09) and the load runs until the restart (no "
-    "idle wait); run 3's data re-analysed: the surge's score 0.55 -> 0.32 (its idle wait "
-    "remains there), one new run at 08:17 UTC passed. Run 7 (2026-12-02 11:43 UTC) found "
-    "it but ranked slow_gpu 0.50 over kv_cache_pressure 0.40: a host with no GPU telemetry "
-    "read as busy GPUs at normal clocks; since then slow_gpu needs GPU telemetry or peers, "
-    "and run 7's data re-analysed ranks kv_cache_pressure first (0.40, surge 0.10). Its "
-    "server decoded 8 requests at 6.4 ms/token, about 3.3 req/s of these requests, so the "
-    "steady 3 req/s was ~90% of capacity and the surge's backlog drained only after the "
-    "load stopped: the KV case's baseline then holds a long backlog. Kept non-strict until "
-    "more runs say the case holds"))
 def test_a_restart_with_a_small_kv_cache_is_found_and_ranked_kv_cache_pressure(
         run: Run) -> None:
+    # Was xfail (non-strict) until session 13: runs 3 and 7 ranked the KV case second
+    # (a restart and an idle wait in its baseline read as a surge, fixed in a309e09; a
+    # host without GPU telemetry read as a slow GPU, fixed in 0d3a5d1) and run 9 did not
+    # find it (too few requests a window, fixed by sizing the load, 6c03a62). With the
+    # load sized from the server, runs 10 and 11 ranked kv_cache_pressure first, 1.00.
     _check(run, run.small_kv, "kv_cache_pressure")
