@@ -5,9 +5,13 @@ A ground-truth incident (``cause``, ``subject``, ``start_ns``, ``end_ns``, and t
 grace period for the queue to drain) in a matching scope: the same service (or the fleet),
 and for a host-level incident one of the hosts it touched. Each detected incident is
 credited to at most one ground-truth incident; the rest are false incidents, except those on
-a *natural surge* (a burst the replayed traffic brought by itself that measurably moved
-latency, labelled by :mod:`fleetlens.simulator.natural`) that name it ``traffic_surge``: that
-spike is real and rightly named. Natural surges are not part of recall.
+a *natural spike* that name its cause: a natural surge (a burst the replayed traffic brought by
+itself that measurably moved latency) named ``traffic_surge``, or a natural saturation (a KV
+cache the workload alone filled until the engine preempted, with latency moved) named
+``kv_cache_pressure``, both labelled by :mod:`fleetlens.simulator.natural`. Such a spike is
+real and rightly named. Natural spikes are not part of recall; those named right are counted
+apart (``natural_named``, the saturations also in ``saturation_named``) so that a reader can
+add them back.
 """
 
 from __future__ import annotations
@@ -38,10 +42,13 @@ class Score:
     false_incidents: int = 0
     clean_false_incidents: int = 0
     clean_days: float = 0.0
-    #: incidents on a natural surge named traffic_surge (not false); natural surges labelled
-    #: (the caller counts them: a treated run and its control share theirs)
+    #: incidents on a natural spike named its cause (not false), of them on a saturation;
+    #: natural spikes labelled (the caller counts them: a treated run and its control share
+    #: theirs)
     natural_named: int = 0
+    saturation_named: int = 0
     natural_surges: int = 0
+    natural_saturations: int = 0
     delays_s: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
     #: (injected cause, top-1 cause or "missed") -> count, for a confusion matrix
@@ -49,7 +56,8 @@ class Score:
 
     def add(self, other: Score) -> None:
         for name in ("injected", "detected", "top1", "top3", "subject", "false_incidents",
-                     "clean_false_incidents", "clean_days", "natural_named", "natural_surges"):
+                     "clean_false_incidents", "clean_days", "natural_named", "saturation_named",
+                     "natural_surges", "natural_saturations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.delays_s += other.delays_s
         self.misses += other.misses
@@ -71,6 +79,7 @@ class Score:
             "median_detection_delay_s": (statistics.median(self.delays_s)
                                          if self.delays_s else None),
             "natural_surges_named": self.natural_named,
+            "natural_saturations_named": self.saturation_named,
         }
 
 
@@ -94,25 +103,31 @@ def _ranked(causes: pl.DataFrame) -> dict[str, list[tuple[str, str]]]:
     return ranked
 
 
-def _on_natural_surge(incident: dict[str, Any], natural: Sequence[dict[str, Any]],
-                      grace_s: float) -> bool:
-    return any(incident[c.SERVICE_NAME] in (n["service"], FLEET_WIDE)
-               and incident[c.START_NS] < n[c.END_NS] + int(grace_s * NS)
-               and incident[c.END_NS] > n[c.START_NS] for n in natural)
+def _natural_under(incident: dict[str, Any], natural: Sequence[dict[str, Any]],
+                   grace_s: float) -> list[dict[str, Any]]:
+    """The natural spikes ``incident`` overlaps (its service's, or any for a fleet-wide one)."""
+    return [n for n in natural
+            if incident[c.SERVICE_NAME] in (n["service"], FLEET_WIDE)
+            and incident[c.START_NS] < n[c.END_NS] + int(grace_s * NS)
+            and incident[c.END_NS] > n[c.START_NS]]
 
 
 def _judge_unmatched(score: Score, incident: dict[str, Any], top: list[tuple[str, str]],
                      natural: Sequence[dict[str, Any]], grace_s: float) -> None:
-    """An incident no injected one explains: a natural surge named right, else false."""
-    on_surge = _on_natural_surge(incident, natural, grace_s)
-    if on_surge and top and top[0][0] == Cause.TRAFFIC_SURGE:
+    """An incident no injected one explains: a natural spike named right, else false."""
+    under = _natural_under(incident, natural, grace_s)
+    right = {n.get("cause", Cause.TRAFFIC_SURGE) for n in under}
+    if top and top[0][0] in right:
         score.natural_named += 1
+        score.saturation_named += top[0][0] == Cause.KV_CACHE_PRESSURE
         return
     score.false_incidents += 1
+    kinds = "/".join(sorted(right))
     score.misses.append(
         f"false incident {incident[c.METRIC]} {incident[c.SERVICE_NAME]}/"
         f"{incident[c.HOST_NAME]} at {incident[c.START_NS]}"
-        + (f" (on a natural surge, named {top[0][0] if top else 'nothing'})" if on_surge else ""))
+        + (f" (on a natural {kinds} spike, named {top[0][0] if top else 'nothing'})"
+           if under else ""))
 
 
 def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.DataFrame,
@@ -122,7 +137,8 @@ def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.D
 
     ``excused``: injected incidents left out of the score (their effect was too small to
     count, see bench/accuracy_random.py); an incident near one is not a false incident.
-    ``natural``: the run's natural surges (``service``, ``start_ns``, ``end_ns``).
+    ``natural``: the run's natural spikes (``service``, ``start_ns``, ``end_ns`` and the
+    ``cause`` right for it, ``traffic_surge`` where none is given).
     """
     score = Score(injected=len(truth))
     ranked = _ranked(causes)
@@ -168,8 +184,8 @@ def score_run(truth: list[dict[str, Any]], incidents: pl.DataFrame, causes: pl.D
 
 def score_clean(incidents: pl.DataFrame, days: float, causes: pl.DataFrame | None = None,
                 natural: Sequence[dict[str, Any]] = (), grace_s: float = 180.0) -> Score:
-    """An incident-free run: every incident is a false one, but for a natural surge named
-    ``traffic_surge`` (``natural`` and ``causes`` given; see the module doc)."""
+    """An incident-free run: every incident is a false one, but for a natural spike named
+    its cause (``natural`` and ``causes`` given; see the module doc)."""
     score = Score(clean_days=days)
     ranked = _ranked(causes) if causes is not None else {}
     for r in incidents.sort(c.START_NS).iter_rows(named=True):

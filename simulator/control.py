@@ -34,6 +34,8 @@ MIN_DELTA_S = 0.010
 #: fewest requests in the window, in each run, for a comparison to mean anything
 MIN_REQUESTS = 10
 METRICS = ("ttft", "tpot", "e2e", "client_e2e", "client_ttft")
+#: the probe's last column: how many times the request was preempted
+PREEMPTIONS = "preemptions"
 #: the look before an incident for a difference it cannot have caused, seconds
 PRE_S = 300.0
 
@@ -42,8 +44,10 @@ PRE_S = 300.0
 class LatencyProbe:
     """Keeps each finished request's latencies per engine instance (pass as ``probe=``).
 
-    Rows are (arrival offset s, ttft, tpot, e2e, client e2e or -1, client ttft or -1),
-    seconds; the client's figures add the gateway's network hops (request and response).
+    Rows are (arrival offset s, ttft, tpot, e2e, client e2e or -1, client ttft or -1,
+    preemptions), seconds; the client's figures add the gateway's network hops (request and
+    response); ``preemptions`` counts the times the engine evicted the request's KV blocks
+    (the simulator's own record of cache saturation, see :mod:`simulator.natural`).
     """
 
     start_ns: int
@@ -59,7 +63,8 @@ class LatencyProbe:
             client = (r.finish_t + r.net_s - (r.client_ns - self.start_ns) / 1e9
                       if r.gateway_span_id else -1.0)
             client_ttft = ttft + 2 * r.net_s if r.gateway_span_id else -1.0
-            out.append((arrival, ttft, tpot, r.finish_t - arrival, client, client_ttft))
+            out.append((arrival, ttft, tpot, r.finish_t - arrival, client, client_ttft,
+                        r.preemptions))
 
 
 @dataclass
@@ -130,22 +135,27 @@ def validate(truth: dict, treated: LatencyProbe, control: LatencyProbe) -> list[
 
 
 def probe_frame(probe: LatencyProbe) -> dict[str, list]:
-    """A probe's rows as columns (instance, arrival, ttft, ...), to keep beside a run."""
-    cols: dict[str, list] = {"instance": [], "arrival": [], **{m: [] for m in METRICS}}
+    """A probe's rows as columns (instance, arrival, ttft, ..., preemptions), to keep
+    beside a run."""
+    names = [*METRICS, PREEMPTIONS]
+    cols: dict[str, list] = {"instance": [], "arrival": [], **{m: [] for m in names}}
     for iid, rows in probe.rows.items():
         for row in rows:
             cols["instance"].append(iid)
             cols["arrival"].append(row[0])
-            for m, v in zip(METRICS, row[1:], strict=True):
+            for m, v in zip(names, row[1:], strict=True):
                 cols[m].append(v)
     return cols
 
 
 def probe_from(frame: dict[str, list], start_ns: int) -> LatencyProbe:
-    """The :class:`LatencyProbe` of :func:`probe_frame`'s columns."""
+    """The :class:`LatencyProbe` of :func:`probe_frame`'s columns (a frame kept before
+    preemptions were recorded reads as none)."""
     probe = LatencyProbe(start_ns)
+    preempted = frame.get(PREEMPTIONS) or [0] * len(frame["instance"])
     for i, iid in enumerate(frame["instance"]):
-        probe.rows[iid].append((frame["arrival"][i], *(frame[m][i] for m in METRICS)))
+        probe.rows[iid].append((frame["arrival"][i], *(frame[m][i] for m in METRICS),
+                                preempted[i]))
     return probe
 
 

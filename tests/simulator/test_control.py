@@ -13,7 +13,7 @@ def _probe(slow_from: float, slow_to: float, factor: float) -> LatencyProbe:
     probe = LatencyProbe(0)
     for t in range(1800):
         k = factor if slow_from <= t < slow_to else 1.0
-        probe.rows["i1"].append((float(t), 0.2 * k, 0.02, 2.0, -1.0, -1.0))
+        probe.rows["i1"].append((float(t), 0.2 * k, 0.02, 2.0, -1.0, -1.0, 0))
     return probe
 
 

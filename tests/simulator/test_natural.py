@@ -1,6 +1,6 @@
-"""Natural surges (simulator/natural.py): the bursts a replayed trace brings by itself,
-labelled from an incident-free run's latency probe, and how the accuracy scorer treats an
-incident on one (analytics/accuracy.py)."""
+"""Natural surges and saturations (simulator/natural.py): the bursts a replayed trace brings
+by itself and the KV caches the workload alone fills, labelled from an incident-free run's
+latency probe, and how the accuracy scorer treats an incident on one (analytics/accuracy.py)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,27 @@ import polars as pl
 from fleetlens.analytics.accuracy import score_clean, score_run
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.simulator.control import LatencyProbe
-from fleetlens.simulator.natural import natural_surges
+from fleetlens.simulator.natural import natural_saturations, natural_surges
 
 START_NS = 1_767_225_600 * 10**9
 MIN = 60 * 10**9
 
 
 def _probe(minutes: int = 60, burst: tuple[int, int] = (40, 42), burst_factor: float = 2.5,
-           slow: tuple[int, int] = (40, 46), slow_ttft: float = 2.0) -> LatencyProbe:
+           slow: tuple[int, int] = (40, 46), slow_ttft: float = 2.0,
+           preempt: tuple[int, int] = (0, 0), preempt_every: int = 5) -> LatencyProbe:
     """One service on two engines: 100 arrivals a minute (TTFT 50 ms), ``burst_factor`` x
-    as many in the ``burst`` minutes, TTFT ``slow_ttft`` for arrivals in the ``slow`` ones."""
+    as many in the ``burst`` minutes, TTFT ``slow_ttft`` for arrivals in the ``slow`` ones,
+    every ``preempt_every``-th arrival of the ``preempt`` minutes preempted once."""
     probe = LatencyProbe(START_NS)
     for m in range(minutes):
         n = int(100 * (burst_factor if burst[0] <= m < burst[1] else 1))
         ttft = slow_ttft if slow[0] <= m < slow[1] else 0.05
         for i in range(n):
             engine = f"h0{1 + i % 2}/svc1a"
-            probe.rows[engine].append((m * 60 + i * 60 / n, ttft, 0.02, ttft + 2.0, -1.0, -1.0))
+            preempted = int(preempt[0] <= m < preempt[1] and i % preempt_every == 0)
+            probe.rows[engine].append((m * 60 + i * 60 / n, ttft, 0.02, ttft + 2.0, -1.0, -1.0,
+                                       preempted))
     return probe
 
 
@@ -69,8 +73,43 @@ def test_an_incident_on_a_natural_surge_named_a_surge_is_not_false() -> None:
     causes = _causes({41: "traffic_surge", 43: "kv_cache_pressure", 10: "traffic_surge"})
     clean = score_clean(incidents, 1.0, causes, natural)
     assert (clean.natural_named, clean.clean_false_incidents) == (1, 2)
-    assert any("on a natural surge, named kv_cache_pressure" in m for m in clean.misses)
+    assert any("on a natural traffic_surge spike, named kv_cache_pressure" in m
+               for m in clean.misses)
     # the same in an incident run's clean time; without labels every one is false
     run = score_run([], incidents, causes, natural=natural)
     assert (run.natural_named, run.false_incidents) == (1, 2)
+    assert score_clean(incidents, 1.0, causes).clean_false_incidents == 3
+
+
+def test_a_cache_full_and_preempting_that_slowed_requests_is_a_natural_saturation() -> None:
+    # Random fleet 29007: a daily cycle filled an undersized cache (no burst); 20% of the
+    # requests preempted in minutes 40-42, TTFT x40 until minute 46.
+    (full,) = natural_saturations(_probe(burst_factor=1.0, preempt=(40, 43)))
+    assert full.service == "svc1a" and full.cause == "kv_cache_pressure"
+    assert (full.start_ns, full.end_ns) == (START_NS + 40 * MIN, START_NS + 48 * MIN)
+    assert full.preempted_share == 0.2 and full.latency_ratio == 40.0
+    assert natural_surges(_probe(burst_factor=1.0, preempt=(40, 43))) == []
+
+
+def test_preemptions_that_slowed_nothing_or_were_always_there_are_no_saturation() -> None:
+    calm = _probe(burst_factor=1.0, slow_ttft=0.05, preempt=(40, 43))
+    assert natural_saturations(calm) == []  # preempting, latency as usual
+    assert natural_saturations(_probe(burst_factor=1.0)) == []  # slower, nothing preempted
+    # one request in 50 preempted: under the 5% a saturation minute needs
+    assert natural_saturations(_probe(burst_factor=1.0, preempt=(40, 43),
+                                      preempt_every=50)) == []
+    # 20% preempted all along: the usual share, not a change
+    assert natural_saturations(_probe(burst_factor=1.0, preempt=(0, 60))) == []
+
+
+def test_an_incident_on_a_natural_saturation_named_the_cache_is_not_false() -> None:
+    natural = [{"service": s.service, c.START_NS: s.start_ns, c.END_NS: s.end_ns,
+                "cause": s.cause}
+               for s in natural_saturations(_probe(burst_factor=1.0, preempt=(40, 43)))]
+    incidents = _incidents(41, 43, 44)
+    causes = _causes({41: "kv_cache_pressure", 43: "traffic_surge", 44: "collective_stall"})
+    clean = score_clean(incidents, 1.0, causes, natural)
+    assert (clean.natural_named, clean.saturation_named, clean.clean_false_incidents) == (1, 1, 2)
+    assert any("on a natural kv_cache_pressure spike, named traffic_surge" in m
+               for m in clean.misses)
     assert score_clean(incidents, 1.0, causes).clean_false_incidents == 3
