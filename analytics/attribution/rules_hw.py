@@ -21,8 +21,10 @@ from fleetlens.analytics.attribution.rules import (
     weigh,
 )
 from fleetlens.analytics.attribution.rules_throttle import (
+    PEER_DAMP,
     measured,
     power_strength,
+    shared_by_peers,
     slowdown,
     thermal_strength,
     where,
@@ -202,13 +204,16 @@ def _stall_strength(f: Facts, h: str, detail: dict) -> float:
     """The stall signature on host ``h``: a TP group busy with its memory idle, decode
     slower, no throttle; or the engines' NCCL warnings and watchdog timeouts."""
     best = 0.0
+    shared = shared_by_peers(f, h)
     for group in _groups(f, h):
         mem = [ratio(f.signals.gpus.get(g, {}).get(c.UTIL_MEM)) for g in group]
         waiting = clip01((0.85 - max(mem)) / 0.25)  # all GPUs wait: it is the link
         busy = clip01((_mean_ratio(f, group, "util") - 0.85) / 0.1)
         hw = max(_hw(f, g) for g in group)
-        best = max(best, _host_slow(f, h) * waiting * busy * (1 - hw))
-        detail[h] = {"util_mem_ratio": mem, "util_ratio": _mean_ratio(f, group, "util")}
+        best = max(best, _host_slow(f, h) * waiting * busy * (1 - hw)
+                   * (1 - PEER_DAMP * shared))
+        detail[h] = {"util_mem_ratio": mem, "util_ratio": _mean_ratio(f, group, "util"),
+                     "shared_by_peers": shared}
     # --- issue 15 hook (analytics/attribution/logs.py): NCCL warnings and watchdog
     # collective timeouts from the host's engines are direct evidence of the stall.
     log, log_counts = collective_log_strength(f.ctx, h)

@@ -10,6 +10,7 @@ scores only as far as its clock drop explains the slowdown (:func:`clock_explain
 from __future__ import annotations
 
 import math
+import statistics
 
 from fleetlens.analytics.attribution.rules import (
     Candidate,
@@ -99,8 +100,9 @@ def power_strength(f: Facts, gpu: str) -> float:
     else:
         held = 1.0 if value(s.get("power_vs_limit")) >= 0.95 else 0.0
         at_limit = clip01(clock_drop / 0.2) * held
-    strength = max(limit, at_limit * (1 - load_explains_draw(f)))
-    return strength * clock_explains(f, gpu)
+    host = f.signals.gpu_host.get(gpu, "")
+    at_limit *= (1 - load_explains_draw(f)) * (1 - PEER_DAMP * shared_by_peers(f, host))
+    return max(limit, at_limit) * clock_explains(f, gpu)
 
 
 def _host_part(f: Facts, host: str) -> float:
@@ -141,6 +143,29 @@ def power_cap(f: Facts) -> Candidate:
                 f"{value(s.get('power_cap_frac')):.0%} of samples; SM clock "
                 f"{value(s.get('sm_clock'), 0):.0f} -> {value(s.get('sm_clock')):.0f} MHz")
     return _gpu_candidate(f, Cause.POWER_CAP, power_strength, describe)
+
+
+#: How much of a host-bound signature its peers share is discounted (a limit change, NCCL
+#: logs and the like are not: they are the fault's own record).
+PEER_DAMP = 0.8
+
+
+def shared_by_peers(f: Facts, host: str) -> float:
+    """How far ``host``'s slowdown is one the other hosts serving the same model share (0:
+    none, or no peers; 1: they are as slow as it, by x1.8 or more). A fault of one host's
+    GPUs or links leaves its siblings as fast as before, whatever the traffic does; a busier
+    service slows every host at once (random fleet 29001: a natural x1.3 surge at capacity,
+    every host's batches x2-7 and decode x1.4-6, read on each host as a collective stall or
+    a power cap). A peer that took load the slow host shed is slower too, but less: the
+    part by which ``host`` is slower than its peers' median is kept."""
+    own = f.signals.hosts.get(host, {})
+    peers = [slowdown(v) for h, v in f.signals.hosts.items()
+             if h != host and measured(v.get("tpot"))]
+    if not peers or not measured(own.get("tpot")):
+        return 0.0
+    typical = statistics.median(peers)
+    alone = clip01((slowdown(own) / typical - 1.2) / 0.6)
+    return clip01((typical - 1.2) / 0.6) * (1 - alone)
 
 
 def slowdown(s: dict) -> float:

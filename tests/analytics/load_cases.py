@@ -76,14 +76,26 @@ def surge_caps_the_clock(seed: int = 151) -> tuple[SynthData, FleetSpec]:
                                    {c.QUEUE_S: 8.0, c.DECODE_S: 1.15})
 
 
-def _stall_signature_everywhere(load: Injected, stall: float, seed: int
-                                ) -> tuple[SynthData, FleetSpec]:
-    """Two TP2 hosts under ``load``, each with a stall's signature of ``stall``."""
-    spec = FleetSpec(duration_s=3 * H, hosts=2, gpus_per_host=2, tp=2, seed=seed,
+def small_burst_trips_every_hosts_power_bits(seed: int = 201
+                                             ) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 29001 again (A100s at their fixed 400 W): in the x1.3-1.4 burst every
+    GPU tripped the power-cap bit in 50-62% of its samples instead of 18-25% and lost 7-11%
+    of its clock, on every host, while decode ran x1.4-6 slower; three host incidents were
+    named ``power_cap``. Here arrivals x1.4 and on every host the bits in all samples but
+    one in three (one in five before), the clock 10% down, decode x3, queueing."""
+    return _surge_trips_power_bits(seed, 0.2, pl.lit(True), 3, 5, 0.90,
+                                   {c.QUEUE_S: 8.0, c.DECODE_S: 1.8, c.TPOT_S: 1.8})
+
+
+def _stall_signature_everywhere(load: Injected, stall: float, seed: int, hosts: int = 2,
+                                on: int | None = None) -> tuple[SynthData, FleetSpec]:
+    """TP2 hosts under ``load``, ``on`` of them (all by default) with a stall's signature
+    of ``stall``."""
+    spec = FleetSpec(duration_s=3 * H, hosts=hosts, gpus_per_host=2, tp=2, seed=seed,
                      rps_per_instance=4.0)
     data = generate(spec, [load, *(
         Injected("collective_stall", f"host_name=h0{h}", START, DURATION, magnitude=stall)
-        for h in range(spec.hosts))])
+        for h in range(hosts if on is None else on))])
     return data, spec
 
 
@@ -102,6 +114,29 @@ def long_prompts_look_like_a_stall_everywhere(seed: int = 141) -> tuple[SynthDat
     prompts."""
     longer = Injected("long_prompts", "service_name=chat", START, DURATION, magnitude=0.25)
     return _stall_signature_everywhere(longer, 1.0, seed)
+
+
+def small_burst_at_capacity(seed: int = 181) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 29001 (five 8-GPU hosts, Llama-70B at TP4, a replayed trace run at
+    capacity): a natural burst of x1.3-1.4 arrivals; every host's batches grew x2-7, its
+    decode x1.4-6, its GPUs' memory less busy per token, and each host's incident was named
+    ``collective_stall``. Here four TP2 hosts, arrivals x1.4, three times the requests
+    running and queueing for seconds, the signature on all four: a link stalls on one
+    group, its peers stay as fast as they were."""
+    surge = Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.2)
+    data, spec = _stall_signature_everywhere(surge, 2.0, seed, hosts=4)
+    on = _during(data, spec, c.TS_NS)
+    data.engine_samples = data.engine_samples.with_columns(
+        pl.when(on).then(pl.col(c.NUM_RUNNING) * 3).otherwise(pl.col(c.NUM_RUNNING)))
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS), {c.QUEUE_S: 8.0})
+    return rewindow(data, spec), spec
+
+
+def one_stall_in_a_small_burst(seed: int = 191) -> tuple[SynthData, FleetSpec]:
+    """The guard: a replayed trace drifting x1.3 in arrivals (random fleet 27011) while one
+    TP group's link stalls; the other three hosts keep their pace."""
+    drift = Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.15)
+    return _stall_signature_everywhere(drift, 2.0, seed, hosts=4, on=1)
 
 
 def _burst_with_longer_prompts(seed: int, surge: float, longer: float

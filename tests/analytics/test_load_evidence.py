@@ -78,3 +78,29 @@ def test_more_requests_and_longer_ones_at_once_are_a_surge() -> None:
 def test_much_longer_prompts_in_a_small_burst_are_the_prompts() -> None:
     # The guard of the rule above: arrivals x1.3 beside prompts x3 are not the surge.
     _named_first(load_cases.long_prompts_in_a_small_burst, "long_prompts")
+
+
+def test_a_stall_signature_every_peer_shares_under_a_small_burst_is_the_load() -> None:
+    # Random fleet 29001's clean control: x1.3 arrivals at capacity, every host's decode
+    # x1.4-6, named collective_stall or power_cap on each host (8 false incidents). The
+    # arrivals alone discount a stall signature seen everywhere only from x1.2 (full at
+    # x1.5); now a host whose peers are as slow is not the one with a stalled link.
+    _named_first(load_cases.small_burst_at_capacity, "traffic_surge")
+
+
+def test_one_stalled_group_in_a_small_burst_is_still_a_stall() -> None:
+    # The guard: the same arrivals, one host stalled, its peers at their pace.
+    causes = _ranked(load_cases.one_stall_in_a_small_burst)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("collective_stall", "host_name=h00"), causes
+
+
+def test_power_bits_every_peer_trips_in_a_small_burst_count_little() -> None:
+    # Random fleet 29001's clean control: three host incidents of the x1.3-1.4 burst named
+    # power_cap (0.09-0.10 over traffic_surge 0.07-0.08), the bits and the clock dip on
+    # every host alike. Before: power_cap 0.091 beside traffic_surge 0.144; now no more
+    # than half of the surge: every peer was as slow, at the same fixed limit.
+    causes = _ranked(load_cases.small_burst_trips_every_hosts_power_bits)
+    top = causes.row(0, named=True)
+    assert top[c.CAUSE] == "traffic_surge", causes
+    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
