@@ -152,11 +152,12 @@ PEER_DAMP = 0.8
 
 def shared_by_peers(f: Facts, host: str) -> float:
     """How far ``host``'s slowdown is one the other hosts serving the same model share (0:
-    none, or no peers; 1: they are as slow as it, by x1.8 or more). A fault of one host's
+    none, or no peers; 1: they are as slow as it, by x1.5 or more). A fault of one host's
     GPUs or links leaves its siblings as fast as before, whatever the traffic does; a busier
     service slows every host at once (random fleet 29001: a natural x1.3 surge at capacity,
     every host's batches x2-7 and decode x1.4-6, read on each host as a collective stall or
-    a power cap). A peer that took load the slow host shed is slower too, but less: the
+    a power cap; 26006: a natural x1.4 burst on two L4 hosts, both x1.5 slower, read as a
+    power cap). A peer that took load the slow host shed is slower too, but less: the
     part by which ``host`` is slower than its peers' median is kept."""
     own = f.signals.hosts.get(host, {})
     peers = [slowdown(v) for h, v in f.signals.hosts.items()
@@ -165,7 +166,7 @@ def shared_by_peers(f: Facts, host: str) -> float:
         return 0.0
     typical = statistics.median(peers)
     alone = clip01((slowdown(own) / typical - 1.2) / 0.6)
-    return clip01((typical - 1.2) / 0.6) * (1 - alone)
+    return clip01((typical - 1.1) / 0.4) * (1 - alone)
 
 
 def slowdown(s: dict) -> float:

@@ -87,6 +87,16 @@ def small_burst_trips_every_hosts_power_bits(seed: int = 201
                                    {c.QUEUE_S: 8.0, c.DECODE_S: 1.8, c.TPOT_S: 1.8})
 
 
+def burst_caps_every_l4(seed: int = 211) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 26006's clean control (L4s at a fixed 72 W, Llama-70B at TP8 on two
+    hosts, a replayed trace): a natural x1.4 burst, the cache full, 114 requests waiting;
+    the power-cap bits in 92% of the samples and the clock 13% down on both hosts, decode
+    x1.5 on each. Named ``power_cap`` (0.27 over traffic_surge 0.15): every host was as
+    slow, at the same fixed limit."""
+    return _surge_trips_power_bits(seed, 0.2, pl.lit(True), 12, 3, 0.87,
+                                   {c.QUEUE_S: 8.0, c.DECODE_S: 1.5, c.TPOT_S: 1.5})
+
+
 def _stall_signature_everywhere(load: Injected, stall: float, seed: int, hosts: int = 2,
                                 on: int | None = None) -> tuple[SynthData, FleetSpec]:
     """TP2 hosts under ``load``, ``on`` of them (all by default) with a stall's signature

@@ -104,3 +104,14 @@ def test_power_bits_every_peer_trips_in_a_small_burst_count_little() -> None:
     top = causes.row(0, named=True)
     assert top[c.CAUSE] == "traffic_surge", causes
     assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+
+
+def test_power_bits_on_every_host_a_burst_slowed_x1_5_count_little() -> None:
+    # Random fleet 26006's clean control: a natural x1.4 burst on two L4 hosts, both x1.5
+    # slower, named power_cap 0.27 over traffic_surge 0.15. With the peers' share full
+    # only from x1.8 (06889d7) power_cap still scored 0.136 beside the surge's 0.138;
+    # peers as slow by x1.5 now count in full.
+    causes = _ranked(load_cases.burst_caps_every_l4)
+    top = causes.row(0, named=True)
+    assert top[c.CAUSE] == "traffic_surge", causes
+    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
