@@ -27,6 +27,14 @@ def _named_first(builder, cause: str) -> None:  # noqa: ANN001
     assert (top[c.CAUSE], top[c.SUBJECT]) == (cause, "service_name=chat"), causes
 
 
+def _surge_over_power_cap(builder) -> None:  # noqa: ANN001
+    """The surge first, power_cap under half of it (the bits are the load's doing)."""
+    causes = _ranked(builder)
+    top = causes.row(0, named=True)
+    assert top[c.CAUSE] == "traffic_surge", causes
+    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+
+
 def test_a_cache_filled_by_more_requests_running_is_the_loads_doing() -> None:
     # Before: kv_cache_pressure 0.40 over traffic_surge 0.25 (1.5x as many running requests
     # damped the cache only 17%). Now 0.20 under 0.25.
@@ -36,20 +44,14 @@ def test_a_cache_filled_by_more_requests_running_is_the_loads_doing() -> None:
 def test_power_bits_at_a_fixed_limit_with_a_5pct_clock_dip_are_no_power_cap() -> None:
     # Before: power_cap 0.30 over traffic_surge 0.27, from the bits alone (random fleet
     # 12001 had 0.93). Now 0.10: the clock lost 5% and the limit did not move.
-    causes = _ranked(load_cases.surge_trips_power_bits)
-    top = causes.row(0, named=True)
-    assert top[c.CAUSE] == "traffic_surge", causes
-    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+    _surge_over_power_cap(load_cases.surge_trips_power_bits)
 
 
 def test_power_bits_and_a_13pct_clock_drop_at_a_fixed_limit_under_a_surge_are_the_load() -> None:
     # Random fleet 14007's clean control: natural surges x1.5-1.8 named power_cap 0.67-0.80
     # four times (bits 30% -> 88% of samples, clock -13%, limit unchanged). At an unchanged
     # limit the bits count only as far as the demand does not explain the harder work.
-    causes = _ranked(load_cases.surge_caps_the_clock)
-    top = causes.row(0, named=True)
-    assert top[c.CAUSE] == "traffic_surge", causes
-    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+    _surge_over_power_cap(load_cases.surge_caps_the_clock)
 
 
 def test_a_stall_signature_on_every_host_under_more_arrivals_is_the_load() -> None:
@@ -100,10 +102,7 @@ def test_power_bits_every_peer_trips_in_a_small_burst_count_little() -> None:
     # power_cap (0.09-0.10 over traffic_surge 0.07-0.08), the bits and the clock dip on
     # every host alike. Before: power_cap 0.091 beside traffic_surge 0.144; now no more
     # than half of the surge: every peer was as slow, at the same fixed limit.
-    causes = _ranked(load_cases.small_burst_trips_every_hosts_power_bits)
-    top = causes.row(0, named=True)
-    assert top[c.CAUSE] == "traffic_surge", causes
-    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+    _surge_over_power_cap(load_cases.small_burst_trips_every_hosts_power_bits)
 
 
 def test_power_bits_on_every_host_a_burst_slowed_x1_5_count_little() -> None:
@@ -111,7 +110,4 @@ def test_power_bits_on_every_host_a_burst_slowed_x1_5_count_little() -> None:
     # slower, named power_cap 0.27 over traffic_surge 0.15. With the peers' share full
     # only from x1.8 (06889d7) power_cap still scored 0.136 beside the surge's 0.138;
     # peers as slow by x1.5 now count in full.
-    causes = _ranked(load_cases.burst_caps_every_l4)
-    top = causes.row(0, named=True)
-    assert top[c.CAUSE] == "traffic_surge", causes
-    assert _scores(causes).get("power_cap", 0.0) < 0.5 * top[c.SCORE], causes
+    _surge_over_power_cap(load_cases.burst_caps_every_l4)
