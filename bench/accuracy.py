@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -204,7 +205,15 @@ def run_suite(suite: Suite, workdir: Path, log=print) -> tuple[Score, list[dict]
     return total, details
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM as an exit: the collector a run started is stopped by its PID and the
+    temporary data removed on the way out (by default SIGTERM ends Python at once and the
+    collector, in a session of its own, kept running)."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=[*sorted(SUITES), "random"], default="full")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the data dirs here.")
