@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ if str(REPO) not in sys.path:
 from fleetlens.analytics.accuracy import Score, score_clean, score_run  # noqa: E402
 from fleetlens.analytics.config import AnalyticsConfig  # noqa: E402
 from fleetlens.analytics.runner import run as run_analytics  # noqa: E402
-from fleetlens.collector.testing import running_collector  # noqa: E402
+from fleetlens.collector.testing import exit_on_sigterm, running_collector  # noqa: E402
 from fleetlens.pipeline.config import PipelineConfig  # noqa: E402
 from fleetlens.pipeline.runner import Pipeline  # noqa: E402
 from fleetlens.pipeline.storage import DataDir  # noqa: E402
@@ -205,15 +204,8 @@ def run_suite(suite: Suite, workdir: Path, log=print) -> tuple[Score, list[dict]
     return total, details
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    """SIGTERM as an exit: the collector a run started is stopped by its PID and the
-    temporary data removed on the way out (by default SIGTERM ends Python at once and the
-    collector, in a session of its own, kept running)."""
-    raise SystemExit(128 + signum)
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_on_sigterm()  # a killed draw still stops its collector
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=[*sorted(SUITES), "random"], default="full")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the data dirs here.")

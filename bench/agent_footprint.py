@@ -46,6 +46,9 @@ def status_kb(pid: int, key: str) -> int:
 
 
 def main() -> None:
+    from fleetlens.collector.testing import exit_on_sigterm
+
+    exit_on_sigterm()  # a killed run still stops the collectors it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=30.0)

@@ -86,6 +86,9 @@ def client(address: str, index: int, size: int, acked: Acked, stop: threading.Ev
 
 
 def main() -> None:
+    from fleetlens.collector.testing import exit_on_sigterm
+
+    exit_on_sigterm()  # a killed run still stops the collectors it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000,
                         help="acknowledged spans to reach before the final drain")

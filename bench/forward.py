@@ -87,6 +87,9 @@ def send(edge, seconds: float | None, total: int | None, clients: int) -> int:
 
 
 def main() -> None:
+    from fleetlens.collector.testing import exit_on_sigterm
+
+    exit_on_sigterm()  # a killed run still stops the collectors it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=2)

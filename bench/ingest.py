@@ -212,6 +212,9 @@ def http_front_ends(runs: int, seconds: float, clients: int) -> None:
 
 
 def main() -> None:
+    from fleetlens.collector.testing import exit_on_sigterm
+
+    exit_on_sigterm()  # a killed run still stops the collectors it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=15.0)

@@ -120,6 +120,9 @@ def report(name: str, runs: list[dict[str, float]], peer: dict[str, float] | Non
 
 
 def main() -> None:
+    from fleetlens.collector.testing import exit_on_sigterm
+
+    exit_on_sigterm()  # a killed run still stops the collectors it started
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", default=str(SCENARIO))
     parser.add_argument("--duration", type=float, default=None,

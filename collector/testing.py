@@ -287,6 +287,15 @@ def wait_for_port(address: str, timeout: float, process: subprocess.Popen[bytes]
     raise TimeoutError(f"collector did not listen on {address} within {timeout} s")
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM an exit for this process, so a benchmark or script that is killed still
+    stops the collectors it started (each runs in a session of its own, stopped by its PID
+    in :func:`running_collector`'s cleanup, which Python's default SIGTERM skips)."""
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _exit)
+
+
 @contextlib.contextmanager
 def running_collector(data_dir: str | os.PathLike[str], *, config: Mapping[str, Any] | None = None,
                       workers: int = 1, env: Mapping[str, str] | None = None,
