@@ -52,33 +52,17 @@ def small_random_suite(tmp_path_factory):
     return result.score.summary(), notes
 
 
-# Two tests, not one: an xfail on the recall (below) must not hide a regression of the
-# cause, the subject or the false incidents, which this draw meets and which are asserted.
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_random_suite_cause_subject_and_false_targets(small_random_suite) -> None:
-    """The small random suite's top-1 cause, subject and false-incident targets."""
+def test_random_suite_targets(small_random_suite) -> None:
+    """The small random suite meets the issue's targets: recall, top-1 cause, subject and
+    false incidents. (Its recall was an expected failure until the paired control judged
+    each service's requests apart: the one miss, a prefix drop that moved each of its
+    host's two services x1.1, had been validated by their pooled TTFT p50, x1.27.)"""
     summary, notes = small_random_suite
     assert summary["injected"] >= 6, notes  # validation kept enough incidents to mean something
+    assert summary["recall"] >= 0.95, notes
     assert summary["top1_accuracy"] >= 0.90, notes
     assert summary["subject_accuracy"] >= 0.85, notes
     assert summary["false_incidents_per_clean_day"] <= 1.0, notes
     assert summary["false_incidents_in_incident_runs"] == 0, notes
-
-
-@pytest.mark.slow
-@pytest.mark.e2e
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=(
-    "recall misses the target on this draw (measured 2026-12-01 20:00 UTC with the rules of "
-    "commit 9593ac5, 0.78; 2026-12-02 07:10 UTC with 5cf8cf7 and 11:00 UTC with 1c9713b, "
-    "0.89; seed 1, 3 fleets, 10 injected, 9 validated, 1 dropped): recall 0.89 (8 of 9: "
-    "0.95 needs all nine). The miss: a prefix-cache drop on a host whose hit rate was 7% "
-    "before (15% on its other service), TTFT p50 x1.27 against the paired control on a host "
-    "whose replayed-trace TTFT p50 swings 10x in bursts; 7 points of reuse lost cannot "
-    "explain more than a few percent of prefill, so no rule names it without naming bursts "
-    "too. Without ../shared the fleets replay no trace (another draw): that one passed in "
-    "the clean-clone runs here"))
-def test_random_suite_recall_target(small_random_suite) -> None:
-    """The small random suite's recall target (>= 0.95)."""
-    summary, notes = small_random_suite
-    assert summary["recall"] >= 0.95, notes
