@@ -110,7 +110,8 @@ def _moved(a: list[tuple], b: list[tuple], col: int, q: float) -> tuple[bool, fl
 
 
 def service_of(instance_id: str) -> str:
-    """The service of an engine instance id (``host/service`` or ``host/service/k``)."""
+    """The service of an engine instance id (``host/service`` or ``host/service/k``, as
+    :mod:`simulator.fleet` names them)."""
     parts = instance_id.split("/")
     return parts[1] if len(parts) > 1 else instance_id
 
@@ -138,15 +139,16 @@ def _judge(n: int, cause: str, treated: LatencyProbe, control: LatencyProbe,
                 moved, ta, tb = _moved(a, b, col, q)
                 if moved and _moved(pre_a, pre_b, col, q)[0]:
                     confounded, moved = True, False  # it was so before it began
-                if _stronger((moved, ta / tb if tb > 0 else 0.0), best) and ta > 0:
+                if (moved, ta / tb if tb > 0 else 0.0) > _strength(best) and ta > 0:
                     best = Verdict(n, cause, moved, f"{metric}_p{round(q * 100)}", ta, tb,
                                    len(a), service=best.service)
     best.confounded = confounded and not best.valid
     return best
 
 
-def _stronger(key: tuple[bool, float], than: Verdict) -> bool:
-    return key > (than.valid, than.ratio if than.metric else 0.0)
+def _strength(verdict: Verdict) -> tuple[bool, float]:
+    """Valid before not, then the larger ratio (none without a metric)."""
+    return verdict.valid, verdict.ratio if verdict.metric else 0.0
 
 
 def validate(truth: dict, treated: LatencyProbe, control: LatencyProbe) -> list[Verdict]:
@@ -165,10 +167,7 @@ def validate(truth: dict, treated: LatencyProbe, control: LatencyProbe) -> list[
         lo, hi = (gt[c.START_NS] - start_ns) / 1e9, (gt[c.END_NS] - start_ns) / 1e9
         judged = [_judge(n, gt["cause"], treated, control, group, lo, hi)
                   for group in _by_service(gt["instances"]) or [[]]]
-        best = judged[0]
-        for verdict in judged[1:]:
-            if _stronger((verdict.valid, verdict.ratio if verdict.metric else 0.0), best):
-                best = verdict
+        best = max(judged, key=_strength)  # the first of equals, as one pooled judgement
         best.confounded = any(v.confounded for v in judged) and not best.valid
         verdicts.append(best)
     return verdicts
