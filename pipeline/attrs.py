@@ -93,6 +93,10 @@ def per_value(frame: pl.DataFrame, column: str,
                       nulls_equal=True).drop(_KEY_COLUMN)
 
 
+#: The bits a :func:`packed_codes` key may use (a non-negative int64).
+PACK_BITS = 62
+
+
 def code(column: str) -> pl.Expr:
     """An integer code per distinct string of ``column``, valid within the one result it is
     computed for (two casts of the same strings may number them differently)."""
@@ -105,19 +109,30 @@ def packed_codes(frame: pl.DataFrame, columns: list[str]) -> pl.Series | None:
     few bits as the largest code needs, the first column highest. Equal rows get equal keys,
     and the keys order as the tuples of codes do (what ``pl.struct(codes)`` sorts by), so a
     group-by, window or rank on the key partitions and orders rows as on the codes, hashing
-    one integer instead of row-encoding strings. None when the codes need more than 62 bits.
+    one integer instead of row-encoding strings. None when the codes need more than
+    :data:`PACK_BITS` bits.
     """
-    shifted = [(code(col).cast(pl.Int64) + 1).fill_null(0).alias(f"__code{i}")
-               for i, col in enumerate(columns)]
-    codes = frame.select(shifted)  # cast once: the maxima and the key see the same codes
-    bits = [int(m or 0).bit_length() for m in codes.select(pl.all().max()).row(0)]
-    if sum(bits) > 62:
+    # Cast once: the maxima and the key must see the same codes. The maxima are taken over the
+    # raw UInt32 codes (a null is skipped, and 0 stands for it anyway): no shifted Int64 column
+    # is materialised per source column (on Categorical input, e.g. the raw metric points'
+    # source strings, that pass was half the cost of the key).
+    codes = frame.select(code(col).alias(f"__code{i}") for i, col in enumerate(columns))
+    maxima = codes.select(pl.all().max()).row(0)
+    bits = [int(0 if m is None else m + 1).bit_length() for m in maxima]
+    if sum(bits) > PACK_BITS:
         return None
+    return codes.select(_pack(codes.columns, bits).alias("__packed")).to_series()
+
+
+def _pack(columns: list[str], bits: list[int]) -> pl.Expr:
+    """Integer code ``columns`` packed into one int64, the first column highest: each code
+    shifted by one (null as 0) in ``bits[i]`` bits, which must hold the largest code + 1 (see
+    :func:`packed_codes`)."""
     key, shift = pl.lit(0, pl.Int64), 0
-    for i in reversed(range(len(columns))):
-        key = key + pl.col(f"__code{i}") * (1 << shift)
-        shift += bits[i]
-    return codes.select(key.alias("__packed")).to_series()
+    for column, width in zip(reversed(columns), reversed(bits), strict=True):
+        key = key + (pl.col(column).cast(pl.Int64) + 1).fill_null(0) * (1 << shift)
+        shift += width
+    return key
 
 
 def first_string_of_key(column: str, key: str) -> pl.Expr:

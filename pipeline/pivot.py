@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import polars as pl
 
-from fleetlens.pipeline.attrs import code
+from fleetlens.pipeline.attrs import code, packed_codes
 from fleetlens.pipeline.schema import columns as c
 
 #: The strings that make a point's source: where it comes from and what it measures.
@@ -28,7 +28,6 @@ SRC = "__src"
 #: Index of the output column a point's value goes to (see :func:`pivot_sorted`).
 SLOT = "__slot"
 KEY = "__key"
-_CODE_BITS = 62
 
 
 class Split(NamedTuple):
@@ -58,27 +57,23 @@ def split_sources(points: pl.DataFrame, keep: list[str]) -> tuple[pl.DataFrame, 
     :data:`SOURCE` columns as strings (nulls kept). Source columns may be String or Categorical
     (the runner reads them as Parquet dictionaries, so their codes cost nothing).
     """
-    # Categorical codes shifted by one so that null gets code 0 and stays a value of its own.
-    shifted = [(code(col).cast(pl.Int64) + 1).fill_null(0) for col in SOURCE]
-    bits = [int(m or 0).bit_length() for m in points.select(
-        e.max().alias(f"__c{i}") for i, e in enumerate(shifted)).row(0)]
-    if sum(bits) <= _CODE_BITS:
-        # one expression over the points: the codes are never materialised as columns
-        src, shift = pl.lit(0, pl.Int64), 0
-        for i in reversed(range(len(SOURCE))):
-            src = src + shifted[i] * (1 << shift)
-            shift += bits[i]
-        key = points.select(src.alias(SRC)).get_column(SRC)
-    else:  # codes too large to pack (a long-lived process saw many strings): number the combos
-        codes = points.select(e.alias(f"__c{i}") for i, e in enumerate(shifted))
-        distinct = codes.unique().with_row_index(SRC).with_columns(pl.col(SRC).cast(pl.Int64))
-        key = codes.join(distinct, on=codes.columns, how="left",
-                         maintain_order="left").get_column(SRC)
+    key = packed_codes(points, SOURCE)
+    if key is None:  # codes too large to pack (a process saw many strings): number the combos
+        key = number_combinations(points.select(code(col) for col in SOURCE))
+    key = key.alias(SRC)
     first = key.arg_unique()
     combos = points.select(SOURCE).gather(first).with_columns(
         pl.col(SOURCE).cast(pl.String), key.gather(first).alias(SRC))
     slim = points.select(keep).with_columns(key)
     return slim, combos
+
+
+def number_combinations(codes: pl.DataFrame) -> pl.Series:
+    """One Int64 per row of integer ``codes``: the number of its distinct combination (nulls
+    equal), for when the codes are too large to pack side by side."""
+    distinct = codes.unique().with_row_index(SRC).with_columns(pl.col(SRC).cast(pl.Int64))
+    return codes.join(distinct, on=codes.columns, how="left", maintain_order="left",
+                      nulls_equal=True).get_column(SRC)
 
 
 def pivot_sorted(frame: pl.DataFrame, columns: list[str], key: pl.Expr) -> pl.DataFrame:

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetlens.pipeline import partitions, pivot
+from fleetlens.pipeline import attrs, partitions, pivot
 from fleetlens.pipeline.partitions import read_raw
 from fleetlens.pipeline.pivot import KEY, SLOT, SRC, pivot_sorted, split_sources
 from fleetlens.pipeline.runner import _CATEGORICAL, _COLUMNS
@@ -69,7 +69,7 @@ def test_split_sources_codes_each_combination_once_and_keeps_nulls() -> None:
 def test_split_sources_falls_back_when_codes_do_not_pack(monkeypatch) -> None:
     points = _mixed_points()
     packed = split_sources(points, [c.TS_NS])
-    monkeypatch.setattr(pivot, "_CODE_BITS", 0)
+    monkeypatch.setattr(attrs, "PACK_BITS", 0)
     numbered = split_sources(points, [c.TS_NS])
     # different code values, same partition of the points into combinations
     for slim, combos in (packed, numbered):
