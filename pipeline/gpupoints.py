@@ -23,6 +23,9 @@ NS = 1_000_000_000
 SERIES = "__series"
 #: A GPU: its rank in (host_name, gpu_uuid) order.
 GID = "__gid"
+#: The most power any one GPU draws, with room to spare (10x a 1 kW B200): an energy
+#: interval implying more is a broken or hostile reading, not a measurement.
+MAX_GPU_POWER_W = 10_000.0
 #: One energy interval of a GPU, ``(T0, T1]`` in ns, and the joules measured in it.
 T0, T1, JOULES = "__t0", "__t1", "__joules"
 
@@ -177,6 +180,16 @@ def _intervals(rows: pl.DataFrame, joules: pl.Expr, gap_ns: float | None) -> pl.
     return rows.select(GID, T0, pl.col(c.TS_NS).alias(T1), joules.alias(JOULES))
 
 
+def _plausible(intervals: pl.DataFrame, gap_ns: float) -> pl.DataFrame:
+    """The intervals whose joules a GPU could have drawn: at most :data:`MAX_GPU_POWER_W` over
+    the interval (over one sample gap for a delta sum's first point, whose start is unknown).
+    A NaN, an infinity or a counter that jumped by 1e300 is no measurement (null energy), and
+    would otherwise fail the integer µJ of its slot, and so the hour, on every run."""
+    seconds = pl.coalesce((pl.col(T1) - pl.col(T0)) / NS, pl.lit(gap_ns / NS))
+    joules = pl.col(JOULES)
+    return intervals.filter(joules.is_null() | (joules.abs() <= MAX_GPU_POWER_W * seconds))
+
+
 def _reach(frame: pl.DataFrame, lo: pl.Expr, hi: pl.Expr) -> pl.DataFrame:
     """Per GPU of a frame sorted by GID: the smallest ``lo`` and largest ``hi``."""
     return frame.with_columns(pl.col(GID).set_sorted()).group_by(GID, maintain_order=True).agg(
@@ -187,12 +200,12 @@ def _energy_intervals(gp: GpuPoints, gap_ns: float) -> list[pl.DataFrame]:
     value, prev = pl.col(c.VALUE), pl.col("__prev")
     measured = []
     if (delta := gp.only(ENERGY_DELTA)) is not None:
-        measured.append(_intervals(delta, value, None))
+        measured.append(_plausible(_intervals(delta, value, None), gap_ns))
     if (counter := gp.only(c.ENERGY_J)) is not None:
         if measured:  # a GPU sending delta sums is measured by them alone
             counter = counter.filter(~pl.col(GID).is_in(measured[0].get_column(GID).implode()))
-        measured.append(_intervals(counter, pl.when(value < prev).then(value)
-                                   .otherwise(value - prev), gap_ns))
+        measured.append(_plausible(_intervals(counter, pl.when(value < prev).then(value)
+                                              .otherwise(value - prev), gap_ns), gap_ns))
     power = gp.only(c.POWER_W)
     if power is None:
         return measured
@@ -208,7 +221,8 @@ def _energy_intervals(gp: GpuPoints, gap_ns: float) -> list[pl.DataFrame]:
     power = power.filter(~pl.col(GID).is_in(inside.get_column(GID).implode()))
     if power.height == 0:
         return measured
-    power = _intervals(power, (value + prev) / 2 * (pl.col(c.TS_NS) - pl.col(T0)) / NS, gap_ns)
+    power = _plausible(_intervals(
+        power, (value + prev) / 2 * (pl.col(c.TS_NS) - pl.col(T0)) / NS, gap_ns), gap_ns)
     power = power.join(span, on=GID, how="left", maintain_order="left").filter(
         pl.col("__lo").is_null() | (pl.col(T1) <= pl.col("__lo"))
         | (pl.col(T0) >= pl.col("__hi"))).select(GID, T0, T1, JOULES)

@@ -122,9 +122,25 @@ def request_spans(spans: pl.DataFrame) -> pl.DataFrame:
     return _gateway_overhead(spans, candidates)
 
 
-#: Span attributes holding durations (seconds); negative ones are read as missing.
+#: Span attributes holding durations (seconds); negative ones, and longer ones than
+#: :data:`MAX_DURATION_S`, are read as missing.
 _DURATION_ATTRIBUTES = (c.GEN_AI_TIME_IN_QUEUE_S, c.GEN_AI_PREFILL_S, c.GEN_AI_DECODE_S,
                         c.GEN_AI_INFERENCE_S, c.GEN_AI_TTFT_S, c.GEN_AI_E2E_S)
+
+
+#: The longest duration a request attribute may hold (a week): a longer one is no measurement,
+#: and in nanoseconds it could not even be added to a timestamp (a client sent 1e300 s).
+MAX_DURATION_S = 7 * 24 * 3600.0
+#: The most tokens a request may count (1,000x the longest context windows): a larger count is
+#: no count, and its energy weight (milli-tokens, int64) would overflow.
+MAX_TOKENS = 1 << 32
+_TOKEN_ATTRIBUTES = (c.GEN_AI_PROMPT_TOKENS, c.GEN_AI_COMPLETION_TOKENS)
+_TOKEN_KEYS = (_ATTR_IN, _ATTR_OUT, _ATTR_CACHED, _ATTR_CACHED_OLD)
+
+
+def _within(col: str, limit: float) -> pl.Expr:
+    """``col`` where it lies in ``[0, limit]``, else null (NaN included)."""
+    return pl.when(pl.col(col).is_between(0, limit)).then(pl.col(col)).alias(col)
 
 
 def _seconds_or(col: str, fallback: pl.Expr) -> pl.Expr:
@@ -172,9 +188,12 @@ def normalize(
     inference, prefill, decode = c.GEN_AI_INFERENCE_S, c.GEN_AI_PREFILL_S, c.GEN_AI_DECODE_S
     # vLLM subtracts engine timestamps that stay 0.0 when a step never happened (a request
     # aborted before it was scheduled, or before its first token), so such a phase comes out
-    # negative by up to the engine's uptime. A negative duration is no duration: null.
-    spans = spans.with_columns(pl.when(pl.col(col) >= 0).then(pl.col(col)).alias(col)
-                               for col in _DURATION_ATTRIBUTES)
+    # negative by up to the engine's uptime. A negative duration is no duration: null. So is
+    # an absurd one, and an absurd token count: one hostile span must not stop the energy
+    # stage (its nanosecond and milli-token integers) for the whole hour, run after run.
+    spans = spans.with_columns(
+        *(_within(col, MAX_DURATION_S) for col in _DURATION_ATTRIBUTES),
+        *(_within(col, MAX_TOKENS) for col in (*_TOKEN_ATTRIBUTES, *_TOKEN_KEYS)))
     out = spans.with_columns(
         pl.coalesce(c.GEN_AI_REQUEST_ID, _ATTR_RESP_ID,
                     pl.concat_str(c.TRACE_ID, pl.lit("-"), c.SPAN_ID)).alias(c.REQUEST_ID),

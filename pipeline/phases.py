@@ -103,8 +103,11 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
     can run this anywhere the files can be read)."""
     lo, hi = hour, hour + HOUR_NS
     gap_ns = int(cfg.max_sample_gap_s * NS)
+    # A NaN or infinite reading (a Prometheus staleness marker, a broken sensor, a hostile
+    # client: OTLP allows them, so the collector keeps them) is no reading.
+    finite = pl.col(c.VALUE).is_finite() | pl.col(c.VALUE).is_null()
     points = read_raw(files["metrics"], _SIGNALS["metrics"],
-                      pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left"),
+                      pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left") & finite,
                       _COLUMNS["metrics"], _CATEGORICAL["metrics"],
                       within=(c.TS_NS, lo - gap_ns, hi))
     in_hour = pl.col(c.TS_NS) >= lo

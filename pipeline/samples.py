@@ -119,7 +119,8 @@ def _wide(points: pl.DataFrame | Split, columns_of: Callable[[pl.DataFrame], pl.
 _LAST = (c.ENERGY_J, c.MEM_TOTAL_BYTES, c.POWER_LIMIT_W)
 _KINDS: dict[str, pl.Expr] = {
     "mean": pl.col(c.VALUE).mean(), "last": pl.col(c.VALUE).last(),
-    "bits": pl.col(c.VALUE).cast(pl.Int64).bitwise_or().cast(pl.Float64),
+    # (a reading no int64 holds is no mask: null, not a failed hour)
+    "bits": pl.col(c.VALUE).cast(pl.Int64, strict=False).bitwise_or().cast(pl.Float64),
     "sum": pl.col(c.VALUE).sum(),
 }
 
