@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetlens.pipeline.schema import CAUSES
+from fleetlens.pipeline.schema import LATENCY_CAUSES
 from fleetlens.simulator.specs import BLOCK_TOKENS, GPU_PRESETS, MODEL_PRESETS
 
 #: the shared Azure trace (one hour of a code assistant's requests), replayed when present
@@ -204,7 +204,7 @@ def random_fleet(seed: int, size: FleetSize = FULL) -> dict[str, Any]:
     # every cause once before any repeats, in random order
     causes: list[str] = []
     while len(causes) < n:
-        batch = list(CAUSES)
+        batch = list(LATENCY_CAUSES)
         rng.shuffle(batch)
         causes += batch
     incidents, end = _incidents(rng, services, size, causes[:n])

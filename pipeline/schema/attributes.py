@@ -141,6 +141,40 @@ FINISHED_ERROR = "error"
 FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, FINISHED_ERROR, "repetition")
 ENGINE_INSTANCE = "fleetlens.instance_id"
 
+# --- liveness, identity and health (issue 30) ---------------------------------------------
+#: gauge 1/0 per engine the agent scrapes, Prometheus' ``up``: 1 when the scrape of its
+#: ``/metrics`` worked, 0 when it failed (refused, timed out, an HTTP error, a bad page).
+#: Point attributes as the other engine metrics (``fleetlens.instance_id``, ``model_name``).
+ENGINE_UP = "fleetlens.engine.up"
+#: gauge, s since the epoch: when the engine process started (Prometheus' process collector,
+#: ``process_start_time_seconds``); a new value is a restart.
+ENGINE_START_TIME = "fleetlens.engine.start_time"
+#: gauge 1 per engine, whose point attributes carry its configuration: a fingerprint (hex) of
+#: everything below, the engine's version, and the configuration as a JSON object (sorted
+#: keys: ``cache_config_info`` labels, the served models and their ``max_model_len``).
+ENGINE_CONFIG_INFO = "fleetlens.engine.config"
+ENGINE_CONFIG_FINGERPRINT = "fleetlens.engine.config.fingerprint"
+ENGINE_CONFIG_JSON = "fleetlens.engine.config.json"
+ENGINE_VERSION = "fleetlens.engine.version"
+#: gauge 1 on the agent's resource at every collection: the agent (and so its host) is alive,
+#: whether or not it can scrape anything.
+AGENT_HEARTBEAT = "fleetlens.agent.heartbeat"
+#: GPU health. Xid events (NVML event API, dcgm-exporter's last Xid): a cumulative count per
+#: code; ECC error counts (cumulative) by type and counter; remapped rows (gauge) by kind; and
+#: a gauge 1 when NVML answers that the GPU is lost (fell off the bus).
+GPU_XID_ERRORS = "gpu.xid.errors"
+GPU_XID_CODE = "gpu.xid.code"
+GPU_ECC_ERRORS = "gpu.ecc.errors"
+GPU_ECC_TYPE = "gpu.ecc.type"  # corrected | uncorrected
+GPU_ECC_COUNTER = "gpu.ecc.counter"  # volatile | aggregate
+GPU_REMAPPED_ROWS = "gpu.remapped_rows"
+GPU_REMAP_KIND = "gpu.remap.kind"  # correctable | uncorrectable | pending | failure
+GPU_LOST = "gpu.lost"
+#: Prometheus' process collector family that vLLM serves.
+VLLM_PROCESS_START_TIME = "process_start_time_seconds"
+#: HTTP semantic conventions on a gateway's server span (5xx: the server failed the request).
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+
 # --- vLLM Prometheus /metrics families (scraped by the agent) -------------------------------
 #: Each engine signal maps to the family names vLLM has used for it, newest first.
 VLLM_PROMETHEUS_NAMES: dict[str, tuple[str, ...]] = {

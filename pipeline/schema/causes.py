@@ -10,7 +10,7 @@ from enum import StrEnum
 
 
 class Cause(StrEnum):
-    """Why a latency spike happened."""
+    """Why a latency spike happened, or what failed or changed."""
 
     TRAFFIC_SURGE = "traffic_surge"
     KV_CACHE_PRESSURE = "kv_cache_pressure"
@@ -22,9 +22,25 @@ class Cause(StrEnum):
     NETWORK_OVERHEAD = "network_overhead"
     COLLECTIVE_STALL = "collective_stall"
     ENGINE_OVERHEAD = "engine_overhead"
+    # failures and changes (issue 30)
+    ENGINE_DOWN = "engine_down"
+    ENGINE_HANG = "engine_hang"
+    ENGINE_RESTART = "engine_restart"
+    GPU_FAULT = "gpu_fault"
+    REQUEST_ERRORS = "request_errors"
+    HOST_DOWN = "host_down"
+    TELEMETRY_GAP = "telemetry_gap"
+    CONFIG_CHANGE = "config_change"
 
 
 CAUSES: tuple[str, ...] = tuple(cause.value for cause in Cause)
+#: Causes that are a failure or a change rather than a reason for slowness: found from
+#: liveness, errors and change events (:mod:`analytics.failures`), not from a latency band.
+FAILURE_CAUSES: frozenset[str] = frozenset({
+    Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.ENGINE_RESTART, Cause.GPU_FAULT,
+    Cause.REQUEST_ERRORS, Cause.HOST_DOWN, Cause.TELEMETRY_GAP, Cause.CONFIG_CHANGE})
+#: The reasons for slowness, in vocabulary order (what the latency attribution ranks).
+LATENCY_CAUSES: tuple[str, ...] = tuple(x for x in CAUSES if x not in FAILURE_CAUSES)
 
 
 def subject(key: str, value: str) -> str:

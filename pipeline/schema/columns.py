@@ -147,6 +147,10 @@ KV_CAPACITY_TOKENS = "kv_capacity_tokens"
 REQUESTS_FINISHED_TOTAL = "requests_finished_total"
 REQUESTS_ABORTED_TOTAL = "requests_aborted_total"
 REQUESTS_ERRORED_TOTAL = "requests_errored_total"
+#: Liveness (issue 30), beside the table's columns: 1 when the agent's scrape of the engine
+#: worked, 0 when it failed; the engine process' start time (s since the epoch).
+UP = "up"
+PROCESS_START_TIME_S = "process_start_time_s"
 
 # --- windows ------------------------------------------------------------------------------
 WINDOW_START_NS = "window_start_ns"
