@@ -53,6 +53,9 @@ class Instance:
         self.extra_overhead_s = 0.0
         self.link_slowdown = 1.0
         self.prefix_cache_off = False
+        # failure state (simulator.failures): a dead or hung engine takes no step
+        self.down = self.hung = self.stalled = False
+        self.process_start_s = start_ns / 1e9  # set by the fleet, renewed at a restart
         # cumulative counters, as vLLM's /metrics
         self.preemptions = self.prefix_queries = self.prefix_hits = 0
         self.prompt_tokens = self.generation_tokens = 0
@@ -94,6 +97,9 @@ class Instance:
             now = self.now
             if now >= until:
                 return
+            if self.stalled:  # down or hung: no step, the GPUs idle
+                self._idle(until - now)
+                continue
             running, waiting = self.running, self.waiting
             if (waiting and not self.blocked and len(running) < self.max_seqs) or self.prefilling:
                 if self._step():

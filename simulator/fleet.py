@@ -8,6 +8,7 @@ from collections import defaultdict
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.simulator.arrivals import Stream
 from fleetlens.simulator.engine import Instance
+from fleetlens.simulator.failures import set_process_starts
 from fleetlens.simulator.incidents import Injector
 from fleetlens.simulator.metrics import agent_resource
 from fleetlens.simulator.power import GpuState
@@ -57,6 +58,7 @@ class Fleet:
         self.routes: dict[str, list[Instance]] = defaultdict(list)
         self.resources: dict[str, dict[str, str]] = {}  # instance id -> resource attributes
         self._place()
+        set_process_starts(self.instances, scenario.start_ns, seed)
         self.streams = [Stream(w, i, seed, scenario.start_ns, scenario.duration_s,
                                scenario.base_dir) for i, w in enumerate(scenario.workloads)]
         for s in self.streams:
@@ -107,10 +109,14 @@ class Fleet:
         by_id = {}
         count = 0
         net_delay = self.injector.net_delay
+        failures = self.injector.failures
+        failing = failures.active
         for stream in self.streams:
             targets = self.routes[stream.w.service]
             for r in stream.until(t0, t1):
                 inst = targets[min(int(r.instance * len(targets)), len(targets) - 1)]
+                if failing and failures.refuse(r, inst):
+                    continue  # a dead engine refuses the connection
                 d = inst.deployment
                 if r.prompt_len >= d.max_model_len or \
                         -(-r.prompt_len // BLOCK_TOKENS) >= inst.pool.total:

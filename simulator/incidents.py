@@ -13,6 +13,8 @@ Mechanism per kind (what ``magnitude`` means):
 - network_overhead: + magnitude s each way between gateway and engine.
 - collective_stall: tensor-parallel all-reduces magnitude x slower.
 - engine_overhead: + magnitude s of CPU per engine step and per request in the API server.
+- engine_down, engine_hang, request_errors, host_down, telemetry_gap: failures, see
+  :mod:`simulator.failures`.
 
 The ground truth names each incident's ``cause``, ``subject`` and window.
 """
@@ -25,6 +27,13 @@ from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import Cause, subject
 from fleetlens.simulator.arrivals import Stream
 from fleetlens.simulator.engine import Instance
+from fleetlens.simulator.failures import (
+    FAILURE_KINDS,
+    Failures,
+    check,
+    failure_subject,
+    restart_items,
+)
 from fleetlens.simulator.power import INLET_C, GpuState
 from fleetlens.simulator.scenario import Incident, Scenario, ScenarioError
 
@@ -48,6 +57,9 @@ ENGINE_KINDS = frozenset({Cause.KV_CACHE_PRESSURE, Cause.PREFIX_CACHE_DROP,
 def _check(x: Incident, t: Targets, where: str) -> None:
     """Refuse an incident that could not show anything (the ground truth would lie)."""
     kind = Cause(x.kind)
+    if kind in FAILURE_KINDS:
+        check(x, t, where)
+        return
     if kind in (Cause.TRAFFIC_SURGE, Cause.LONG_PROMPTS) and not t.streams:
         raise ScenarioError(f"{where}: service {x.service!r} has no workload")
     if kind in ENGINE_KINDS and not t.instances:
@@ -76,6 +88,7 @@ class Injector:
             _check(incident, targets, f"[[incident]] #{n + 1} ({incident.kind})")
         #: extra one-way network delay per instance id (network_overhead)
         self.net_delay: dict[str, float] = {}
+        self.failures = Failures(scenario, instances)
 
     def _targets(self, incident: Incident) -> Targets:
         streams = [s for s in self.streams if s.w.service == incident.service]
@@ -102,6 +115,9 @@ class Injector:
             return False
         started = set(active) - set(self.active)
         self.active = active
+        incidents = self.scenario.incidents
+        self.failures.update(t, [(incidents[i], self.targets[i]) for i in active
+                                 if incidents[i].kind in FAILURE_KINDS])
         self._reset()
         for i in active:
             self._apply(self.scenario.incidents[i], self.targets[i], i in started)
@@ -159,11 +175,14 @@ class Injector:
                 inst.extra_overhead_s += m
 
     def ground_truth(self, seed: int) -> dict:
-        """Every injected incident with cause, subject and window (ns), plus seed and hash."""
+        """Every injected incident with cause, subject and window (ns), then the
+        engine_restart items that follow down incidents, plus seed and hash."""
         sc = self.scenario
-        items = []
+        items, restarts = [], []
         for x, t in zip(sc.incidents, self.targets, strict=True):
-            if x.host and x.gpu >= 0:
+            if x.kind in FAILURE_KINDS:
+                subj = failure_subject(x, t)
+            elif x.host and x.gpu >= 0:
                 subj = subject(c.GPU_UUID, t.gpus[0].uuid)
             elif x.host:
                 subj = subject(c.HOST_NAME, x.host)
@@ -181,6 +200,9 @@ class Injector:
                 "instances": sorted(i.id for i in t.instances),
                 "gpus": sorted(g.uuid for g in t.gpus),
             })
+            restarts += restart_items(x, t, items[-1])
+        # after the injected incidents, so that item n is still incident n of the scenario
+        items += restarts
         return {"scenario": sc.name, "scenario_sha256": sc.sha256, "seed": seed,
                 c.START_NS: sc.start_ns, c.END_NS: sc.start_ns + round(sc.duration_s * 1e9),
                 "incidents": items}

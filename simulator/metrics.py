@@ -1,10 +1,12 @@
 """GPU and engine metrics exactly as the fleetlens agent emits them (docs/telemetry.md).
 
 Per host one resource (``service.name=fleetlens-agent``, ``host.name`` and the host's
-dimensions) with two scopes: the hw.* / gpu.* metrics with point attributes ``hw.id``,
+dimensions) with scopes: the hw.* / gpu.* metrics with point attributes ``hw.id``,
 ``hw.name``, ``hw.type=gpu``, ``gpu.index``; and the engine metrics the agent scrapes from
 vLLM's ``/metrics`` with ``fleetlens.instance_id`` and ``model_name``, plus the instance -> GPU
-mapping gauge. Counters are cumulative monotonic sums from the fleet's start.
+mapping gauge, ``up`` and the engine's start time. Counters are cumulative monotonic sums
+from the fleet's start (back to 0 when an engine restarts, as a new process's). A third scope
+carries the agent's heartbeat.
 
 The sampler produces plain data (a :data:`Collection` per host) so that it can cross a process
 boundary; :func:`metrics_data` turns collections into the SDK's ``MetricsData``.
@@ -32,6 +34,8 @@ from fleetlens.simulator.power import GpuState
 AGENT_SERVICE = "fleetlens-agent"
 GPU_SCOPE = "fleetlens.agent.gpu"
 ENGINE_SCOPE = "fleetlens.agent.engine"
+#: the agent's own liveness (issue 30), apart from what it samples
+AGENT_SCOPE = "fleetlens.agent"
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 
 #: name -> (unit, is_counter); units and kinds as the agent's instruments.
@@ -49,7 +53,10 @@ ENGINE_METRICS = {
     a.ENGINE_PREFIX_CACHE_HITS: ("{token}", True), a.ENGINE_PROMPT_TOKENS: ("{token}", True),
     a.ENGINE_GENERATION_TOKENS: ("{token}", True),
     a.ENGINE_INSTANCE_GPUS: ("1", False),
+    a.ENGINE_UP: ("1", False), a.ENGINE_START_TIME: ("s", False),
 }
+AGENT_METRICS = {a.AGENT_HEARTBEAT: ("1", False)}
+_SPECS = {**GPU_METRICS, **ENGINE_METRICS, **AGENT_METRICS}
 
 #: (host, ts_ns, {scope: {metric: [(attributes, value)]}}): one host's collection.
 Collection = tuple[str, int, dict[str, dict[str, list[tuple[dict, float]]]]]
@@ -89,14 +96,19 @@ class Sampler:
                      a.GPU_INDEX: g.index}
             for name, value in self.gpu_values(g, interval_s).items():
                 gpu[name].append((attrs, value))
-        scopes = {GPU_SCOPE: gpu}
-        points = len(gpus) * len(GPU_METRICS)
+        scopes = {GPU_SCOPE: gpu, AGENT_SCOPE: {a.AGENT_HEARTBEAT: [({}, 1)]}}
+        points = len(gpus) * len(GPU_METRICS) + 1
         if instances:
             engine: dict[str, list] = {name: [] for name in ENGINE_METRICS}
             for inst in instances:
                 attrs = {a.ENGINE_INSTANCE: inst.id,
                          a.ENGINE_MODEL_NAME: inst.deployment.model.name}
+                if inst.down:  # the scrape fails: "up" is all the agent can say
+                    engine[a.ENGINE_UP].append((attrs, 0))
+                    continue
                 for name, value in (
+                    (a.ENGINE_UP, 1),
+                    (a.ENGINE_START_TIME, inst.process_start_s),
                     (a.ENGINE_KV_CACHE_USAGE, inst.pool.usage),
                     (a.ENGINE_NUM_RUNNING, len(inst.running)),
                     (a.ENGINE_NUM_WAITING, inst.num_waiting(t)),
@@ -121,10 +133,11 @@ def metrics_data(collections: list[Collection], resources: dict[str, Resource],
     for host, ts_ns, scopes in collections:
         scope_metrics = []
         for scope, metrics in scopes.items():
-            spec = GPU_METRICS if scope == GPU_SCOPE else ENGINE_METRICS
             items = []
             for name, points in metrics.items():
-                unit, counter = spec[name]
+                if not points:  # e.g. no engine metric while every engine is down
+                    continue
+                unit, counter = _SPECS[name]
                 data_points = [NumberDataPoint(attrs, start_ns if counter else 0, ts_ns, value)
                                for attrs, value in points]
                 data = Sum(data_points, _CUMULATIVE, True) if counter else Gauge(data_points)

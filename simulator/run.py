@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.simulator.engine import Instance
+from fleetlens.simulator.failures import failed_records
 from fleetlens.simulator.fleet import Fleet
 from fleetlens.simulator.logs import StallLogger
 from fleetlens.simulator.metrics import Sampler
@@ -82,6 +83,7 @@ class RunResult:
     exported: ExportCounts
     ground_truth: dict = field(repr=False)
     logs: int = 0  # engine log records (NCCL warnings, watchdog timeouts during stalls)
+    failed: int = 0  # requests failed by failure incidents (lost, refused, timed out, aborted)
 
 
 def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317", *,
@@ -148,7 +150,7 @@ def run(scenario: Scenario | str | Path, endpoint: str | None = "127.0.0.1:4317"
     unfinished = sum(len(i.pending) + len(i.waiting) + len(i.running) for i in fleet.instances)
     return RunResult(seed, progress.p.sim_s, wall, progress.p.requests, progress.p.finished,
                      unfinished, fleet.rejected, progress.p.spans, progress.p.points, counts,
-                     truth, progress.p.logs)
+                     truth, progress.p.logs, fleet.injector.failures.failed)
 
 
 @dataclass
@@ -169,6 +171,7 @@ def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
     wall0 = time.perf_counter()
     assigned = {id(g) for inst in fleet.instances for g in inst.gpus}
     spare = [g for g in fleet.gpus if id(g) not in assigned]
+    failures = fleet.injector.failures
     i = 0
     while True:
         t0, t1 = i * tick, (i + 1) * tick
@@ -182,6 +185,12 @@ def _loop(sc: Scenario, fleet: Fleet, exporter: Exporter, speed: float | None,
             inst.advance(t1)
         for g in spare:
             g.idle(tick)
+        if failures.hung:
+            failures.tick(t1)
+        if failures.records:  # 5xx gateway spans of crashes, refusals and timeouts
+            exporter.spans(failures.records)
+            p.spans += len(failures.records)
+            failures.records = []
         retune = {id(g) for g in fleet.gpus if g.control(tick)}
         for inst in fleet.instances:
             if any(id(g) in retune for g in inst.gpus):
@@ -213,6 +222,9 @@ def _emit(fleet: Fleet, inst, exporter: Exporter) -> int:
     model = inst.deployment.model.name
     records = []
     for r in inst.finished:
+        if r.status:  # aborted, or already answered 504 by the gateway
+            records += failed_records(r, inst, start)
+            continue
         records.append(llm_request_record(r, inst.id, start))
         if r.gateway_span_id:
             records.append(gateway_record(r, r.gateway, start, model, inst.host, inst.id))
@@ -224,9 +236,12 @@ def _sample(fleet: Fleet, sampler: Sampler, exporter: Exporter, start_ns: int, t
             interval: float) -> int:
     ts = start_ns + round(t * 1e9)
     collected, points = [], 0
+    silent = fleet.injector.failures.silent
     for host in fleet.scenario.hosts:
         collection, n = sampler.collect(host.name, ts, t, interval, fleet.host_gpus[host.name],
                                         fleet.host_instances[host.name])
+        if host.name in silent:  # sampled all the same, so utilisation resumes per interval
+            continue
         collected.append(collection)
         points += n
     exporter.metrics(collected, points)

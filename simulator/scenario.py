@@ -88,6 +88,7 @@ class Workload:
     prefix_share: float = 0.0
     gateway_share: float = 0.0
     gateway_service: str = "llm-gateway"
+    gateway_timeout_s: float = 30.0  # the gateway answers 504 after this (a hung engine)
     max_tokens: int = 4096
     temperature: float = 0.7
     top_p: float = 1.0
@@ -125,6 +126,9 @@ DEFAULT_MAGNITUDE: dict[str, float] = {
     "network_overhead": 0.25,  # extra one-way gateway -> engine delay, seconds
     "collective_stall": 25.0,  # interconnect slowdown factor
     "engine_overhead": 0.03,  # extra CPU seconds per engine step
+    # failures (simulator.failures): only request_errors reads its magnitude
+    "engine_down": 1.0, "engine_hang": 1.0, "host_down": 1.0, "telemetry_gap": 1.0,
+    "request_errors": 0.2,  # share of the target's requests aborted after their prefill
 }
 #: Which target each kind takes: service-wide, or a host / one GPU.
 SERVICE_KINDS = frozenset({"traffic_surge", "long_prompts"})
@@ -333,6 +337,8 @@ def _check_workload(w: Workload, services: set[str], where: str) -> None:
     for name in ("prefix_share", "gateway_share", "daily_amplitude"):
         if not 0.0 <= getattr(w, name) <= 1.0:
             raise ScenarioError(f"{where}.{name}: must be within 0..1")
+    if w.gateway_timeout_s <= 0:
+        raise ScenarioError(f"{where}.gateway_timeout_s: must be positive")
 
 
 def _incident(entry: dict[str, Any], services: set[str], hosts: dict[str, Host],
@@ -341,6 +347,9 @@ def _incident(entry: dict[str, Any], services: set[str], hosts: dict[str, Host],
     kind = entry.get("kind")
     if kind not in CAUSES:
         raise ScenarioError(f"{where}.kind: {kind!r} is not one of {list(CAUSES)}")
+    if kind not in DEFAULT_MAGNITUDE:
+        raise ScenarioError(f"{where}.kind: {kind!r} is not simulated (yet); simulated: "
+                            f"{sorted(DEFAULT_MAGNITUDE)}")
     entry.setdefault("magnitude", DEFAULT_MAGNITUDE[kind])
     gpu = entry.pop("gpu", None)
     if gpu is not None:  # "h03:2" -> host h03, GPU index 2

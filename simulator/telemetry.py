@@ -29,7 +29,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.simulator.logs import GrpcLogSender, LogRecord, logs_request
@@ -41,8 +41,11 @@ VLLM_SCOPE = InstrumentationScope("vllm.llm_engine")
 GATEWAY_SCOPE = InstrumentationScope("fleetlens.simulator.gateway")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NS = 1_000_000_000
-#: (resource key, trace id, span id, parent span id or 0, name, start ns, end ns, attributes)
-SpanRecord = tuple[str, int, int, int, str, int, int, dict[str, Any]]
+#: (resource key, trace id, span id, parent span id or 0, name, start ns, end ns, attributes),
+#: and for a failed span a ninth item, its status message (status ERROR; simulator.failures)
+SpanRecord = tuple[str, int, int, int, str, int, int, dict[str, Any]] | tuple[
+    str, int, int, int, str, int, int, dict[str, Any], str]
+_UNSET = Status(StatusCode.UNSET)
 
 
 @dataclass
@@ -144,13 +147,17 @@ class _Worker:
         self.counts = ExportCounts()
 
     def span(self, record: SpanRecord) -> ReadableSpan:
+        status = _UNSET
+        if len(record) > 8:  # a failed span
+            status = Status(StatusCode.ERROR, record[8])
+            record = record[:8]
         res, trace, span, parent, name, start, end, attributes = record
         scope = VLLM_SCOPE if name == a.VLLM_REQUEST_SPAN else GATEWAY_SCOPE
         return ReadableSpan(
             name, SpanContext(trace, span, False, _SAMPLED),
             SpanContext(trace, parent, True, _SAMPLED) if parent else None,
             self.resources[res], attributes, kind=SpanKind.SERVER,
-            instrumentation_scope=scope, start_time=start, end_time=end)
+            instrumentation_scope=scope, status=status, start_time=start, end_time=end)
 
     def _logs(self, records: list) -> None:
         counts = self.counts

@@ -34,6 +34,7 @@ class Request:
         "trace", "span", "gateway_span_id", "rid", "instance",
         "queued_t", "computed", "generated", "hashed", "plain", "capacity", "scheduled_t",
         "first_token_t", "last_token_t", "finish_t", "preemptions", "post_s", "gateway",
+        "status",
     )
 
     def __init__(self) -> None:
@@ -45,6 +46,7 @@ class Request:
         self.gateway_span_id = 0
         self.net_s = 0.0
         self.instance = None
+        self.status = 0  # HTTP status of a failed request (simulator.failures), else 0
 
     def block_keys(self) -> list:
         """Hash keys of the prompt's full blocks that a prefix cache may share."""

@@ -1,0 +1,234 @@
+"""Failure incidents (issue 30): dead, hung and failing engines, lost hosts, silent agents.
+
+Mechanism per kind (the telemetry contract of docs/simulator.md):
+
+- engine_down: the instance dies at the start. Its pending, waiting and running requests are
+  lost (a gateway request gets a 502 gateway span ending at the crash); requests routed to it
+  while it is down are refused (503, about 1 ms after the client's request; without a gateway
+  the client saw a refusal and nothing is emitted). The agent reports only ``up = 0``; the
+  GPUs idle with their memory freed. At the end the engine restarts: a new start time, empty
+  KV and prefix caches, counters from 0 (a new process).
+- engine_hang: the instance takes no step; its /metrics still answers (running unchanged,
+  waiting grows). The gateway answers 504 to each gateway request that has waited
+  ``gateway_timeout_s`` while the engine hangs. At the end the requests still there proceed.
+- request_errors: a share (magnitude) of the requests routed to the target is aborted by the
+  engine after its prefill (finish reason ``abort``, status ERROR; 500 at the gateway).
+- host_down: every instance of the host is down as above and the host's agent sends nothing.
+- telemetry_gap: the host's agent sends nothing; its engines serve as usual.
+
+All of it costs a run without failure incidents one truthiness check per request routed and
+one attribute check per engine loop turn (``Instance.stalled``).
+"""
+
+from __future__ import annotations
+
+import random
+from itertools import chain
+from typing import TYPE_CHECKING
+
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.causes import Cause, subject
+from fleetlens.simulator.engine import Instance
+from fleetlens.simulator.kvcache import BlockPool
+from fleetlens.simulator.scenario import Incident, Scenario, ScenarioError
+from fleetlens.simulator.telemetry import SpanRecord, gateway_record, llm_request_record
+from fleetlens.simulator.workload import Request
+
+if TYPE_CHECKING:
+    from fleetlens.simulator.incidents import Targets
+
+FAILURE_KINDS = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.REQUEST_ERRORS,
+                           Cause.HOST_DOWN, Cause.TELEMETRY_GAP})
+#: kinds that take a whole host (``host`` only)
+HOST_KINDS = frozenset({Cause.HOST_DOWN, Cause.TELEMETRY_GAP})
+#: kinds whose instances are dead during the window and restart at its end
+DOWN_KINDS = frozenset({Cause.ENGINE_DOWN, Cause.HOST_DOWN})
+#: how long the ground truth's engine_restart item lasts (cold caches after a restart)
+RESTART_WINDOW_S = 60.0
+#: a refused connection reaches the gateway this long after the client's request
+REFUSED_S = 0.001
+#: HTTP status of a gateway request: lost at a crash, refused, timed out, failed by the engine
+BAD_GATEWAY, UNAVAILABLE, GATEWAY_TIMEOUT, SERVER_ERROR = 502, 503, 504, 500
+#: vLLM writes finish reasons as a JSON list in a string (pipeline/normalize.py reads both)
+ABORTED = '["abort"]'
+_NS = 1_000_000_000
+
+
+def check(x: Incident, t: Targets, where: str) -> None:
+    """Refuse a failure incident that could not show anything (or has no single meaning)."""
+    kind = Cause(x.kind)
+    if kind in HOST_KINDS and (x.service or x.gpu >= 0 or not x.host):
+        raise ScenarioError(f"{where}: {kind} takes a whole host: give 'host' only")
+    if kind in (Cause.ENGINE_DOWN, Cause.ENGINE_HANG) and not x.host:
+        raise ScenarioError(f"{where}: {kind} needs a 'host' (or 'gpu') target, with "
+                            "'service' to pick that service's engines on it")
+    if kind in (Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.REQUEST_ERRORS) \
+            and not t.instances:
+        raise ScenarioError(f"{where}: no engine runs on the target")
+    if kind is Cause.REQUEST_ERRORS:
+        if not 0.0 < x.magnitude <= 1.0:
+            raise ScenarioError(f"{where}.magnitude: the share of failing requests must be "
+                                f"within (0, 1], got {x.magnitude}")
+        if not t.streams_of_instances:
+            raise ScenarioError(f"{where}: no workload sends requests to the target")
+
+
+def failure_subject(x: Incident, t: Targets) -> str:
+    """The ground truth's subject of a failure incident: the one instance, else the host,
+    else the service."""
+    kind = Cause(x.kind)
+    if kind not in HOST_KINDS and x.host and len(t.instances) == 1:
+        return subject(c.INSTANCE_ID, t.instances[0].id)
+    if x.host:
+        return subject(c.HOST_NAME, x.host)
+    return subject(c.SERVICE_NAME, x.service)
+
+
+def restart_items(x: Incident, t: Targets, item: dict) -> list[dict]:
+    """Ground-truth engine_restart items that follow a down incident: the engine_down's own
+    subject, or one per instance (``instance_id=...``) of a host_down."""
+    kind = Cause(x.kind)
+    if kind not in DOWN_KINDS or not t.instances:
+        return []
+    start = item[c.END_NS]
+    window = {c.START_NS: start, c.END_NS: start + round(RESTART_WINDOW_S * _NS)}
+    base = {**item, "cause": Cause.ENGINE_RESTART.value, **window, "magnitude": None}
+    if kind is Cause.ENGINE_DOWN:
+        return [base]
+    return [{**base, "subject": subject(c.INSTANCE_ID, inst.id), c.SERVICE_NAME:
+             inst.deployment.service, "instances": [inst.id],
+             "gpus": sorted(g.uuid for g in inst.gpus)} for inst in t.instances]
+
+
+def set_process_starts(instances: list[Instance], start_ns: int, seed: int) -> None:
+    """Each engine's process started some random minutes before the fleet's start (its own
+    generator: the simulation's draws do not change)."""
+    for inst in instances:
+        minutes = random.Random(f"{seed}:{inst.id}:process-start").uniform(5.0, 600.0)
+        inst.process_start_s = start_ns / _NS - 60.0 * minutes
+
+
+def error_gateway_record(r: Request, inst: Instance, start_ns: int, code: int,
+                         end_ns: int) -> SpanRecord:
+    """A gateway span that failed with HTTP ``code`` at ``end_ns`` (status ERROR; OTel HTTP
+    semconv: ``error.type`` is the status code as a string)."""
+    attributes = {a.GEN_AI_REQUEST_MODEL: inst.deployment.model.name,
+                  a.SERVER_ADDRESS: inst.host, a.FLEETLENS_INSTANCE_ID: inst.id,
+                  a.HTTP_RESPONSE_STATUS_CODE: code, a.ERROR_TYPE: str(code)}
+    return (r.gateway, r.trace, r.gateway_span_id, 0, a.GATEWAY_SPAN, r.client_ns,
+            max(end_ns, r.client_ns), attributes, f"HTTP {code}")
+
+
+def failed_records(r: Request, inst: Instance, start_ns: int) -> list[SpanRecord]:
+    """Spans of a finished request that failed (``r.status``): an aborted one, or one the
+    gateway already answered 504 (its engine span only)."""
+    engine = llm_request_record(r, inst.id, start_ns)
+    if r.status != SERVER_ERROR:
+        return [engine]
+    engine[7][a.GEN_AI_FINISH_REASONS] = ABORTED
+    records = [(*engine, "aborted")]
+    if r.gateway_span_id:
+        ok = gateway_record(r, r.gateway, start_ns, inst.deployment.model.name, inst.host,
+                            inst.id)
+        records.append(error_gateway_record(r, inst, start_ns, SERVER_ERROR, ok[6]))
+    return records
+
+
+class Failures:
+    """The failure incidents in effect, applied to the fleet's engines and agents."""
+
+    def __init__(self, scenario: Scenario, instances: list[Instance]) -> None:
+        self.start_ns = scenario.start_ns
+        self.instances = instances
+        self.timeout_s = {w.service: w.gateway_timeout_s for w in scenario.workloads}
+        self.active = False  # any failure in effect (the fast path checks only this)
+        self.hung: list[Instance] = []
+        self.abort: dict[str, float] = {}  # instance id -> share of requests aborted
+        self.silent: frozenset[str] = frozenset()  # hosts whose agent sends nothing
+        self.records: list[SpanRecord] = []  # error spans not yet exported
+        self.failed = 0  # requests that failed (lost, refused, timed out, aborted)
+        self._memory: dict[int, float] = {}  # id(GPU) -> memory held before the crash
+
+    def update(self, t: float, incidents: list[tuple[Incident, Targets]]) -> None:
+        """Apply the failure incidents active at ``t`` (crashes and restarts happen here)."""
+        down, hung, silent = set(), set(), set()
+        abort: dict[str, float] = {}
+        for x, targets in incidents:
+            kind = Cause(x.kind)
+            ids = {inst.id for inst in targets.instances}
+            if kind in DOWN_KINDS:
+                down |= ids
+            if kind in HOST_KINDS:
+                silent.add(x.host)
+            if kind is Cause.ENGINE_HANG:
+                hung |= ids
+            if kind is Cause.REQUEST_ERRORS:
+                for iid in ids:
+                    abort[iid] = max(abort.get(iid, 0.0), x.magnitude)
+        for inst in self.instances:
+            if inst.id in down and not inst.down:
+                self._crash(inst, t)
+            elif inst.down and inst.id not in down:
+                self._restart(inst, t)
+            inst.hung = inst.id in hung and not inst.down
+            inst.stalled = inst.down or inst.hung
+        self.hung = [inst for inst in self.instances if inst.hung]
+        self.abort, self.silent = abort, frozenset(silent)
+        self.active = bool(down or hung or abort or silent)
+
+    def refuse(self, r: Request, inst: Instance) -> bool:
+        """At routing: True when ``inst`` is down (the request is refused); marks a request
+        that the engine will abort after its prefill."""
+        if inst.down:
+            self.failed += 1
+            if r.gateway_span_id:
+                r.status = UNAVAILABLE
+                self.records.append(error_gateway_record(
+                    r, inst, self.start_ns, UNAVAILABLE, r.client_ns + round(REFUSED_S * _NS)))
+            return True
+        share = self.abort.get(inst.id)
+        # the span id is a uniform random draw already made: no draw of the run changes
+        if share and (r.span & 0xFFFFFFFF) / 2**32 < share:
+            r.status = SERVER_ERROR
+            r.out_target = 1  # the engine finishes it at its first token: the abort
+            self.failed += 1
+        return False
+
+    def tick(self, t1: float) -> None:
+        """The gateway gives up (504) on requests to a hung engine after its timeout."""
+        for inst in self.hung:
+            for r in chain(inst.pending, inst.waiting, inst.running):
+                if not r.gateway_span_id or r.status:
+                    continue
+                deadline_ns = r.client_ns + round(self.timeout_s[r.service] * _NS)
+                if deadline_ns <= self.start_ns + round(t1 * _NS):
+                    r.status = GATEWAY_TIMEOUT
+                    self.failed += 1
+                    self.records.append(error_gateway_record(
+                        r, inst, self.start_ns, GATEWAY_TIMEOUT, deadline_ns))
+
+    def _crash(self, inst: Instance, t: float) -> None:
+        crash_ns = self.start_ns + round(t * _NS)
+        for r in chain(inst.pending, inst.waiting, inst.running):
+            self.failed += 1
+            if r.gateway_span_id and not r.status:
+                self.records.append(error_gateway_record(r, inst, self.start_ns, BAD_GATEWAY,
+                                                         crash_ns))
+        inst.pending.clear()
+        inst.waiting.clear()
+        inst.running.clear()
+        inst.prefilling = inst.blocked = False
+        inst.down = True
+        for g in inst.gpus:  # the process is gone, and its memory with it
+            self._memory[id(g)] = g.memory_used_bytes
+            g.memory_used_bytes = 0.0
+
+    def _restart(self, inst: Instance, t: float) -> None:
+        inst.down = False
+        inst.process_start_s = (self.start_ns + round(t * _NS)) / _NS
+        inst.pool = BlockPool(inst.pool.total, inst.deployment.prefix_caching)
+        inst.preemptions = inst.prefix_queries = inst.prefix_hits = 0
+        inst.prompt_tokens = inst.generation_tokens = 0
+        for g in inst.gpus:
+            g.memory_used_bytes = self._memory.pop(id(g), g.memory_used_bytes)
