@@ -9,8 +9,12 @@ Request spans are
 
 The simulator's (or a real) ``gateway_request`` span is not a request: it is the parent of the
 engine span and gives the network/routing overhead, ``network_s`` = gateway span duration minus
-engine span duration (each a difference on one clock). vLLM start-up spans and every other span
-are not requests. Duplicates (at-least-once delivery) are removed on (trace_id, span_id).
+engine span duration (each a difference on one clock). Except when it failed with no engine span
+under it (an engine that was down, hung or refused: status ERROR, usually a 5xx): then it is the
+only trace of the request, which is one failed request (``is_error``, ``source`` = ``gateway``,
+no latency phases) on the engine it was routed to (``server.address``,
+``fleetlens.instance_id``). vLLM start-up spans and every other span are not requests.
+Duplicates (at-least-once delivery) are removed on (trace_id, span_id).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from fleetlens.pipeline.stage import stage
 
 SOURCE_VLLM = "vllm"
 SOURCE_GENAI = "genai"
+SOURCE_GATEWAY = "gateway"
 _SERVER, _CLIENT = 2, 3
 _STATUS_ERROR = 2
 _ERROR_FINISH_REASONS = ("abort", "error")
@@ -43,6 +48,7 @@ _ATTR_OP, _ATTR_ERR, _ATTR_RESP_ID = "__attr_op", "__attr_err", "__attr_resp_id"
 _ATTR_RESP_MODEL, _IS_VLLM, _MAP_MODEL = "__attr_resp_model", "__is_vllm", "__map_model"
 _GW_ID, _GW_DUR = "__gw_span_id", "__gw_dur_ns"
 _FINISH = "__finish"
+_ATTR_SERVER, _ATTR_GW_INSTANCE, _IS_GW = "__attr_server", "__attr_gw_instance", "__is_gw"
 
 
 def dedup_spans(spans: pl.DataFrame) -> pl.DataFrame:
@@ -69,6 +75,8 @@ def _span_keys() -> dict[str, tuple[str, pl.DataType]]:
         a.ERROR_TYPE: (_ATTR_ERR, pl.String()),
         a.GEN_AI_RESPONSE_ID: (_ATTR_RESP_ID, pl.String()),
         a.GEN_AI_RESPONSE_MODEL: (_ATTR_RESP_MODEL, pl.String()),
+        a.SERVER_ADDRESS: (_ATTR_SERVER, pl.String()),
+        a.FLEETLENS_INSTANCE_ID: (_ATTR_GW_INSTANCE, pl.String()),
     }
 
 
@@ -82,17 +90,41 @@ def _resource_keys(dimensions: dict[str, str]) -> dict[str, tuple[str, pl.DataTy
 
 
 def _gateway_overhead(spans: pl.DataFrame, engine: pl.DataFrame) -> pl.DataFrame:
-    """Attach the duration of each engine span's gateway parent (same trace), if any."""
-    gateways = spans.filter(pl.col(c.NAME) == a.GATEWAY_SPAN).select(
+    """Attach the duration of each engine span's gateway parent (same trace), if any, and add
+    the failed gateway spans no engine span answered (:func:`_failed_gateway`)."""
+    is_gateway = pl.col(c.NAME) == a.GATEWAY_SPAN
+    engine = engine.with_columns(pl.lit(False).alias(_IS_GW))
+    if not spans.select(is_gateway.any()).item():
+        # a vLLM fleet without a gateway: no join over two id strings
+        return engine.with_columns(pl.lit(None, pl.Int64).alias(_GW_DUR))
+    gateway_spans = spans.filter(is_gateway)
+    gateways = gateway_spans.select(
         pl.col(c.TRACE_ID), pl.col(c.SPAN_ID).alias(_GW_ID),
         (pl.col(c.END_NS) - pl.col(c.START_NS)).alias(_GW_DUR),
     )
-    if gateways.height == 0:  # a vLLM fleet without a gateway: no join over two id strings
-        return engine.with_columns(pl.lit(None, pl.Int64).alias(_GW_DUR))
-    return engine.join(
+    joined = engine.join(
         gateways, left_on=[c.TRACE_ID, c.PARENT_SPAN_ID], right_on=[c.TRACE_ID, _GW_ID],
         how="left", maintain_order="left",
     )
+    failed = _failed_gateway(gateway_spans, engine)
+    if failed.height == 0:
+        return joined
+    return pl.concat([joined, failed.select(joined.columns)], how="vertical_relaxed")
+
+
+def _failed_gateway(gateway_spans: pl.DataFrame, engine: pl.DataFrame) -> pl.DataFrame:
+    """Gateway spans that failed (status ERROR) with no request span under them: the requests
+    an engine never answered (down, hung, refused). They keep their own duration (what the
+    client waited) and no gateway overhead."""
+    failed = gateway_spans.filter(pl.col(c.STATUS_CODE) == _STATUS_ERROR)
+    if failed.height == 0:
+        return failed
+    answered = engine.filter(pl.col(c.PARENT_SPAN_ID) != "").select(
+        c.TRACE_ID, pl.col(c.PARENT_SPAN_ID).alias(c.SPAN_ID))
+    failed = failed.join(answered, on=[c.TRACE_ID, c.SPAN_ID], how="anti",
+                         maintain_order="left")
+    return failed.with_columns(pl.lit(False).alias(_IS_VLLM), pl.lit(True).alias(_IS_GW),
+                               pl.lit(None, pl.Int64).alias(_GW_DUR))
 
 
 def request_spans(spans: pl.DataFrame) -> pl.DataFrame:
@@ -147,6 +179,27 @@ def _seconds_or(col: str, fallback: pl.Expr) -> pl.Expr:
     return pl.coalesce(pl.col(col), fallback)
 
 
+def _engine_of_failed(spans: pl.DataFrame) -> pl.DataFrame:
+    """Add ``instance_id``; a failed gateway span (:func:`_failed_gateway`) gets the host and
+    instance it was routed to, and the service of that instance's answered requests (else the
+    gateway's own service)."""
+    gateway = pl.col(_IS_GW)
+    spans = spans.with_columns(
+        pl.when(gateway).then(pl.coalesce(_ATTR_SERVER, c.HOST_NAME)).otherwise(c.HOST_NAME)
+        .alias(c.HOST_NAME))
+    instance = pl.coalesce(
+        pl.when(gateway).then(pl.col(_ATTR_GW_INSTANCE)), pl.col(_RES_INSTANCE),
+        pl.concat_str(pl.col(c.HOST_NAME), pl.lit("/"), c.SERVICE_NAME))
+    spans = spans.with_columns(instance.alias(c.INSTANCE_ID))
+    if not spans.select(gateway.any()).item():
+        return spans
+    services = (spans.filter(~gateway).group_by(c.INSTANCE_ID)
+                .agg(pl.col(c.SERVICE_NAME).min().alias("__engine_service")))
+    return spans.join(services, on=c.INSTANCE_ID, how="left", maintain_order="left").with_columns(
+        pl.when(gateway).then(pl.coalesce("__engine_service", c.SERVICE_NAME))
+        .otherwise(c.SERVICE_NAME).alias(c.SERVICE_NAME)).drop("__engine_service")
+
+
 @stage(t.REQUESTS)
 def normalize(
     spans: pl.DataFrame, instance_models: pl.DataFrame, dimensions: dict[str, str]
@@ -171,10 +224,7 @@ def normalize(
     spans = per_value(spans, c.ATTRIBUTES, lambda f: extract_keys(f, c.ATTRIBUTES, span_dims)
                       .with_columns(first_string_of_key(c.ATTRIBUTES, a.GEN_AI_FINISH_REASONS)
                                     .alias(_FINISH)))
-    instance = pl.coalesce(
-        pl.col(_RES_INSTANCE), pl.concat_str(pl.col(c.HOST_NAME), pl.lit("/"), c.SERVICE_NAME)
-    )
-    spans = spans.with_columns(instance.alias(c.INSTANCE_ID))
+    spans = _engine_of_failed(spans)
     models = instance_models.select(
         c.INSTANCE_ID, pl.col(c.MODEL).alias(_MAP_MODEL)
     ).filter(pl.col(_MAP_MODEL) != "").group_by(c.INSTANCE_ID).agg(pl.col(_MAP_MODEL).min())
@@ -211,7 +261,8 @@ def normalize(
         # The current semconv key first, then the spelling older instrumentations use.
         pl.coalesce(_ATTR_CACHED, _ATTR_CACHED_OLD).alias(c.CACHED_TOKENS),
         pl.col(_FINISH).alias(c.FINISH_REASON),
-        pl.when(pl.col(_IS_VLLM)).then(pl.lit(SOURCE_VLLM)).otherwise(pl.lit(SOURCE_GENAI))
+        pl.when(pl.col(_IS_VLLM)).then(pl.lit(SOURCE_VLLM))
+        .when(pl.col(_IS_GW)).then(pl.lit(SOURCE_GATEWAY)).otherwise(pl.lit(SOURCE_GENAI))
         .alias(c.SOURCE),
         ((pl.col(_GW_DUR) - (pl.col(c.END_NS) - pl.col(c.START_NS))) / _NS).alias(c.NETWORK_S),
     )

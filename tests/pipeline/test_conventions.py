@@ -76,3 +76,16 @@ def test_vllms_own_family_name_is_read_too() -> None:
     out = engine_samples(points_frame(rows)).row(0, named=True)
     assert (out["requests_finished_total"], out["requests_aborted_total"]) == (10.0, 2.0)
     assert out["requests_errored_total"] is None
+
+
+def test_liveness_and_start_time_in_engine_samples() -> None:
+    # up at T0 with its start time; a failed scrape at T0+1 s sends up=0 alone
+    rows = [engine_point(a.ENGINE_NUM_RUNNING, "h1/vllm", T0, 3.0),
+            engine_point(a.ENGINE_UP, "h1/vllm", T0, 1.0),
+            engine_point(a.ENGINE_START_TIME, "h1/vllm", T0, 1_790_000_000.5),
+            engine_point(a.ENGINE_UP, "h1/vllm", T0 + NS, 0.0)]
+    out = engine_samples(points_frame(rows)).sort("ts_ns")
+    assert out["up"].to_list() == [1.0, 0.0]
+    assert out["process_start_time_s"].to_list() == [1_790_000_000.5, None]
+    assert out["num_running"].to_list() == [3.0, None]
+    assert out["instance_id"].to_list() == ["h1/vllm", "h1/vllm"]

@@ -12,6 +12,7 @@ from fleetlens.pipeline.normalize import normalize
 from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.samples import gpu_samples
 from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, connect
 from tests.pipeline.rawdata import (
@@ -140,6 +141,34 @@ def test_gateway_overhead_and_model_sources() -> None:
     assert out["region"] == "us"  # a span attribute wins over the resource
     agent = normalize(spans_frame([vllm_span(8, start_ns=T0)]), models, {}).row(0, named=True)
     assert agent["model"] == "from-agent"
+
+
+def test_a_failed_gateway_span_no_engine_answered_is_one_failed_request() -> None:
+    routed = {a.SERVER_ADDRESS: "h2", a.FLEETLENS_INSTANCE_ID: "h2/chat",
+              a.HTTP_RESPONSE_STATUS_CODE: 503, a.ERROR_TYPE: "503"}
+    refused = span(5, 9, a.GATEWAY_SPAN, start_ns=T0, end_ns=T0 + NS // 1000, kind=2,
+                   status=2, attrs=routed, service="gw", host="gw-01", model="m")
+    # the same instance answered another request: its service names the failed one's
+    answered_gw = span(6, 9, a.GATEWAY_SPAN, start_ns=T0, end_ns=T0 + 2 * NS, kind=2,
+                       attrs=routed, service="gw", host="gw-01")
+    answered = vllm_span(6, start_ns=T0, e2e=1.0, parent=f"{9:016x}", service="chat",
+                         host="h2", res_extra={a.SERVICE_INSTANCE_ID: "h2/chat"})
+    # a gateway error the engine did answer is the engine's request, counted once
+    errored_gw = span(7, 9, a.GATEWAY_SPAN, start_ns=T0, end_ns=T0 + 2 * NS, kind=2,
+                      status=2, attrs=routed, service="gw", host="gw-01")
+    errored = vllm_span(7, start_ns=T0, e2e=1.0, parent=f"{9:016x}", service="chat",
+                        host="h2", finish="abort", res_extra={a.SERVICE_INSTANCE_ID: "h2/chat"})
+    out = normalize(spans_frame([refused, answered_gw, answered, errored_gw, errored]),
+                    NO_MODELS, {}).sort(c.TRACE_ID)
+    assert out.height == 3
+    failed = out.row(0, named=True)
+    assert (failed[c.SOURCE], failed[c.IS_ERROR], failed[c.HOST_NAME], failed[c.INSTANCE_ID],
+            failed[c.SERVICE_NAME], failed[c.MODEL]) == ("gateway", True, "h2", "h2/chat",
+                                                         "chat", "m")
+    assert failed[c.E2E_S] == pytest.approx(0.001)
+    assert failed[c.TTFT_S] is None and failed[c.NETWORK_S] is None
+    assert out[c.IS_ERROR].to_list() == [True, False, True]
+    assert out[c.SOURCE].to_list() == ["gateway", "vllm", "vllm"]
 
 
 def test_units_are_normalised_and_counter_resets_handled() -> None:

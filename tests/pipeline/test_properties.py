@@ -24,7 +24,7 @@ def span_sets(draw):
     n = draw(st.integers(0, 25))
     rows, requests = [], 0
     for i in range(n):
-        kind = draw(st.sampled_from(["vllm", "gateway", "internal", "genai"]))
+        kind = draw(st.sampled_from(["vllm", "gateway", "failed_gateway", "internal", "genai"]))
         start = T0 + draw(st.integers(0, 3600)) * NS
         if kind == "vllm":
             rows.append(vllm_span(i, start_ns=start, completion=draw(st.integers(0, 3)),
@@ -34,6 +34,10 @@ def span_sets(draw):
         elif kind == "genai":
             rows.append(span(i, 1, "chat", start_ns=start, end_ns=start + NS, kind=2,
                              attrs={a.GEN_AI_OUTPUT_TOKENS: 3}))
+            requests += 1
+        elif kind == "failed_gateway":  # no engine answered it: a failed request
+            rows.append(span(i, 1, a.GATEWAY_SPAN, start_ns=start, end_ns=start + NS, kind=2,
+                             status=2))
             requests += 1
         else:
             name = a.GATEWAY_SPAN if kind == "gateway" else "internal"

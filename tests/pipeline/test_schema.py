@@ -32,7 +32,8 @@ def test_cause_vocabulary_is_the_documented_one() -> None:
     assert CAUSES == (
         "traffic_surge", "kv_cache_pressure", "prefix_cache_drop", "long_prompts",
         "thermal_throttle", "power_cap", "slow_gpu", "network_overhead", "collective_stall",
-        "engine_overhead",
+        "engine_overhead", "engine_down", "engine_hang", "engine_restart", "gpu_fault",
+        "request_errors", "host_down", "telemetry_gap", "config_change",
     )
     assert subject("host_name", "gpu-07") == "host_name=gpu-07"
     assert parse_subject("phase=queue") == ("phase", "queue")
