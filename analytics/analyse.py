@@ -23,6 +23,7 @@ from fleetlens.analytics.baselines import (
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.confirm import withhold_unsupported
 from fleetlens.analytics.detect import detect, incident_windows
+from fleetlens.analytics.failures.detect import detect_failures, link_cascades, to_tables
 from fleetlens.analytics.gpu_signals import GPU_CLOCK_MIN, gpu_clock_series
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
 from fleetlens.analytics.peers import PEER_SUFFIX, peer_metric, peer_series
@@ -194,6 +195,20 @@ def detect_unpoisoned(series: pl.DataFrame, config: AnalyticsConfig,
     return banded, anomalies
 
 
+def with_failures(tables: Tables, incidents: pl.DataFrame, causes: pl.DataFrame,
+                  config: AnalyticsConfig, window_s: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The latency incidents and causes plus the failure incidents
+    (:mod:`analytics.failures`), latency incidents a failure set off naming it first."""
+    findings = detect_failures(tables, config.failures, window_s)
+    if not findings:
+        return incidents, causes
+    causes = link_cascades(incidents, causes, findings, config.failures, window_s)
+    failed, failed_causes = to_tables(findings)
+    return (pl.concat([incidents, failed], how="vertical_relaxed").sort(c.START_NS,
+                                                                        c.INCIDENT_ID),
+            pl.concat([causes, failed_causes], how="vertical_relaxed"))
+
+
 def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) -> Analysis:
     """Baselines, detection and attribution over ``tables``.
 
@@ -215,5 +230,7 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
     causes = (attribute_all(tables, incidents, config, window_s) if attribute
               else t.table(t.CAUSES).empty())
     incidents, causes = withhold_unsupported(incidents, causes, config, anomalies)
+    if attribute and config.failures.enabled:
+        incidents, causes = with_failures(tables, incidents, causes, config, window_s)
     return Analysis(window_s, banded, to_baselines_table(banded), anomalies, incidents,
                     causes)

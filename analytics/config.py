@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleetlens.analytics.failures.config import FailureConfig
 from fleetlens.pipeline.schema.settings import ConfigError, require
 
 _WINDOW_METRICS = (
@@ -203,6 +204,9 @@ class AnalyticsConfig:
     #: Model shapes for KV capacity and bandwidth estimates: model -> "params_b,layers,
     #: kv_heads,head_dim,dtype_bytes" (e.g. "8,32,8,128,2").
     model_shapes: dict[str, str] = field(default_factory=dict)
+    #: Failure and change detectors: down, hung and restarted engines, lost hosts, telemetry
+    #: gaps, failing requests (analytics.failures).
+    failures: FailureConfig = field(default_factory=FailureConfig)
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -240,6 +244,10 @@ class AnalyticsConfig:
                 "must be in (0, 1)")
         require(self.webhook_timeout_s > 0, "webhook_timeout_s", "must be positive")
         require(self.bootstrap_samples >= 10, "bootstrap_samples", "must be at least 10")
+        try:
+            self.failures.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"failures.{exc}") from None
         for i, hook in enumerate(self.hooks()):
             try:
                 hook.validate()

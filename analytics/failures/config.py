@@ -1,0 +1,36 @@
+"""Settings of the failure detectors (:mod:`analytics.failures`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetlens.pipeline.schema.settings import require
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """When an absence, a stall, a restart or failing requests become an incident."""
+
+    #: Run the failure detectors at all.
+    enabled: bool = True
+    #: An engine is down once every scrape of it failed (``up`` = 0) for this long, s.
+    down_after_s: float = 10.0
+    #: An engine hangs once it has running requests and computed no new token for this long
+    #: while its ``/metrics`` still answers, s.
+    hang_after_s: float = 30.0
+    #: A host's agent silent for this long while other hosts report is a lost host (nothing
+    #: arrives from it) or a telemetry gap (its spans still arrive), s.
+    silent_after_s: float = 60.0
+    #: A window of failing requests: at least this many failed, and this share of its requests.
+    error_min_count: int = 5
+    error_min_rate: float = 0.05
+    #: A latency incident on the same host (or service) that starts within this long after a
+    #: failure began, or while it lasts, names the failure as its first cause (a cascade), s.
+    aftermath_s: float = 300.0
+
+    def validate(self) -> None:
+        """Refuse settings no detector can work with."""
+        for name in ("down_after_s", "hang_after_s", "silent_after_s", "aftermath_s"):
+            require(getattr(self, name) > 0, name, "must be positive")
+        require(self.error_min_count >= 1, "error_min_count", "must be at least 1")
+        require(0 < self.error_min_rate <= 1, "error_min_rate", "must be in (0, 1]")

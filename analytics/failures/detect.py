@@ -1,0 +1,79 @@
+"""Run the failure detectors over the analysed tables and link the cascades they set off
+(see the package docstring)."""
+
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from fleetlens.analytics.failures.config import FailureConfig
+from fleetlens.analytics.failures.engines import down, engine_frame, hangs, restarts
+from fleetlens.analytics.failures.errors import error_windows, request_errors
+from fleetlens.analytics.failures.findings import Finding, cause_rows, to_tables
+from fleetlens.analytics.failures.hosts import presence, silences
+from fleetlens.pipeline.normalize import SOURCE_GATEWAY
+from fleetlens.pipeline.schema import FLEET_WIDE, Cause
+from fleetlens.pipeline.schema import columns as c
+
+if TYPE_CHECKING:  # analytics.config imports this package's config: no import cycle at run time
+    from fleetlens.analytics.attribution import Tables
+
+__all__ = ["FailureConfig", "Finding", "detect_failures", "link_cascades", "to_tables"]
+
+NS = 1_000_000_000
+#: Failures whose effect on latency is their own (the failure, not the load, slowed things).
+_CASCADING = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.ENGINE_RESTART,
+                        Cause.HOST_DOWN, Cause.REQUEST_ERRORS})
+
+
+def _services(requests: pl.LazyFrame, key: str) -> dict[str, str]:
+    """The service each instance (or host) serves most, from the requests its engine answered."""
+    rows = (requests.filter(pl.col(c.SOURCE) != SOURCE_GATEWAY)
+            .group_by(key, c.SERVICE_NAME).agg(pl.len().alias("_n"))
+            .sort(key, "_n", c.SERVICE_NAME, descending=[False, True, False])
+            .group_by(key, maintain_order=True).first().collect())
+    return dict(zip(rows.get_column(key).to_list(), rows.get_column(c.SERVICE_NAME).to_list(),
+                    strict=True))
+
+
+def detect_failures(tables: Tables, cfg: FailureConfig, window_s: int) -> list[Finding]:
+    """Every failure finding of ``tables``, sorted by start."""
+    if not cfg.enabled:
+        return []
+    engine = engine_frame(tables.engine_samples)
+    instances = _services(tables.requests, c.INSTANCE_ID)
+    found = [*down(engine, instances, cfg), *hangs(engine, instances, cfg)]
+    found += silences(presence(tables.gpu_samples, tables.engine_samples), tables.requests,
+                      _services(tables.requests, c.HOST_NAME), cfg)
+    found += restarts(engine, instances, cfg)
+    found += request_errors(error_windows(tables.requests, window_s), found, window_s, cfg)
+    return sorted(found, key=lambda f: (f.start_ns, f.cause, f.subject))
+
+
+def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[Finding],
+                  cfg: FailureConfig, window_s: int) -> pl.DataFrame:
+    """`causes` where each latency incident that began while a failure of its host or service
+    lasted, or within ``aftermath_s`` after it began, names that failure first (the earliest
+    such failure; the incident's own causes follow, one rank down)."""
+    roots = [f for f in findings if f.cause in _CASCADING]
+    if not roots or incidents.is_empty():
+        return causes
+    slack, after = window_s * NS, int(cfg.aftermath_s * NS)
+    linked = []
+    for inc in incidents.iter_rows(named=True):
+        near = [f for f in roots
+                if (f.host == inc[c.HOST_NAME] or (
+                    f.service == inc[c.SERVICE_NAME] and f.service != FLEET_WIDE))
+                and f.start_ns - slack <= inc[c.START_NS] <= max(f.end_ns, f.start_ns + after)]
+        if near:
+            linked.append((inc[c.INCIDENT_ID], min(near, key=lambda f: f.start_ns)))
+    if not linked:
+        return causes
+    ids = [i for i, _ in linked]
+    shifted = causes.with_columns(
+        pl.when(pl.col(c.INCIDENT_ID).is_in(ids)).then(pl.col(c.RANK) + 1)
+        .otherwise(pl.col(c.RANK)).alias(c.RANK))
+    roots_rows = cause_rows([(i, 1, f) for i, f in linked])
+    return pl.concat([shifted, roots_rows], how="vertical_relaxed").sort(c.INCIDENT_ID, c.RANK)

@@ -1,0 +1,133 @@
+"""Engines that died, hang or restarted, from `engine_samples` (the agent's scrapes).
+
+* down: every scrape failed (``up`` = 0) for ``down_after_s``; it starts at the first
+  failed scrape and ends at the next one that worked.
+* hang: ``/metrics`` answers, requests are running, and neither a prompt nor a generated
+  token was computed for ``hang_after_s``; it starts at the last progress.
+* restart: the process start time changed; it starts at the new process' start.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from fleetlens.analytics.failures.config import FailureConfig
+from fleetlens.analytics.failures.findings import Finding, runs
+from fleetlens.pipeline.schema import FLEET_WIDE, Cause
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.causes import subject
+
+NS = 1_000_000_000
+#: A process start time that moved by less is the same process (float rounding).
+_SAME_START_S = 1.0
+#: A restart incident covers the minute after the new process' first scrape (cold caches).
+_COLD_NS = 60 * NS
+_COLUMNS = (c.UP, c.PROCESS_START_TIME_S, c.NUM_RUNNING, c.GENERATION_TOKENS_TOTAL,
+            c.PROMPT_TOKENS_TOTAL)
+
+
+def engine_frame(engine: pl.LazyFrame) -> pl.DataFrame:
+    """The columns the detectors read, one row per (instance, ts), sorted; the liveness
+    columns are null where an older agent did not send them."""
+    names = engine.collect_schema().names()
+    keep = [col for col in _COLUMNS if col in names]
+    frame = engine.select(c.HOST_NAME, c.INSTANCE_ID, c.MODEL, c.TS_NS, *keep)
+    frame = frame.with_columns(pl.lit(None, pl.Float64).alias(col)
+                               for col in _COLUMNS if col not in names)
+    return frame.sort(c.INSTANCE_ID, c.TS_NS).collect()
+
+
+def _label(row: dict, services: dict[str, str]) -> dict:
+    inst = row[c.INSTANCE_ID]
+    return {"service": services.get(inst, FLEET_WIDE), "model": row[c.MODEL] or "",
+            "host": row[c.HOST_NAME], "subject": subject(c.INSTANCE_ID, inst)}
+
+
+def down(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig) -> list[Finding]:
+    """Runs of failed scrapes of one engine lasting ``down_after_s`` or more."""
+    flagged = frame.with_columns(
+        (pl.col(c.UP) == 0).fill_null(False).alias("_down"),
+        pl.col(c.TS_NS).shift(-1).over(c.INSTANCE_ID).alias("_next"))
+    spans = (flagged.with_columns(runs(pl.col("_down"), c.INSTANCE_ID).alias("_run"))
+             .filter(pl.col("_down"))
+             .group_by(c.INSTANCE_ID, "_run")
+             .agg(pl.col(c.HOST_NAME).first(), pl.col(c.MODEL).max(),
+                  pl.col(c.TS_NS).min().alias("_start"), pl.col(c.TS_NS).max().alias("_last"),
+                  pl.col("_next").last(), pl.len().alias("_scrapes"))
+             .filter(pl.col("_last") - pl.col("_start") >= int(cfg.down_after_s * NS))
+             .sort("_start"))
+    out = []
+    for row in spans.iter_rows(named=True):
+        ongoing = row["_next"] is None
+        end = row["_last"] if ongoing else row["_next"]
+        label = _label(row, services)
+        seconds = (end - row["_start"]) / NS
+        out.append(Finding(
+            Cause.ENGINE_DOWN, label["subject"], label["service"], label["model"],
+            label["host"], row["_start"], end, row["_start"] + int(cfg.down_after_s * NS),
+            c.UP, 0.0, 1.0,
+            f"engine {row[c.INSTANCE_ID]} down: {row['_scrapes']} scrapes failed in a row "
+            f"over {seconds:.0f} s" + (" (still down)" if ongoing else ""),
+            evidence={"failed_scrapes": row["_scrapes"], "down_s": seconds, "ongoing": ongoing,
+                      c.INSTANCE_ID: row[c.INSTANCE_ID]}))
+    return out
+
+
+def hangs(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig) -> list[Finding]:
+    """Runs where running requests made no progress for ``hang_after_s`` while up."""
+    tokens = pl.col(c.GENERATION_TOKENS_TOTAL).fill_null(0) + pl.col(
+        c.PROMPT_TOKENS_TOTAL).fill_null(0)
+    progressed = (tokens != tokens.shift(1)).fill_null(True).over(c.INSTANCE_ID)
+    frame = frame.with_columns(
+        pl.when(progressed | (pl.col(c.NUM_RUNNING).fill_null(0) <= 0)).then(pl.col(c.TS_NS))
+        .forward_fill().over(c.INSTANCE_ID).alias("_since"))
+    stalled = ((pl.col(c.UP) != 0).fill_null(True) & (pl.col(c.NUM_RUNNING) > 0)
+               & (pl.col(c.TS_NS) - pl.col("_since") >= int(cfg.hang_after_s * NS)))
+    spans = (frame.with_columns(stalled.fill_null(False).alias("_hung"),
+                                pl.col(c.TS_NS).shift(-1).over(c.INSTANCE_ID).alias("_next"))
+             .with_columns(runs(pl.col("_hung"), c.INSTANCE_ID).alias("_run"))
+             .filter(pl.col("_hung"))
+             .group_by(c.INSTANCE_ID, "_run")
+             .agg(pl.col(c.HOST_NAME).first(), pl.col(c.MODEL).max(),
+                  pl.col("_since").min().alias("_start"), pl.col(c.TS_NS).min().alias("_seen"),
+                  pl.col(c.TS_NS).max().alias("_last"), pl.col("_next").last(),
+                  pl.col(c.NUM_RUNNING).max().alias("_running"))
+             .sort("_start"))
+    out = []
+    for row in spans.iter_rows(named=True):
+        end = row["_next"] if row["_next"] is not None else row["_last"]
+        label = _label(row, services)
+        seconds = (end - row["_start"]) / NS
+        out.append(Finding(
+            Cause.ENGINE_HANG, label["subject"], label["service"], label["model"],
+            label["host"], row["_start"], end, row["_seen"], c.NUM_RUNNING,
+            float(row["_running"]), None,
+            f"engine {row[c.INSTANCE_ID]} hangs: {row['_running']:.0f} running requests and "
+            f"no new token for {seconds:.0f} s while its /metrics answered",
+            evidence={"running": row["_running"], "stalled_s": seconds,
+                      c.INSTANCE_ID: row[c.INSTANCE_ID]}))
+    return out
+
+
+def restarts(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig
+             ) -> list[Finding]:
+    """Samples whose process start time differs from the engine's previous one."""
+    start = pl.col(c.PROCESS_START_TIME_S)
+    previous = start.forward_fill().shift(1).over(c.INSTANCE_ID)
+    changed = frame.with_columns(previous.alias("_before")).filter(
+        start.is_not_null() & pl.col("_before").is_not_null()
+        & ((start - pl.col("_before")).abs() >= _SAME_START_S))
+    out = []
+    for row in changed.iter_rows(named=True):
+        label = _label(row, services)
+        began = min(int(row[c.PROCESS_START_TIME_S] * NS), row[c.TS_NS])
+        out.append(Finding(
+            Cause.ENGINE_RESTART, label["subject"], label["service"], label["model"],
+            label["host"], began, row[c.TS_NS] + _COLD_NS, row[c.TS_NS], c.PROCESS_START_TIME_S,
+            float(row[c.PROCESS_START_TIME_S]), float(row["_before"]),
+            f"engine {row[c.INSTANCE_ID]} restarted: a new process started "
+            f"{(row[c.TS_NS] - began) / NS:.0f} s before this scrape (caches start cold)",
+            evidence={"previous_start_s": row["_before"],
+                      "start_s": row[c.PROCESS_START_TIME_S],
+                      c.INSTANCE_ID: row[c.INSTANCE_ID]}))
+    return out
