@@ -10,6 +10,8 @@ memory-copy utilisation % -> 0..1; framebuffer used MiB -> bytes, its size = tot
 used + free + reserved; temperature C, SM clock MHz and the clocks event (throttle) reasons
 bitmask as is; the enforced (else management) power limit W. ``DCGM_FI_PROF_*`` ratios go out
 as ``gpu.prof.<field>`` and ``DCGM_FI_DEV_XID_ERRORS`` (the last XID code) as ``gpu.xid.last``.
+Health (:meth:`DcgmSource.health`): the ECC totals (SBE = corrected, DBE = uncorrected, volatile
+and aggregate) as ``gpu.ecc.errors`` and the row-remap fields as ``gpu.remapped_rows``.
 
 Labels: ``UUID`` (hw.id), ``gpu`` (index), ``modelName`` (model), and ``namespace``/``pod``:
 the pods using each GPU, for the instance -> GPU mapping (``[[agent.vllm]] pod``).
@@ -27,6 +29,13 @@ import urllib.error
 from collections import defaultdict
 from collections.abc import Callable
 
+from fleetlens.collector.agent.gpu_health import (
+    ECC_AGGREGATE,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    ECC_VOLATILE,
+    GpuHealthSample,
+)
 from fleetlens.collector.agent.prometheus import ExpositionError, parse_samples
 from fleetlens.collector.agent.sampler import EnergyTotal, GpuSample
 from fleetlens.collector.agent.scraper import fetch_text
@@ -65,6 +74,30 @@ EXTRA_GAUGES: tuple[tuple[str, str, str], ...] = (
     *((prof_metric(f), unit, f"{text} (DCGM_FI_PROF_{f})")
       for f, (unit, text) in PROF_FIELDS.items()),
 )
+
+
+#: DCGM field -> (gpu.ecc.type, gpu.ecc.counter): single-bit errors are the corrected ones.
+ECC_FIELDS = {
+    a.DCGM_ECC_SBE_VOL_TOTAL: (ECC_CORRECTED, ECC_VOLATILE),
+    a.DCGM_ECC_DBE_VOL_TOTAL: (ECC_UNCORRECTED, ECC_VOLATILE),
+    a.DCGM_ECC_SBE_AGG_TOTAL: (ECC_CORRECTED, ECC_AGGREGATE),
+    a.DCGM_ECC_DBE_AGG_TOTAL: (ECC_UNCORRECTED, ECC_AGGREGATE),
+}
+#: DCGM field -> gpu.remap.kind.
+REMAP_FIELDS = {
+    a.DCGM_CORRECTABLE_REMAPPED_ROWS: "correctable",
+    a.DCGM_UNCORRECTABLE_REMAPPED_ROWS: "uncorrectable",
+    a.DCGM_ROW_REMAP_PENDING: "pending",
+    a.DCGM_ROW_REMAP_FAILURE: "failure",
+}
+
+
+def _health(index: int, uuid: str, name: str, f: dict[str, float]) -> GpuHealthSample:
+    """The ECC and row-remap fields present; DCGM says nothing of lost GPUs or Xid counts."""
+    return GpuHealthSample(
+        index, uuid, name, lost=None,
+        ecc={key: f[field] for field, key in ECC_FIELDS.items() if field in f},
+        remapped_rows={kind: f[field] for field, kind in REMAP_FIELDS.items() if field in f})
 
 
 def _first(fields: dict[str, float], *names: str) -> float | None:
@@ -131,9 +164,9 @@ def _sample(uuid: str, labels: dict[str, str], f: dict[str, float], pods: tuple[
     if a.DCGM_XID_ERRORS in f:
         extra[a.GPU_XID_LAST] = f[a.DCGM_XID_ERRORS]
     used_mib, total_mib = f.get(a.DCGM_FB_USED), _mem_total_mib(f)
+    gpu_index, name = int(index) if index.isdigit() else -1, labels.get(a.DCGM_MODEL_LABEL, "")
     return GpuSample(
-        ts_ns=ts_ns, index=int(index) if index.isdigit() else -1, uuid=uuid,
-        name=labels.get(a.DCGM_MODEL_LABEL, ""),
+        ts_ns=ts_ns, index=gpu_index, uuid=uuid, name=name,
         power_w=f.get(a.DCGM_POWER_USAGE),
         energy_j=energy_j,
         util_gpu=_scaled(f.get(a.DCGM_GPU_UTIL), 0.01),
@@ -144,7 +177,7 @@ def _sample(uuid: str, labels: dict[str, str], f: dict[str, float], pods: tuple[
         temp_c=f.get(a.DCGM_GPU_TEMP),
         power_limit_w=_first(f, *a.DCGM_POWER_LIMIT),
         clocks_event_reasons=_int(_first(f, *a.DCGM_CLOCKS_EVENT_REASONS)),
-        pids=(), pods=pods, extra=extra,
+        pids=(), pods=pods, extra=extra, health=_health(gpu_index, uuid, name, f),
     )
 
 
@@ -164,6 +197,7 @@ class DcgmSource:
         self._fetch = fetch
         self._energy: dict[str, EnergyTotal] = {}
         self.failing = False
+        self._last: list[GpuSample] = []
 
     def sample(self) -> list[GpuSample]:
         """The exporter's GPUs now; ``[]`` when it cannot be read."""
@@ -175,11 +209,17 @@ class DcgmSource:
             if not self.failing:
                 log.warning("dcgm-exporter %s: scrape failed: %s", self.url, exc)
                 self.failing = True
+            self._last = []
             return []
         if self.failing:
             log.warning("dcgm-exporter %s: scraping again", self.url)
             self.failing = False
+        self._last = samples
         return samples
+
+    def health(self) -> list[GpuHealthSample]:
+        """ECC and row-remap readings of the last scrape (none while the exporter fails)."""
+        return [s.health for s in self._last if s.health is not None]
 
     def close(self) -> None:
         """Nothing to release (the agent calls it at shutdown, as for NVML)."""

@@ -2,7 +2,8 @@
 
 It answers in NVML's own units (mW, mJ, MHz, bytes, %), keeps a true energy counter that
 advances by power x elapsed time, and can be told to misbehave the way real GPUs do: a field
-not supported (older GPUs), an energy counter that resets or wraps, a GPU that disappears.
+not supported (older GPUs), an energy counter that resets or wraps, a GPU that disappears,
+and the health faults: Xid events, ECC errors, remapped rows.
 """
 
 from __future__ import annotations
@@ -15,8 +16,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetlens.collector.agent.gpu import GpuLost, NvmlReading
+from fleetlens.collector.agent.gpu_health import (
+    ECC_AGGREGATE,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    ECC_VOLATILE,
+    REMAP_KINDS,
+    EccKey,
+    NvmlHealth,
+)
 
 GIB = 1024**3
+#: Health readings :meth:`FakeGpuBackend.drop_fields` also takes (unsupported on this GPU).
+HEALTH_FIELDS = frozenset({"ecc", "remapped_rows"})
+#: An ECC-capable data-center GPU with no error yet.
+_NO_ECC = {(kind, counter): 0 for kind in (ECC_CORRECTED, ECC_UNCORRECTED)
+           for counter in (ECC_VOLATILE, ECC_AGGREGATE)}
 #: NVML clocks event reason bits (nvml.h).
 REASON_GPU_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
@@ -35,6 +50,8 @@ class _FakeGpu:
     pids: tuple[int, ...] = ()
     missing: set[str] = field(default_factory=set)
     lost: bool = False
+    ecc: dict[EccKey, int] = field(default_factory=lambda: dict(_NO_ECC))
+    remapped_rows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REMAP_KINDS, 0))
 
 
 class FakeGpuBackend:
@@ -47,6 +64,7 @@ class FakeGpuBackend:
     def __init__(self, count: int, clock: Callable[[], float] = time.monotonic,
                  name: str = "NVIDIA H100 80GB HBM3 (fake)", host_seed: str = "") -> None:
         self._clock = clock
+        self._xids: list[tuple[int, int]] = []  # pending events, as NVML's event set queues them
         self._gpus = [
             _FakeGpu(index=i, uuid=self._uuid(host_seed, i), name=name,
                      energy_mj=1_000_000_000 + i * 7_000_000)
@@ -75,7 +93,7 @@ class FakeGpuBackend:
 
     def drop_fields(self, index: int, *names: str) -> None:
         """Make these :class:`NvmlReading` fields unsupported on this GPU."""
-        known = {f.name for f in dataclasses.fields(NvmlReading)}
+        known = {f.name for f in dataclasses.fields(NvmlReading)} | HEALTH_FIELDS
         unknown = set(names) - known
         if unknown:
             raise ValueError(f"unknown reading fields: {sorted(unknown)}")
@@ -85,12 +103,41 @@ class FakeGpuBackend:
         """Make the GPU stop answering (or come back)."""
         self._gpus[index].lost = lost
 
+    def inject_xid(self, index: int, code: int) -> None:
+        """Queue an Xid event (e.g. 79: fallen off the bus, 48: double-bit ECC error)."""
+        self._xids.append((index, code))
+
+    def add_ecc_errors(self, index: int, kind: str, count: int = 1) -> None:
+        """``count`` more ECC errors of ``kind`` (corrected | uncorrected): both the volatile
+        and the aggregate totals grow, as on a real GPU."""
+        for counter in (ECC_VOLATILE, ECC_AGGREGATE):
+            self._gpus[index].ecc[(kind, counter)] += count
+
+    def set_remapped_rows(self, index: int, **rows: int) -> None:
+        """Set remapped-row readings by kind (correctable, uncorrectable, pending, failure)."""
+        unknown = set(rows) - set(REMAP_KINDS)
+        if unknown:
+            raise ValueError(f"unknown remap kinds: {sorted(unknown)}")
+        self._gpus[index].remapped_rows.update(rows)
+
     # --- GpuBackend -----------------------------------------------------------------------
     def device_count(self) -> int:
         return len(self._gpus)
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def health(self, index: int) -> NvmlHealth:
+        gpu = self._gpus[index]
+        if gpu.lost:
+            raise GpuLost(f"GPU {index}: GPU is lost")
+        return NvmlHealth(ecc={} if "ecc" in gpu.missing else dict(gpu.ecc),
+                          remapped_rows={} if "remapped_rows" in gpu.missing
+                          else dict(gpu.remapped_rows))
+
+    def xid_events(self) -> list[tuple[int, int]]:
+        events, self._xids = self._xids, []
+        return events
 
     def read(self, index: int) -> NvmlReading:
         gpu = self._gpus[index]
@@ -119,4 +166,5 @@ class FakeGpuBackend:
                 REASON_GPU_IDLE if load < 0.1 else 0),
             pids=gpu.pids,
         )
-        return dataclasses.replace(reading, **{name: None for name in gpu.missing})
+        return dataclasses.replace(reading, **{name: None for name in gpu.missing
+                                               if name not in HEALTH_FIELDS})

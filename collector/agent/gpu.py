@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from fleetlens.collector.agent.gpu_health import NvmlHealth
+from fleetlens.collector.agent.nvml_health import XidEvents, read_health
+
 T = TypeVar("T")
 
 
@@ -61,6 +64,14 @@ class GpuBackend(Protocol):
         """Read every field of one GPU. Raises :class:`GpuLost` when it is gone."""
         ...
 
+    def health(self, index: int) -> NvmlHealth:
+        """ECC totals and remapped rows of one GPU. Raises :class:`GpuLost` when it is gone."""
+        ...
+
+    def xid_events(self) -> list[tuple[int, int]]:
+        """Xid events since the last call, as (GPU index, Xid code); never waits."""
+        ...
+
     def close(self) -> None:
         """Release NVML."""
         ...
@@ -84,21 +95,32 @@ class PynvmlBackend:
             raise NoGpu(str(exc)) from exc
         self._handles: dict[int, object] = {}
         self._reported: set[tuple[int, str, str]] = set()
+        self._xid: XidEvents | None = None  # created at the first xid_events()
 
     def device_count(self) -> int:
         return self._count
 
     def close(self) -> None:
+        if self._xid is not None:
+            self._xid.close()
         try:
             self._nv.nvmlShutdown()
         except self._nv.NVMLError:
             pass  # already shut down or never fully up: nothing left to release
 
-    def read(self, index: int) -> NvmlReading:
+    def _handle(self, index: int) -> object:
         nv = self._nv
         try:
             handle = self._handles.get(index) or nv.nvmlDeviceGetHandleByIndex(index)
-            self._handles[index] = handle
+        except nv.NVMLError as exc:
+            raise GpuLost(f"GPU {index}: {exc}") from exc
+        self._handles[index] = handle
+        return handle
+
+    def read(self, index: int) -> NvmlReading:
+        nv = self._nv
+        handle = self._handle(index)
+        try:
             uuid, name = nv.nvmlDeviceGetUUID(handle), nv.nvmlDeviceGetName(handle)
         except nv.NVMLError as exc:
             self._handles.pop(index, None)
@@ -108,6 +130,26 @@ class PynvmlBackend:
         except GpuLost:
             self._handles.pop(index, None)  # after a reset the GPU gets a new handle
             raise
+
+    def health(self, index: int) -> NvmlHealth:
+        handle = self._handle(index)
+        try:
+            return read_health(self._nv, handle,
+                               lambda field, call: self._optional(index, field, call))
+        except GpuLost:
+            self._handles.pop(index, None)
+            raise
+
+    def xid_events(self) -> list[tuple[int, int]]:
+        if self._xid is None:  # GPUs that do not answer now are not registered
+            handles = {}
+            for index in range(self._count):
+                try:
+                    handles[index] = self._handle(index)
+                except GpuLost:
+                    continue
+            self._xid = XidEvents(self._nv, handles)
+        return self._xid.drain()
 
     def _fields(self, index: int, handle: object, uuid: str, name: str) -> NvmlReading:
         nv = self._nv

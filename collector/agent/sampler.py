@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetlens.collector.agent.gpu import GpuBackend, GpuLost, NvmlReading
+from fleetlens.collector.agent.gpu_health import GpuHealthSample, XidCounts
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class GpuSample:
     pods: tuple[str, ...] = ()
     #: Further gauges by metric name (dcgm-exporter's profiling ratios, last XID).
     extra: dict[str, float] = field(default_factory=dict)
+    #: ECC and row-remap readings that came with the sample (dcgm-exporter; NVML: ``None``,
+    #: its health is read apart, :meth:`GpuSampler.health`).
+    health: GpuHealthSample | None = None
 
     @property
     def mem_used_fraction(self) -> float | None:
@@ -99,6 +103,8 @@ class GpuSampler:
         self._clock_ns = clock_ns
         self._energy: dict[str, EnergyTotal] = {}
         self.lost: set[int] = set()
+        self._identity: dict[int, tuple[str, str]] = {}  # index -> (uuid, name) last read
+        self.xids = XidCounts()
 
     def close(self) -> None:
         """Release NVML (the agent calls it at shutdown)."""
@@ -111,14 +117,43 @@ class GpuSampler:
             try:
                 reading = self.backend.read(index)
             except GpuLost as exc:
-                if index not in self.lost:
-                    log.warning("GPU %d stopped answering (%s); skipping it", index, exc)
-                    self.lost.add(index)
+                self._mark_lost(index, exc)
                 continue
             if index in self.lost:
                 log.warning("GPU %d (%s) answers again", index, reading.uuid)
                 self.lost.discard(index)
+            self._identity[index] = (reading.uuid, reading.name)
             out.append(self.convert(reading, self._clock_ns()))
+        return out
+
+    def _mark_lost(self, index: int, exc: Exception) -> None:
+        if index not in self.lost:
+            log.warning("GPU %d stopped answering (%s); skipping it", index, exc)
+            self.lost.add(index)
+
+    def health(self) -> list[GpuHealthSample]:
+        """Xid counts, ECC totals and remapped rows of every GPU read so far, and the lost
+        ones (``lost``, with the identity they last answered with). Slower than
+        :meth:`sample`: the agent calls it once per export interval."""
+        for index, code in self.backend.xid_events():
+            log.warning("GPU %d: Xid %d", index, code)  # rare, and an operator wants each
+            self.xids.add(index, code)
+        out = []
+        for index in range(self.backend.device_count()):
+            uuid, name = self._identity.get(index, ("", ""))
+            if index not in self.lost and index in self._identity:
+                try:
+                    health = self.backend.health(index)
+                except GpuLost as exc:
+                    self._mark_lost(index, exc)
+                else:
+                    out.append(GpuHealthSample(index, uuid, name, xid=self.xids.of(index),
+                                               ecc=dict(health.ecc),
+                                               remapped_rows=dict(health.remapped_rows)))
+                    continue
+            if index in self.lost:
+                out.append(GpuHealthSample(index, uuid, name, lost=True,
+                                           xid=self.xids.of(index)))
         return out
 
     def convert(self, r: NvmlReading, ts_ns: int) -> GpuSample:
