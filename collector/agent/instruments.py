@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetlens.collector.agent.export import MetricGroup, Points
+from fleetlens.collector.agent.gpu_health import GpuHealthSample
+from fleetlens.collector.agent.liveness import EngineStatus
 from fleetlens.collector.agent.sampler import GpuSample
 from fleetlens.collector.agent.scraper import EngineSample
 from fleetlens.pipeline.schema import attributes as a
@@ -78,6 +80,8 @@ class GpuState:
     """The latest GPU samples, read by the callbacks at collection."""
 
     samples: list[GpuSample] = field(default_factory=list)
+    #: Health readings, only in the collections that read them (once per export interval).
+    health: list[GpuHealthSample] = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +90,8 @@ class EngineState:
 
     samples: list[EngineSample] = field(default_factory=list)
     mapping: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Every target's liveness and configuration after the last scrape round.
+    statuses: list[EngineStatus] = field(default_factory=list)
 
 
 def register_gpu(group: MetricGroup, state: GpuState,

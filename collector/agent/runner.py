@@ -18,6 +18,7 @@ from fleetlens.collector.agent.config import AgentConfig, VllmTarget, is_loopbac
 from fleetlens.collector.agent.dcgm import EXTRA_GAUGES, DcgmSource
 from fleetlens.collector.agent.export import MetricGroup, Outbox
 from fleetlens.collector.agent.gpu import GpuBackend, NoGpu
+from fleetlens.collector.agent.health_instruments import register_gpu_health, register_liveness
 from fleetlens.collector.agent.instruments import (
     EngineState,
     GpuState,
@@ -80,7 +81,12 @@ class Agent:
         self.gpu_group = MetricGroup(resource, "fleetlens.agent.gpu")
         self.engine_group = MetricGroup(resource, "fleetlens.agent.engine")
         register_gpu(self.gpu_group, self.gpu_state, EXTRA_GAUGES)
+        register_gpu_health(self.gpu_group, lambda: self.gpu_state.health)
         register_engine(self.engine_group, self.engine_state)
+        register_liveness(self.engine_group, lambda: self.engine_state.statuses)
+        #: GPU health (Xid, ECC, remapped rows, lost) is read this often, not at every sample.
+        self.health_interval_s = config.export_interval_s
+        self._next_health = 0.0
         box = dict(interval_s=config.export_interval_s, timeout_s=config.export_timeout_s,
                    max_pending=config.max_pending_collections)
         self.gpu_outbox = Outbox(exporter_factory(config), name="gpu", **box)
@@ -109,11 +115,18 @@ class Agent:
         if self.sampler is None:
             return
         self.gpu_state.samples = self.sampler.sample()
+        now = time.monotonic()
+        self.gpu_state.health = []
+        if now >= self._next_health:
+            self._next_health = now + self.health_interval_s
+            self.gpu_state.health = self.sampler.health()
         self.gpu_outbox.put(self.gpu_group.collect())
 
     def engine_tick(self) -> None:
-        """Scrape every vLLM and queue one collection (engine metrics and the mapping)."""
+        """Scrape every vLLM and queue one collection (engine metrics, liveness, the
+        mapping and the agent's heartbeat, which goes out even with nothing to scrape)."""
         self.engine_state.samples = self.scraper.scrape()
+        self.engine_state.statuses = self.scraper.statuses()
         self.engine_outbox.put(self.engine_group.collect())
 
     def refresh_mapping(self) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from fleetlens.collector.agent.liveness import EngineStatus, EngineTracker
 from fleetlens.collector.agent.prometheus import ExpositionError, Sample, parse_samples
 from fleetlens.pipeline.schema import attributes as a
 
@@ -75,9 +76,20 @@ def engine_samples(text: str, instance_id: str, ts_ns: int) -> list[EngineSample
     Returns:
         One sample per ``model_name`` seen (sorted), carrying the signals found.
     """
-    by_name: dict[str, list] = defaultdict(list)
+    return samples_of_page(parse_page(text), instance_id, ts_ns)
+
+
+def parse_page(text: str) -> dict[str, list[Sample]]:
+    """A page's samples grouped by name. Raises :class:`ExpositionError` on a bad page."""
+    grouped: dict[str, list[Sample]] = defaultdict(list)
     for sample in parse_samples(text):
-        by_name[sample.name].append(sample)
+        grouped[sample.name].append(sample)
+    return grouped
+
+
+def samples_of_page(by_name: dict[str, list[Sample]], instance_id: str,
+                    ts_ns: int) -> list[EngineSample]:
+    """:func:`engine_samples` of a page already parsed by :func:`parse_page`."""
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for signal, names in a.VLLM_PROMETHEUS_NAMES.items():
         found = next((by_name[n] for n in names if n in by_name), [])
@@ -131,7 +143,8 @@ class VllmScraper:
     """Scrapes a set of ``(instance_id, metrics_url)`` targets.
 
     A target that fails (down, timeout, bad text) is logged when it starts failing and when it
-    recovers, and contributes no sample meanwhile; the others go on.
+    recovers, and contributes no sample meanwhile; the others go on. Each target's liveness,
+    start time and configuration are kept by an :class:`EngineTracker` (:meth:`statuses`).
     """
 
     def __init__(self, targets: list[tuple[str, str]], timeout_s: float = 2.0,
@@ -143,6 +156,9 @@ class VllmScraper:
         self._fetch = fetch
         self.failing: set[str] = set()  # updated from the scraping threads (set ops are atomic)
         self._pool: ThreadPoolExecutor | None = None
+        # one per target, each touched only by the thread scraping that target
+        self.trackers = {target: EngineTracker(*target, fetch=fetch, timeout_s=timeout_s)
+                         for target in targets}
 
     def scrape(self) -> list[EngineSample]:
         """One round over every target, side by side: the round (and the collection time
@@ -158,11 +174,13 @@ class VllmScraper:
 
     def _one(self, instance_id: str, url: str) -> list[EngineSample]:
         ts_ns = self._clock_ns()
+        tracker = self.trackers[(instance_id, url)]
         try:
-            samples = engine_samples(self._fetch(url, self.timeout_s), instance_id, ts_ns)
+            page = parse_page(self._fetch(url, self.timeout_s))
         # HTTPException: a reply that is not HTTP, or a body cut short.
         except (OSError, urllib.error.URLError, http.client.HTTPException,
                 ExpositionError) as exc:
+            tracker.failed()
             if url not in self.failing:
                 log.warning("vLLM %s (%s): scrape failed: %s", instance_id, url, exc)
                 self.failing.add(url)
@@ -170,7 +188,13 @@ class VllmScraper:
         if url in self.failing:
             log.warning("vLLM %s (%s): scraping again", instance_id, url)
             self.failing.discard(url)
+        samples = samples_of_page(page, instance_id, ts_ns)
+        tracker.scraped(page, [s.model_name for s in samples])
         return samples
+
+    def statuses(self) -> list[EngineStatus]:
+        """Every target's liveness after the last round (call it between rounds)."""
+        return [tracker.status() for tracker in self.trackers.values()]
 
     def close(self) -> None:
         """Stop the scraping threads (the agent calls it at shutdown)."""
