@@ -55,6 +55,7 @@ class Instance:
         self.prefix_cache_off = False
         # failure state (simulator.failures): a dead or hung engine takes no step
         self.down = self.hung = self.stalled = False
+        self.down_since = 0.0  # virtual time of the last crash
         self.process_start_s = start_ns / 1e9  # set by the fleet, renewed at a restart
         # cumulative counters, as vLLM's /metrics
         self.preemptions = self.prefix_queries = self.prefix_hits = 0

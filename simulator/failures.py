@@ -13,6 +13,8 @@ Mechanism per kind (the telemetry contract of docs/simulator.md):
   ``gateway_timeout_s`` while the engine hangs. At the end the requests still there proceed.
 - request_errors: a share (magnitude) of the requests routed to the target is aborted by the
   engine after its prefill (finish reason ``abort``, status ERROR; 500 at the gateway).
+  With ``gateway_failover`` on its workload, the gateway routes a request to a live peer
+  instead once the engine's health check has failed for ``gateway_health_delay_s``.
 - host_down: every instance of the host is down as above and the host's agent sends nothing.
 - telemetry_gap: the host's agent sends nothing; its engines serve as usual.
 
@@ -142,6 +144,10 @@ class Failures:
         self.start_ns = scenario.start_ns
         self.instances = instances
         self.timeout_s = {w.service: w.gateway_timeout_s for w in scenario.workloads}
+        #: service -> how long the gateway's health check of an engine fails before it
+        #: routes around the engine (workloads with gateway_failover only)
+        self.failover_s = {w.service: w.gateway_health_delay_s for w in scenario.workloads
+                           if w.gateway_failover}
         self.active = False  # any failure in effect (the fast path checks only this)
         self.hung: list[Instance] = []
         self.abort: dict[str, float] = {}  # instance id -> share of requests aborted
@@ -177,23 +183,42 @@ class Failures:
         self.abort, self.silent = abort, frozenset(silent)
         self.active = bool(down or hung or abort or silent)
 
-    def refuse(self, r: Request, inst: Instance) -> bool:
-        """At routing: True when ``inst`` is down (the request is refused); marks a request
-        that the engine will abort after its prefill."""
+    def route(self, r: Request, inst: Instance, peers: list[Instance]) -> Instance | None:
+        """At routing: the engine that takes ``r`` (``inst``, or with gateway failover a live
+        peer once ``inst`` has failed its health check long enough), None when it is refused
+        (down). Marks a request that the engine will abort after its prefill."""
+        if inst.down:
+            inst = self._failover(r, inst, peers)
         if inst.down:
             self.failed += 1
             if r.gateway_span_id:
                 r.status = UNAVAILABLE
                 self.records.append(error_gateway_record(
                     r, inst, self.start_ns, UNAVAILABLE, r.client_ns + round(REFUSED_S * _NS)))
-            return True
+            return None
         share = self.abort.get(inst.id)
         # the span id is a uniform random draw already made: no draw of the run changes
         if share and (r.span & 0xFFFFFFFF) / 2**32 < share:
             r.status = SERVER_ERROR
             r.out_target = 1  # the engine finishes it at its first token: the abort
             self.failed += 1
-        return False
+        return inst
+
+    def _failover(self, r: Request, inst: Instance, peers: list[Instance]) -> Instance:
+        """A live peer for a gateway request to a dead engine, chosen with the request's own
+        routing draw (``r.instance``, uniform), when the gateway has seen the engine fail long
+        enough; else ``inst``."""
+        delay = self.failover_s.get(r.service)
+        if delay is None or not r.gateway_span_id:
+            return inst
+        if (r.client_ns - self.start_ns) / _NS - inst.down_since < delay:
+            return inst
+        alive = [peer for peer in peers if not peer.down]
+        if not alive:
+            return inst
+        # where the draw fell within the dead engine's share: its load spreads evenly
+        u = r.instance * len(peers)
+        return alive[min(int((u - int(u)) * len(alive)), len(alive) - 1)]
 
     def tick(self, t1: float) -> None:
         """The gateway gives up (504) on requests to a hung engine after its timeout."""
@@ -219,7 +244,7 @@ class Failures:
         inst.waiting.clear()
         inst.running.clear()
         inst.prefilling = inst.blocked = False
-        inst.down = True
+        inst.down, inst.down_since = True, t
         for g in inst.gpus:  # the process is gone, and its memory with it
             self._memory[id(g)] = g.memory_used_bytes
             g.memory_used_bytes = 0.0

@@ -115,8 +115,10 @@ class Fleet:
             targets = self.routes[stream.w.service]
             for r in stream.until(t0, t1):
                 inst = targets[min(int(r.instance * len(targets)), len(targets) - 1)]
-                if failing and failures.refuse(r, inst):
-                    continue  # a dead engine refuses the connection
+                if failing:
+                    inst = failures.route(r, inst, targets)
+                    if inst is None:
+                        continue  # a dead engine refused the connection
                 d = inst.deployment
                 if r.prompt_len >= d.max_model_len or \
                         -(-r.prompt_len // BLOCK_TOKENS) >= inst.pool.total:

@@ -89,6 +89,8 @@ class Workload:
     gateway_share: float = 0.0
     gateway_service: str = "llm-gateway"
     gateway_timeout_s: float = 30.0  # the gateway answers 504 after this (a hung engine)
+    gateway_failover: bool = False  # route away from an engine whose health check fails ...
+    gateway_health_delay_s: float = 10.0  # ... once it has failed this long
     max_tokens: int = 4096
     temperature: float = 0.7
     top_p: float = 1.0
@@ -337,8 +339,9 @@ def _check_workload(w: Workload, services: set[str], where: str) -> None:
     for name in ("prefix_share", "gateway_share", "daily_amplitude"):
         if not 0.0 <= getattr(w, name) <= 1.0:
             raise ScenarioError(f"{where}.{name}: must be within 0..1")
-    if w.gateway_timeout_s <= 0:
-        raise ScenarioError(f"{where}.gateway_timeout_s: must be positive")
+    if w.gateway_timeout_s <= 0 or w.gateway_health_delay_s < 0:
+        raise ScenarioError(f"{where}: gateway_timeout_s must be positive and "
+                            "gateway_health_delay_s >= 0")
 
 
 def _incident(entry: dict[str, Any], services: set[str], hosts: dict[str, Host],

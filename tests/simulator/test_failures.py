@@ -273,3 +273,26 @@ def test_metric_units_and_kinds() -> None:
     assert set(metrics) == {a.AGENT_HEARTBEAT, a.ENGINE_UP}  # no empty metric
     assert all(m.unit == "1" and isinstance(m.data, Gauge) for m in metrics.values())
     assert ENGINE_METRICS[a.ENGINE_START_TIME] == ("s", False)
+
+
+def test_gateway_failover_moves_a_dead_engines_load_to_its_peers(baseline) -> None:
+    document = doc([{"kind": "engine_down", "gpu": "h01:0", "start_s": START,
+                     "duration_s": END - START}])
+    document["workload"][0].update(gateway_failover=True, gateway_health_delay_s=15.0)
+    out = simulate(document)
+    refused = gateway_errors(out, "h01/chat/0")[503]
+    assert refused and all(s.start_time < CRASH_NS + 15 * S for s in refused)
+    assert max(s.start_time for s in refused) > CRASH_NS + 14 * S
+
+    def served(o, iid):
+        return len([s for s in o.requests() if instance_of(s) == iid
+                    and CRASH_NS + 15 * S <= s.start_time < RESTART_NS])
+
+    peers = ("h01/chat/1", "h02/chat/0", "h02/chat/1")
+    moved = sum(served(out, p) - served(baseline, p) for p in peers)
+    assert moved > 300  # about a quarter of 14 req/s for 105 s
+    assert all(served(out, p) > served(baseline, p) + 60 for p in peers)  # spread over all
+    assert served(out, "h01/chat/0") == 0
+    # without failover the peers see exactly the baseline's requests
+    plain = run_case("engine_down", gpu="h01:0")
+    assert all(served(plain, p) == served(baseline, p) for p in peers)
