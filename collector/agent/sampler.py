@@ -136,7 +136,9 @@ class GpuSampler:
         ones (``lost``, with the identity they last answered with). Slower than
         :meth:`sample`: the agent calls it once per export interval."""
         for index, code in self.backend.xid_events():
-            log.warning("GPU %d: Xid %d", index, code)  # rare, and an operator wants each
+            # Said once per GPU and code: a storm of one Xid would flood the log.
+            if code not in self.xids.of(index):
+                log.warning("GPU %d: Xid %d (later ones are counted, not logged)", index, code)
             self.xids.add(index, code)
         out = []
         for index in range(self.backend.device_count()):
