@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from fleetlens.analytics.failures.config import FailureConfig
-from fleetlens.analytics.failures.engines import down, engine_frame, hangs, restarts
+from fleetlens.analytics.failures.engines import down, engine_frame, hangs, per_host, restarts
 from fleetlens.analytics.failures.errors import error_windows, request_errors
 from fleetlens.analytics.failures.findings import Finding, cause_rows, to_tables
 from fleetlens.analytics.failures.hosts import presence, silences
@@ -44,12 +44,14 @@ def detect_failures(tables: Tables, cfg: FailureConfig, window_s: int) -> list[F
         return []
     engine = engine_frame(tables.engine_samples)
     instances = _services(tables.requests, c.INSTANCE_ID)
-    found = [*down(engine, instances, cfg), *hangs(engine, instances, cfg)]
+    together = window_s * NS
+    found = per_host([*down(engine, instances, cfg), *hangs(engine, instances, cfg)], together)
     found += silences(presence(tables.gpu_samples, tables.engine_samples), tables.requests,
                       _services(tables.requests, c.HOST_NAME), cfg)
-    found += restarts(engine, instances, cfg)
+    found += per_host(restarts(engine, instances, cfg), together)
     found += request_errors(error_windows(tables.requests, window_s), found, window_s, cfg)
-    return sorted(found, key=lambda f: (f.start_ns, f.cause, f.subject))
+    unique = {f.incident_id: f for f in found}  # one finding per incident
+    return sorted(unique.values(), key=lambda f: (f.start_ns, f.cause, f.subject))
 
 
 def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[Finding],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from fleetlens.analytics.failures.config import FailureConfig
-from fleetlens.analytics.failures.findings import Finding, runs
+from fleetlens.analytics.failures.findings import LEVEL_HOST, Finding, runs
 from fleetlens.pipeline.schema import FLEET_WIDE, Cause
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import subject
@@ -34,7 +34,9 @@ def engine_frame(engine: pl.LazyFrame) -> pl.DataFrame:
     frame = engine.select(c.HOST_NAME, c.INSTANCE_ID, c.MODEL, c.TS_NS, *keep)
     frame = frame.with_columns(pl.lit(None, pl.Float64).alias(col)
                                for col in _COLUMNS if col not in names)
-    return frame.sort(c.INSTANCE_ID, c.TS_NS).collect()
+    # one row per scrape: at least-once delivery and hour edges may repeat a sample
+    return (frame.unique([c.INSTANCE_ID, c.TS_NS], keep="first")
+            .sort(c.INSTANCE_ID, c.TS_NS).collect())
 
 
 def _label(row: dict, services: dict[str, str]) -> dict:
@@ -131,3 +133,32 @@ def restarts(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig
                       "start_s": row[c.PROCESS_START_TIME_S],
                       c.INSTANCE_ID: row[c.INSTANCE_ID]}))
     return out
+
+
+def per_host(found: list[Finding], together_ns: int) -> list[Finding]:
+    """Engine findings of one cause on two or more engines of a host that began within
+    ``together_ns`` of each other become one finding of the host (a host's engines crashing
+    or restarting together is one event, the host's); the rest stay as they are."""
+    out: list[Finding] = []
+    groups: dict[tuple[str, str], list[list[Finding]]] = {}
+    for f in sorted(found, key=lambda f: f.start_ns):
+        spells = groups.setdefault((f.cause, f.host), [])
+        if spells and f.start_ns - spells[-1][0].start_ns <= together_ns:
+            spells[-1].append(f)
+        else:
+            spells.append([f])
+    for (_cause, host), spells in groups.items():
+        for spell in spells:
+            engines = sorted({f.evidence[c.INSTANCE_ID] for f in spell})
+            if len(engines) < 2:
+                out += spell
+                continue
+            first = min(spell, key=lambda f: f.start_ns)
+            out.append(Finding(
+                first.cause, subject(c.HOST_NAME, host), first.service, first.model, host,
+                first.start_ns, max(f.end_ns for f in spell),
+                min(f.detected_ns for f in spell), first.metric, first.peak, first.expected,
+                f"{len(engines)} engines of {host}: " + "; ".join(
+                    dict.fromkeys(f.summary for f in spell)), LEVEL_HOST,
+                {**first.evidence, c.INSTANCE_ID: None, "instances": engines}))
+    return sorted(out, key=lambda f: f.start_ns)

@@ -19,6 +19,7 @@ from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import subject
 
 NS = 1_000_000_000
+_EDGE_NS = 10 * NS
 
 
 def presence(gpu: pl.LazyFrame, engine: pl.LazyFrame) -> pl.DataFrame:
@@ -54,9 +55,12 @@ def silences(seen: pl.DataFrame, requests: pl.LazyFrame, host_services: dict[str
 
 def _finding(host: str, last_seen: int, back: int, ongoing: bool, requests: pl.LazyFrame,
              host_services: dict[str, str], cfg: FailureConfig) -> Finding:
+    # Requests finishing right at the edges were on their way when the host went or came:
+    # only those the silence's interior saw tell a running host from a lost one.
+    edge = min(_EDGE_NS, int(cfg.silent_after_s * NS) // 4)
     served = (requests.filter((pl.col(c.HOST_NAME) == host)
                               & (pl.col(c.SOURCE) != SOURCE_GATEWAY)
-                              & pl.col(c.END_NS).is_between(last_seen, back, closed="none"))
+                              & pl.col(c.END_NS).is_between(last_seen + edge, back - edge))
               .select(pl.len()).collect().item())
     start = last_seen + NS  # the first second it should have reported and did not
     seconds = (back - last_seen) / NS
