@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -188,8 +194,6 @@ def test_changed_cache_config_labels_change_the_fingerprint(sink, vllm) -> None:
 
 def test_version_is_refreshed_every_few_minutes_and_a_failure_keeps_it(
         sink, vllm, monkeypatch) -> None:  # noqa: F811
-    import time
-
     real, offset = time.monotonic, [0.0]
     monkeypatch.setattr(time, "monotonic", lambda: real() + offset[0])
     agent = agent_for(sink, vllm.url)
@@ -232,7 +236,7 @@ def test_every_kind_of_failed_scrape_is_up_0(sink, vllm, fault) -> None:  # noqa
     else:
         agent.scraper.timeout_s = 1.0
         vllm.stop()
-        hung = __import__("socket").create_server(("127.0.0.1", vllm.port))  # never answers
+        hung = socket.create_server(("127.0.0.1", vllm.port))  # accepts, never answers
     try:
         points = tick(agent, sink)
     finally:
@@ -263,3 +267,34 @@ def test_heartbeat_without_targets_or_gpus(sink) -> None:  # noqa: F811
     points = tick(agent, sink) + tick(agent, sink)
     assert [p.value for p in points] == [1, 1]
     assert {p.name for p in points} == {a.AGENT_HEARTBEAT}
+
+
+def test_the_agent_process_says_up_then_down_and_keeps_its_heartbeat(sink, vllm) -> None:  # noqa: F811
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fleetlens", "agent", "--collector", sink.endpoint,
+         "--vllm", f"{INSTANCE}={vllm.url}", "--host-name", "h", "--scrape-interval", "0.2"],
+        env=env, stderr=subprocess.PIPE, text=True)
+
+    def wait_for(value: int) -> None:
+        deadline = time.monotonic() + 60
+        while not any(p.name == a.ENGINE_UP and p.value == value for p in sink.points()):
+            assert child.poll() is None and time.monotonic() < deadline, "no up point"
+            time.sleep(0.1)
+
+    try:
+        wait_for(1)
+        vllm.stop()
+        wait_for(0)
+        beats = len(named(sink.points(), a.AGENT_HEARTBEAT))
+        deadline = time.monotonic() + 60
+        while len(named(sink.points(), a.AGENT_HEARTBEAT)) <= beats:  # still beating
+            assert time.monotonic() < deadline, "the heartbeat stopped"
+            time.sleep(0.1)
+    finally:
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    down = [p for p in sink.points() if p.name == a.ENGINE_UP and p.value == 0]
+    assert {p.attributes[a.ENGINE_MODEL_NAME] for p in down} == {"tiny"}
+    assert {p.resource[a.HOST_NAME] for p in named(sink.points(), a.AGENT_HEARTBEAT)} == {"h"}
