@@ -254,3 +254,39 @@ RANK_LO = "rank_lo"
 RANK_HI = "rank_hi"
 KV_HEADROOM = "kv_headroom"
 IDLE_SHARE = "idle_share"
+
+# --- SLOs and burn-rate alerts (issue 30 item 5: slo_windows, slo_status, slo_burn_rates,
+# slo_alerts; analytics/slos/) ------------------------------------------------------------
+#: The SLO's name within its service, e.g. ``availability`` or ``ttft_1s``.
+SLO = "slo"
+#: ``availability`` or ``latency``.
+SLO_KIND = "slo_kind"
+#: The share of events that must be good (0.999).
+OBJECTIVE = "objective"
+#: Latency SLOs: a good event's metric is at most this, s (availability: null).
+THRESHOLD_S = "threshold_s"
+#: The compliance period the error budget is counted over, s.
+PERIOD_S = "period_s"
+#: Events (requests the SLO judges) and the bad ones among them.
+TOTAL_EVENTS = "total_events"
+BAD_EVENTS = "bad_events"
+#: Good events / events over the compliance period (null without events).
+COMPLIANCE = "compliance"
+#: Bad events the objective allows over the period: (1 - objective) x events.
+ALLOWED_BAD_EVENTS = "allowed_bad_events"
+#: Share of the error budget left (0..1) and spent (bad / allowed; above 1 when overspent).
+BUDGET_REMAINING = "budget_remaining"
+BUDGET_CONSUMED = "budget_consumed"
+#: Bad / events over an alert window, and that ratio / (1 - objective).
+ERROR_RATIO = "error_ratio"
+BURN_RATE = "burn_rate"
+#: A burn-rate alert rule: its name, severity (``page`` | ``ticket``), factor and windows.
+ALERT_ID = "alert_id"
+ALERT = "alert"
+FACTOR = "factor"
+LONG_WINDOW_S = "long_window_s"
+SHORT_WINDOW_S = "short_window_s"
+LONG_BURN_RATE = "long_burn_rate"
+SHORT_BURN_RATE = "short_burn_rate"
+#: A firing alert: the first window end from which both its windows stayed above the factor.
+SINCE_NS = "since_ns"

@@ -324,3 +324,58 @@ def table(name: str) -> Table:
         return TABLES[name]
     except KeyError:
         raise KeyError(f"unknown table {name!r}; known tables: {', '.join(TABLES)}") from None
+
+# --- SLOs and burn-rate alerts (issue 30 item 5; written by analytics/slos/) -------------------
+SLO_WINDOWS = "slo_windows"
+SLO_STATUS = "slo_status"
+SLO_BURN_RATES = "slo_burn_rates"
+SLO_ALERTS = "slo_alerts"
+
+#: Events and bad events of each configured SLO per window (the exporter's counters and the
+#: charts of budget burn read these).
+_SLO_WINDOWS = Table(
+    SLO_WINDOWS,
+    {
+        c.WINDOW_START_NS: I64, c.WINDOW_S: I64, c.SERVICE_NAME: STR, c.SLO: STR,
+        c.TOTAL_EVENTS: I64, c.BAD_EVENTS: I64,
+    },
+    key=(c.SERVICE_NAME, c.SLO, c.WINDOW_START_NS),
+)
+
+#: One row per (service, SLO) as of the latest analytics run (``ts_ns``: the end of its data):
+#: objective, compliance and error budget over the compliance period.
+_SLO_STATUS = Table(
+    SLO_STATUS,
+    {
+        c.TS_NS: I64, c.SERVICE_NAME: STR, c.SLO: STR, c.SLO_KIND: STR, c.METRIC: STR,
+        c.THRESHOLD_S: F64, c.OBJECTIVE: F64, c.PERIOD_S: I64, c.TOTAL_EVENTS: I64,
+        c.BAD_EVENTS: I64, c.COMPLIANCE: F64, c.ALLOWED_BAD_EVENTS: F64,
+        c.BUDGET_REMAINING: F64, c.BUDGET_CONSUMED: F64,
+    },
+    key=(c.SERVICE_NAME, c.SLO),
+)
+
+#: The error ratio and burn rate of each (service, SLO) over each alert window ending at
+#: ``ts_ns`` (null without events in the window).
+_SLO_BURN_RATES = Table(
+    SLO_BURN_RATES,
+    {
+        c.TS_NS: I64, c.SERVICE_NAME: STR, c.SLO: STR, c.WINDOW_S: I64, c.TOTAL_EVENTS: I64,
+        c.BAD_EVENTS: I64, c.ERROR_RATIO: F64, c.BURN_RATE: F64,
+    },
+    key=(c.SERVICE_NAME, c.SLO, c.WINDOW_S),
+)
+
+#: Burn-rate alerts firing at ``ts_ns``: both windows at or above the factor.
+_SLO_ALERTS = Table(
+    SLO_ALERTS,
+    {
+        c.TS_NS: I64, c.ALERT_ID: STR, c.SERVICE_NAME: STR, c.SLO: STR, c.ALERT: STR,
+        c.SEVERITY: STR, c.FACTOR: F64, c.LONG_WINDOW_S: I64, c.SHORT_WINDOW_S: I64,
+        c.LONG_BURN_RATE: F64, c.SHORT_BURN_RATE: F64, c.OBJECTIVE: F64, c.SINCE_NS: I64,
+    },
+    key=(c.ALERT_ID,),
+)
+
+TABLES.update({tab.name: tab for tab in (_SLO_WINDOWS, _SLO_STATUS, _SLO_BURN_RATES,
+                                         _SLO_ALERTS)})
