@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetlens.analytics.failures.config import FailureConfig
+from fleetlens.analytics.slos.config import SloConfig
 from fleetlens.pipeline.schema.settings import ConfigError, require
 
 _WINDOW_METRICS = (
@@ -207,6 +208,9 @@ class AnalyticsConfig:
     #: Failure and change detectors: down, hung and restarted engines, lost hosts, telemetry
     #: gaps, failing requests (analytics.failures).
     failures: FailureConfig = field(default_factory=FailureConfig)
+    #: Per-service SLOs (availability, latency) and their burn-rate alerts
+    #: (analytics.slos); none by default: a service without an entry has no SLO.
+    slos: SloConfig = field(default_factory=SloConfig)
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -248,6 +252,10 @@ class AnalyticsConfig:
             self.failures.validate()
         except ConfigError as exc:
             raise ConfigError(f"failures.{exc}") from None
+        try:
+            self.slos.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"slos.{exc}") from None
         for i, hook in enumerate(self.hooks()):
             try:
                 hook.validate()

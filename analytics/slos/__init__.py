@@ -1,0 +1,1 @@
+"""Service level objectives: error budgets and multiwindow, multi-burn-rate alerts."""
