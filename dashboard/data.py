@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.dashboard import explore, incident, queries, ranking
+from fleetlens.dashboard import explore, failures, incident, queries, ranking
 from fleetlens.dashboard.config import DashboardConfig, load_dashboard_config
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_vanished
@@ -33,6 +33,11 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "causes": queries.causes,
     "baseline_series": queries.baseline_series,
     "baseline_with_actual": queries.baseline_with_actual,
+    "error_series": queries.error_series,
+    "failure_incidents": failures.failure_incidents,
+    "failure_effects": failures.failure_effects,
+    "engine_timeline": failures.engine_timeline,
+    "engine_restarts": failures.engine_restarts,
     "incident": incident.incident,
     "metric_context": incident.metric_context,
     "phase_breakdown": incident.phase_breakdown,

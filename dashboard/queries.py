@@ -117,6 +117,17 @@ def fleet_series(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
     return rows.drop(exact.columns[1:]).join(exact, on=c.WINDOW_START_NS, how="left")
 
 
+def error_series(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Per window and service: requests, failed requests and the error rate (the windows'
+    ``error_rate`` weighted by their requests), for the availability page."""
+    clause, params = _window_rows(con, f)
+    return run(con, f"""SELECT {c.WINDOW_START_NS}, {c.SERVICE_NAME},
+            sum({c.REQUESTS})::BIGINT AS {c.REQUESTS},
+            sum({c.ERROR_RATE} * {c.REQUESTS}) AS failed,
+            sum({c.ERROR_RATE} * {c.REQUESTS}) / nullif(sum({c.REQUESTS}), 0) AS {c.ERROR_RATE}
+        FROM {t.WINDOWS} WHERE {clause} GROUP BY 1, 2 ORDER BY 1, 2""", params)
+
+
 def _window_s(con: duckdb.DuckDBPyConnection) -> int:
     row = con.cursor().execute(f"SELECT min({c.WINDOW_S}) FROM {t.WINDOWS}").fetchall()[0]
     return int(row[0] or 60)
