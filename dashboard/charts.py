@@ -1,11 +1,17 @@
-"""Charts of the incident detail page: the phase excess and the signal small multiples."""
+"""Chart builders: the incident detail page's phase excess and signal small multiples, the
+availability timeline, and the change markers every time chart of the dashboard carries."""
 
 from __future__ import annotations
 
+import html
+
+import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
-from fleetlens.dashboard.ui import PHASE_COLOURS, xs, ys
+from fleetlens.dashboard.ui import LEGEND_ON_TOP, PHASE_COLOURS, TIME_AXIS, xs, ys
+from fleetlens.pipeline.schema import Cause
+from fleetlens.pipeline.schema import columns as c
 
 #: NVML clocks-event-reason bits (nvmlClocksEventReason*), as the GPU samples carry them.
 THROTTLE_REASONS = {0x01: "GPU idle", 0x04: "SW power cap", 0x08: "HW slowdown",
@@ -71,4 +77,105 @@ def throttle_chart(frame: pl.DataFrame, *, shade: tuple[int, int]) -> go.Figure:
                       xaxis={**SMALL_TIME_AXIS, "nticks": 10},
                       yaxis={"type": "category", "automargin": True},
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    return fig
+
+
+#: How each failure or change is drawn: (short label, colour). A failure with a duration is
+#: a band, an instant change (a restart, a configuration change) a dashed line.
+MARKER_STYLE = {
+    Cause.ENGINE_DOWN: ("down", "#d62728"), Cause.ENGINE_HANG: ("hang", "#d62728"),
+    Cause.HOST_DOWN: ("host down", "#8c1c13"), Cause.GPU_FAULT: ("GPU fault", "#d62728"),
+    Cause.REQUEST_ERRORS: ("errors", "#f58518"), Cause.TELEMETRY_GAP: ("no telemetry", "#7f7f7f"),
+    Cause.ENGINE_RESTART: ("restart", "#6a3d9a"), Cause.CONFIG_CHANGE: ("config", "#6a3d9a"),
+}
+INSTANT = frozenset({Cause.ENGINE_RESTART, Cause.CONFIG_CHANGE})
+#: More markers than this on one chart are noise: the earliest are kept, and the caption of
+#: the availability page lists them all.
+MAX_MARKERS = 40
+TIMELINE_COLOURS = {"up": "#54a24b", "down": "#e45756", "no data": "#bab0ac"}
+
+
+def _x_extent(fig: go.Figure) -> tuple[float, float] | None:
+    """The range of the figure's x values (epoch ms), or ``None`` without data."""
+    values = []
+    for trace in fig.data:
+        if getattr(trace, "orientation", None) == "h":  # bars from base to base + length
+            if trace.base is not None and trace.x is not None:
+                base = np.asarray(trace.base, np.float64)
+                values += [base, base + np.asarray(trace.x, np.float64)]
+        elif trace.x is not None and len(trace.x) and np.asarray(trace.x).dtype.kind in "fiu":
+            values.append(np.asarray(trace.x, dtype=np.float64))
+    if not values:
+        return None
+    joined = np.concatenate(values)
+    joined = joined[np.isfinite(joined)]
+    return (float(joined.min()), float(joined.max())) if joined.size else None
+
+
+def add_markers(fig: go.Figure, markers: pl.DataFrame | None) -> go.Figure:
+    """Draw failures (bands) and restarts or configuration changes (dashed lines) on a time
+    chart, each with a short label at the top whose hover names the cause, the subject and
+    analytics' summary.
+
+    Args:
+        fig: a chart whose x axis is epoch milliseconds (as :func:`ui.xs` gives them).
+        markers: rows of :func:`dashboard.failures.failure_incidents` (``cause, subject,
+            summary, start_ns, end_ns``); ``None`` or empty draws nothing.
+
+    Markers are clipped to the chart's data so they never stretch its time axis.
+    """
+    extent = _x_extent(fig)
+    if markers is None or markers.is_empty() or extent is None:
+        return fig
+    lo, hi = extent
+    for row in markers.head(MAX_MARKERS).iter_rows(named=True):
+        cause = str(row[c.CAUSE] or "")
+        label, colour = MARKER_STYLE.get(cause, (cause or "failure", "#d62728"))
+        start = row[c.START_NS] / 1e6
+        end = (row[c.END_NS] or row[c.START_NS]) / 1e6
+        if end < lo or start > hi:
+            continue
+        hover = "<br>".join(html.escape(str(part)) for part in (
+            f"{cause} on {row[c.SUBJECT]}", row[c.SUMMARY]) if part)
+        note = {"text": label, "hovertext": hover, "font": {"size": 10, "color": colour},
+                "yanchor": "bottom"}
+        if cause in INSTANT:
+            fig.add_vline(x=max(start, lo), line={"color": colour, "dash": "dash", "width": 1},
+                          annotation=note, annotation_position="top")
+        else:
+            fig.add_vrect(x0=max(start, lo), x1=min(max(end, start), hi), fillcolor=colour,
+                          opacity=0.15, line_width=0, layer="below", annotation=note,
+                          annotation_position="top left")
+    return fig
+
+
+def availability_timeline(segments: pl.DataFrame, restarts: pl.DataFrame, title: str
+                          ) -> go.Figure:
+    """Each engine's up / down / no-data runs as horizontal bars on a time axis, one row per
+    engine, and a diamond where a new process started (a restart)."""
+    fig = go.Figure()
+    engines = sorted(segments[c.INSTANCE_ID].unique().to_list())
+    for state, colour in TIMELINE_COLOURS.items():
+        part = segments.filter(pl.col("state") == state)
+        if part.is_empty():
+            continue
+        start = part[c.START_NS].to_numpy() / 1e6
+        length = part[c.END_NS].to_numpy() / 1e6 - start
+        text = [f"{i}: {state} for {ln / 1000:,.0f} s" for i, ln in
+                zip(part[c.INSTANCE_ID].to_list(), length, strict=True)]
+        fig.add_trace(go.Bar(y=part[c.INSTANCE_ID].to_list(), x=length, base=start,
+                             orientation="h", name=state, marker={"color": colour},
+                             hovertext=text, hoverinfo="text"))
+    if restarts.height:
+        fig.add_trace(go.Scatter(
+            x=restarts[c.START_NS].to_numpy() / 1e6, y=restarts[c.INSTANCE_ID].to_list(),
+            mode="markers", name="restart", hoverinfo="text",
+            hovertext=[f"{i}: new process" for i in restarts[c.INSTANCE_ID].to_list()],
+            marker={"symbol": "diamond", "size": 10, "color": "#6a3d9a",
+                    "line": {"color": "white", "width": 1}}))
+    fig.update_layout(title=title, barmode="overlay", height=110 + 30 * max(len(engines), 1),
+                      legend=LEGEND_ON_TOP, xaxis=TIME_AXIS, bargap=0.35,
+                      yaxis={"type": "category", "categoryorder": "array",
+                             "categoryarray": engines[::-1], "automargin": True},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})
     return fig

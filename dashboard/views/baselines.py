@@ -4,7 +4,7 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from fleetlens.dashboard import data, ui
+from fleetlens.dashboard import charts, data, ui
 from fleetlens.pipeline.schema import columns as c
 
 
@@ -46,7 +46,7 @@ fig.add_trace(go.Scatter(x=ui.xs(anomalies), y=ui.ys(anomalies, "actual"),
 for start, end in incident_spans(frame):
     fig.add_vrect(x0=start / 1e6, x1=end / 1e6, fillcolor="rgba(228,87,86,0.12)",
                   line_width=0)
-st.plotly_chart(fig, key="bl_chart")
+st.plotly_chart(charts.add_markers(fig, data.load("failure_incidents", f)), key="bl_chart")
 observed = frame.filter(pl.col("actual").is_not_null())
 cols = st.columns(2)
 cols[0].metric("Windows outside the band", anomalies.height,

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from fleetlens.dashboard import data, ui
+from fleetlens.dashboard import charts, data, ui
 from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
@@ -20,9 +20,12 @@ cols[0].metric("Energy", f"{total_j / 3.6e6:,.2f} kWh")
 cols[1].metric("Output tokens", f"{int(tokens):,}")
 cols[2].metric("J/token", f"{total_j / tokens:.2f}" if tokens else "n/a")
 left, right = st.columns(2)
-left.plotly_chart(ui.lines(by_model, c.J_PER_TOKEN, c.MODEL, "J/token by model"),
+markers = data.load("failure_incidents", f)
+left.plotly_chart(charts.add_markers(ui.lines(by_model, c.J_PER_TOKEN, c.MODEL,
+                                              "J/token by model"), markers),
                   key="energy_model")
-right.plotly_chart(ui.lines(by_host, c.POWER_W, c.HOST_NAME, "Power by host (W)"),
+right.plotly_chart(charts.add_markers(ui.lines(by_host, c.POWER_W, c.HOST_NAME,
+                                               "Power by host (W)"), markers),
                    key="energy_host")
 st.subheader("Power against limit")
 st.dataframe(data.load("power_vs_limit", f), hide_index=True, key="energy_power")

@@ -4,7 +4,7 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from fleetlens.dashboard import data, ui
+from fleetlens.dashboard import charts, data, ui
 from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
@@ -27,13 +27,17 @@ cols[4].metric("Prefix hit rate", "n/a" if hit is None else f"{100 * hit:.0f}%",
 
 top = summary.head(8)[c.INSTANCE_ID].to_list()  # the fullest eight
 busy = frame.filter(pl.col(c.INSTANCE_ID).is_in(top))
+markers = data.load("failure_incidents", f)  # a restart empties the cache: mark it
 left, right = st.columns(2)
-left.plotly_chart(ui.lines(busy, "kv_usage", c.INSTANCE_ID,
-                           "KV usage, 8 fullest instances"), key="kv_usage")
-right.plotly_chart(ui.lines(busy, "preemptions", c.INSTANCE_ID, "Preemptions per window"),
+left.plotly_chart(charts.add_markers(ui.lines(busy, "kv_usage", c.INSTANCE_ID,
+                                              "KV usage, 8 fullest instances"), markers),
+                  key="kv_usage")
+right.plotly_chart(charts.add_markers(ui.lines(busy, "preemptions", c.INSTANCE_ID,
+                                               "Preemptions per window"), markers),
                    key="kv_preemptions")
-left.plotly_chart(ui.lines(busy.drop_nulls(c.PREFIX_HIT_RATE), c.PREFIX_HIT_RATE,
-                           c.INSTANCE_ID, "Prefix cache hit rate (tokens)"), key="kv_prefix")
+left.plotly_chart(charts.add_markers(ui.lines(
+    busy.drop_nulls(c.PREFIX_HIT_RATE), c.PREFIX_HIT_RATE, c.INSTANCE_ID,
+    "Prefix cache hit rate (tokens)"), markers), key="kv_prefix")
 scatter = data.load("kv_vs_latency", f)
 queue = c.percentile_column("queue", "p99")
 fig = go.Figure(go.Scatter(x=ui.ys(scatter, c.KV_CACHE_USAGE_MEAN), y=ui.ys(scatter, queue),

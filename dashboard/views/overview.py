@@ -3,6 +3,7 @@
 import polars as pl
 import streamlit as st
 
+from fleetlens.dashboard import charts as marks
 from fleetlens.dashboard import data, ui
 from fleetlens.dashboard.queries import HEADLINE
 from fleetlens.pipeline.schema import columns as c
@@ -92,8 +93,10 @@ charts = [(c.RPS, "Requests/s"), (c.OUTPUT_TOK_S, "Output tokens/s"),
           (c.percentile_column("ttft", "p99"), "TTFT p99 (s)"),
           (c.percentile_column("e2e", "p99"), "E2E p99 (s)"),
           (c.percentile_column("tpot", "p99"), "TPOT p99 (s)"), (c.J_PER_TOKEN, "J/token")]
+markers = data.load("failure_incidents", f)  # failures and restarts on every chart
 for i in range(0, len(charts), 2):
     cols = st.columns(2)
     for slot, (col, title) in zip(cols, charts[i:i + 2], strict=True):
         band = data.load("fleet_band", f, col)
-        slot.plotly_chart(ui.band_chart(complete, col, title, band=band), key=f"chart_{col}")
+        slot.plotly_chart(marks.add_markers(ui.band_chart(complete, col, title, band=band),
+                                            markers), key=f"chart_{col}")
