@@ -32,6 +32,8 @@ PAGES = {
                 icon=":material/warning:"),
         st.Page(VIEWS / "incident_detail.py", title="Incident detail", url_path="incident",
                 icon=":material/troubleshoot:"),
+        st.Page(VIEWS / "availability.py", title="Availability", url_path="availability",
+                icon=":material/health_and_safety:"),
         st.Page(VIEWS / "baselines.py", title="Baselines", url_path="baselines",
                 icon=":material/show_chart:"),
     ],

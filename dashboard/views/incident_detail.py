@@ -7,9 +7,12 @@ import polars as pl
 import streamlit as st
 
 from fleetlens.analytics.detect import explain_detector
-from fleetlens.dashboard import charts, data, ui
+from fleetlens.dashboard import charts, data, failure_view, ui
+from fleetlens.dashboard.failures import is_failure
+from fleetlens.dashboard.filters import Filters
 from fleetlens.dashboard.incident import periods, report_markdown
 from fleetlens.dashboard.ranking import analytics_config
+from fleetlens.pipeline.schema import FLEET_WIDE
 from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
@@ -31,6 +34,9 @@ if inc is None:
 
 p = periods(inc)
 causes = data.load("causes", incident_id)
+if is_failure(inc):  # what stopped, when, its evidence and its peers: no latency analysis
+    failure_view.render(inc, causes)
+    st.stop()
 phases = data.load("phase_breakdown", inc)
 top = causes.row(0, named=True) if causes.height else None
 st.subheader(top[c.SUMMARY] if top else f"{inc[c.METRIC]} above its baseline")
@@ -45,10 +51,19 @@ cols[3].metric("Duration", f"{(p['end'] - p['start']) / 6e10:.1f} min")
 cols[4].metric("Scope", f"{inc[c.HOST_NAME]}", f"{inc[c.SERVICE_NAME]} / {inc[c.MODEL]}",
                delta_color="off")
 
+root = failure_view.root_failure(causes)
+if root:
+    st.page_link("views/incident_detail.py", query_params={"id": root},
+                 icon=":material/report:", label=f"Set off by a failure: {top[c.SUMMARY]}")
+# Failures and restarts of the incident's service around it, on every chart of the page.
+service = inc[c.SERVICE_NAME]
+markers = data.load("failure_incidents", Filters(
+    p["ctx_start"], p["ctx_end"], services=(service,) if service and service != FLEET_WIDE else ()))
 context = ui.with_time(data.load("metric_context", inc), c.TS_NS)
 band = context.select(c.TS_NS, c.EXPECTED, c.LOWER, c.UPPER).drop_nulls(c.EXPECTED)
-st.plotly_chart(ui.band_chart(context.drop_nulls("value"), "value", inc[c.METRIC], band=band,
-                              shade=(p["start"], p["end"]), height=320), key="detail_metric")
+st.plotly_chart(charts.add_markers(ui.band_chart(
+    context.drop_nulls("value"), "value", inc[c.METRIC], band=band,
+    shade=(p["start"], p["end"]), height=320), markers), key="detail_metric")
 st.caption(explain_detector(inc[c.DETECTOR], analytics_config()))
 
 left, right = st.columns(2)
@@ -90,12 +105,13 @@ names = [col for col in ("arrivals_rps", "kv_usage_max", c.PREEMPTIONS, c.PREFIX
 for i in range(0, len(names), 2):
     cols = st.columns(2)
     for slot, name in zip(cols, names[i:i + 2], strict=False):
-        slot.plotly_chart(charts.small_multiple(signals.drop_nulls(name), name,
-                                            shade=(p["start"], p["end"])),
-                          key=f"signal_{name}")
+        slot.plotly_chart(charts.add_markers(charts.small_multiple(
+            signals.drop_nulls(name), name, shade=(p["start"], p["end"])), markers),
+            key=f"signal_{name}")
 if "throttle_reasons" in signals.columns and signals["throttle_reasons"].drop_nulls().len():
-    st.plotly_chart(charts.throttle_chart(signals.drop_nulls("throttle_reasons"),
-                                      shade=(p["start"], p["end"])), key="signal_throttle")
+    st.plotly_chart(charts.add_markers(charts.throttle_chart(
+        signals.drop_nulls("throttle_reasons"), shade=(p["start"], p["end"])), markers),
+        key="signal_throttle")
 
 st.subheader("Slowest requests")
 slow = data.load("slowest_requests", inc)
