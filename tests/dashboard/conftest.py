@@ -19,17 +19,36 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[DataDir, Fleet]
     return root, build_all(root)
 
 
-@pytest.fixture
-def app(demo_data, monkeypatch: pytest.MonkeyPatch):
-    """An AppTest of the dashboard over the demo data, already run once."""
+@pytest.fixture(scope="session")
+def failure_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[DataDir, Fleet]:
+    """The demo fleet with failures (:mod:`tests.dashboard.synth_failures`): an engine down
+    then restarted, a silent host, and a peer's latency incident the engine's loss set off."""
+    root = DataDir(tmp_path_factory.mktemp("dash-failures") / "data")
+    return root, build_all(root, Fleet(failures=True))
+
+
+def app_over(root: DataDir, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    """An AppTest of the dashboard over ``root``, already run once."""
     from streamlit.testing.v1 import AppTest
 
-    monkeypatch.setenv("FLEETLENS_DATA", str(demo_data[0].root))
+    monkeypatch.setenv("FLEETLENS_DATA", str(root.root))
     monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
+
+
+@pytest.fixture
+def app(demo_data, monkeypatch: pytest.MonkeyPatch):
+    """An AppTest of the dashboard over the demo data, already run once."""
+    return app_over(demo_data[0], monkeypatch)
+
+
+@pytest.fixture
+def app_failures(failure_data, monkeypatch: pytest.MonkeyPatch):
+    """An AppTest of the dashboard over the data with failures, already run once."""
+    return app_over(failure_data[0], monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from fleetlens.pipeline.schema import conform
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.schema.causes import Cause, subject
 from fleetlens.pipeline.storage import DataDir, hour_partition, write_parquet_atomic
+from tests.dashboard import synth_failures
 
 NS = 1_000_000_000
 #: Service names with characters a careless SQL builder would choke on.
@@ -41,6 +42,9 @@ class Fleet:
     window_s: int = 60
     sample_s: int = 10
     seed: int = 7
+    #: Add the failures of :mod:`tests.dashboard.synth_failures` (engine down and restart,
+    #: a silent host, a latency incident they set off) and the agent's liveness columns.
+    failures: bool = False
 
     @property
     def end_ns(self) -> int:
@@ -309,8 +313,15 @@ def build_all(root: DataDir, fleet: Fleet | None = None) -> Fleet:
     rng = np.random.default_rng(fleet.seed)
     requests = build_requests(fleet, rng)
     gpus, engines = build_samples(fleet, rng)
+    if fleet.failures:
+        requests, gpus, engines = synth_failures.apply(fleet, requests, gpus, engines)
     windows = build_windows(fleet, requests, gpus, engines)
     incidents, causes = build_incidents(fleet, windows)
+    if fleet.failures:
+        models = {host_name(h): MODELS[h % len(MODELS)] for h in range(fleet.hosts)}
+        more, more_causes = synth_failures.incidents(fleet, SERVICES[1], models)
+        incidents = conform(pl.concat([incidents, more], how="diagonal_relaxed"), t.INCIDENTS)
+        causes = pl.concat([causes, more_causes])
     write_table(root, t.REQUESTS, requests, c.ARRIVAL_NS)
     write_table(root, t.SPANS, build_spans(requests), c.START_NS)
     write_table(root, t.GPU_SAMPLES, gpus, c.TS_NS)
