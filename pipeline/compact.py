@@ -47,6 +47,7 @@ MANIFEST_KEY = b"fleetlens.compacted_from"
 #: Derived tables kept as long as the windows; the others follow the raw retention.
 ROLLUPS = (t.WINDOWS, t.GPU_WINDOW_ENERGY)
 PER_ROW = (t.REQUESTS, t.REQUEST_ENERGY, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS,
+           t.ENGINE_CONFIGS, t.GPU_HEALTH,
            t.GPU_SLOT_ENERGY)
 
 

@@ -19,6 +19,7 @@ import polars as pl
 from fleetlens.pipeline import energy as en
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.gpupoints import gpu_points
+from fleetlens.pipeline.health import engine_configs, gpu_health
 from fleetlens.pipeline.normalize import normalize
 from fleetlens.pipeline.partitions import (
     HOUR_NS,
@@ -39,11 +40,12 @@ from fleetlens.pipeline.windows import windows
 #: Version of the derived files' layout or meaning: a change recomputes them all on the next
 #: run (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added; 3: negative
 #: vLLM phases and the TTFT of requests without tokens are null; 4: gpu_samples one row per
-#: gpu_sample_interval_s, slot energy from the native points).
-OUTPUT_FORMAT = 4
+#: gpu_sample_interval_s, slot energy from the native points; 5: failed gateway spans are
+#: requests, engine_samples' up and start time, engine_configs and gpu_health).
+OUTPUT_FORMAT = 5
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
 OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
-           t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS)
+           t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS, t.ENGINE_CONFIGS, t.GPU_HEALTH)
 _SIGNALS = {"spans": t.SPANS, "metrics": t.METRIC_POINTS}
 
 #: The raw columns the stages read (the rest, e.g. events and links, are never loaded).
@@ -112,7 +114,8 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
                       within=(c.TS_NS, lo - gap_ns, hi))
     in_hour = pl.col(c.TS_NS) >= lo
     points = as_split(points)  # once for the three samples stages
-    mapping = instance_gpus(points.filter(in_hour))
+    hour_points = points.filter(in_hour)
+    mapping = instance_gpus(hour_points)
     spans = read_raw(files["spans"], _SIGNALS["spans"],
                      (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo),
                      _COLUMNS["spans"], _CATEGORICAL["spans"])
@@ -125,7 +128,9 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
     slots = en.gpu_slot_energy(gpu_pts, cfg.slot_s, lo, cfg.max_sample_gap_s)
     eng = engine_samples(points).filter(in_hour)
     return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu.filter(in_hour)),
-            (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots)]
+            (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots),
+            (t.ENGINE_CONFIGS, engine_configs(hour_points)),
+            (t.GPU_HEALTH, gpu_health(hour_points))]
 
 
 @dataclass

@@ -46,7 +46,7 @@ ENGINE_METRICS: dict[str, str] = {
 #: Engine metric -> column written beside the table's (null where the engine lacks it).
 ENGINE_EXTRA_METRICS: dict[str, str] = {
     a.ENGINE_KV_CACHE_CAPACITY: c.KV_CAPACITY_TOKENS, a.ENGINE_UP: c.UP,
-    a.ENGINE_START_TIME: c.PROCESS_START_TIME_S}
+    a.ENGINE_START_TIME: c.PROCESS_START_TIME_S, a.ENGINE_UNRESPONSIVE: c.UNRESPONSIVE}
 #: Every accepted engine metric name (ours and vLLM's, old and new) -> our name.
 ENGINE_ALIASES: dict[str, str] = {
     **{name: name for name in [*ENGINE_METRICS, *ENGINE_EXTRA_METRICS]},
@@ -248,7 +248,8 @@ def engine_samples(points: pl.DataFrame | Split) -> pl.DataFrame:
     (vLLM's own KV capacity) and ``requests_finished_total`` / ``requests_aborted_total`` /
     ``requests_errored_total`` (``vllm.requests.finished`` over all reasons, ``abort``,
     ``error``), ``up`` (1 when the agent's scrape worked, 0 when it failed: such a row has
-    nothing else) and ``process_start_time_s``; null where the engine does not report them.
+    nothing else), ``unresponsive`` (1 when that failure was a time-out) and
+    ``process_start_time_s``; null where the engine does not report them.
     """
     finished = [*_FINISHED.values(), _FINISHED_OTHER]
     wide = _wide(points, _engine_columns,
@@ -265,7 +266,7 @@ def engine_samples(points: pl.DataFrame | Split) -> pl.DataFrame:
 #: Columns :func:`engine_samples` writes beside the table's.
 ENGINE_EXTRA_COLUMNS = (c.KV_CAPACITY_TOKENS, c.REQUESTS_FINISHED_TOTAL,
                         c.REQUESTS_ABORTED_TOTAL, c.REQUESTS_ERRORED_TOTAL, c.UP,
-                        c.PROCESS_START_TIME_S)
+                        c.PROCESS_START_TIME_S, c.UNRESPONSIVE)
 
 
 @stage(t.INSTANCE_GPUS)

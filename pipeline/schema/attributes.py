@@ -149,6 +149,10 @@ ENGINE_UP = "fleetlens.engine.up"
 #: gauge, s since the epoch: when the engine process started (Prometheus' process collector,
 #: ``process_start_time_seconds``); a new value is a restart.
 ENGINE_START_TIME = "fleetlens.engine.start_time"
+#: gauge 1/0 per engine the agent scrapes: 1 when the last scrape timed out (the port took the
+#: connection and the process never answered: stopped or stuck, a hang), 0 otherwise (a
+#: refused connection is a dead process).
+ENGINE_UNRESPONSIVE = "fleetlens.engine.unresponsive"
 #: gauge 1 per engine, whose point attributes carry its configuration: a fingerprint (hex) of
 #: everything below, the engine's version, and the configuration as a JSON object (sorted
 #: keys: ``cache_config_info`` labels, the served models and their ``max_model_len``).

@@ -151,6 +151,17 @@ REQUESTS_ERRORED_TOTAL = "requests_errored_total"
 #: worked, 0 when it failed; the engine process' start time (s since the epoch).
 UP = "up"
 PROCESS_START_TIME_S = "process_start_time_s"
+#: 1 when the agent's failed scrape timed out (the engine took the connection, never answered)
+UNRESPONSIVE = "unresponsive"
+
+# --- engine_configs and gpu_health (issue 30) ---------------------------------------------
+CONFIG_FINGERPRINT = "config_fingerprint"
+CONFIG_JSON = "config_json"
+ENGINE_VERSION = "engine_version"
+#: gpu_health: what a row reports (one of tables.GPU_HEALTH_SIGNALS) and its detail (the Xid
+#: code, the ECC type/counter or the remap kind; empty when none).
+SIGNAL = "signal"
+DETAIL = "detail"
 
 # --- windows ------------------------------------------------------------------------------
 WINDOW_START_NS = "window_start_ns"

@@ -304,13 +304,39 @@ _GPU_SLOT_ENERGY = Table(
     key=(c.HOST_NAME, c.GPU_UUID, c.SLOT_START_NS),
 )
 
+ENGINE_CONFIGS = "engine_configs"
+GPU_HEALTH = "gpu_health"
+
+#: Each engine's configuration (the agent's ``fleetlens.engine.config`` gauge) as seen in one
+#: hour: one row per (instance, fingerprint), first and last time seen. A new fingerprint on
+#: an instance is a configuration change (a deploy).
+_ENGINE_CONFIGS = Table(
+    ENGINE_CONFIGS,
+    {
+        c.HOST_NAME: STR, c.INSTANCE_ID: STR, c.MODEL: STR, c.CONFIG_FINGERPRINT: STR,
+        c.ENGINE_VERSION: STR, c.CONFIG_JSON: STR, c.START_NS: I64, c.END_NS: I64,
+    },
+    key=(c.HOST_NAME, c.INSTANCE_ID, c.CONFIG_FINGERPRINT, c.START_NS),
+)
+
+#: GPU health readings (Xid counts per code, ECC counts, remapped rows, lost), only where a
+#: series' value changed (and its first reading each hour): a healthy GPU costs a few rows.
+_GPU_HEALTH = Table(
+    GPU_HEALTH,
+    {
+        c.TS_NS: I64, c.HOST_NAME: STR, c.GPU_UUID: STR, c.SIGNAL: STR, c.DETAIL: STR,
+        c.VALUE: F64,
+    },
+    key=(c.HOST_NAME, c.GPU_UUID, c.SIGNAL, c.DETAIL, c.TS_NS),
+)
+
 #: Every table of the contract by name.
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (
         _SPANS, _METRIC_POINTS, _LOG_RECORDS, _REQUESTS, _GPU_SAMPLES, _ENGINE_SAMPLES,
         _WINDOWS, _REQUEST_ENERGY, _BASELINES, _INCIDENTS, _CAUSES, _GPU_WINDOW_ENERGY,
-        _INSTANCE_GPUS, _GPU_SLOT_ENERGY,
+        _INSTANCE_GPUS, _GPU_SLOT_ENERGY, _ENGINE_CONFIGS, _GPU_HEALTH,
     )
 }
 

@@ -3,6 +3,7 @@ deliveries), for the pipeline's property tests."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from tests.pipeline.rawdata import (
     engine_point,
     gpu_points,
     instance_gpu_point,
+    point,
     points_frame,
     spans_frame,
     vllm_span,
@@ -83,6 +85,19 @@ def make_fleet(seed: int = 1, *, hosts: int = 2, seconds: int = 900, rps: float 
                                                rng.random(), host=host, model="llama"))
                     points.append(engine_point(a.ENGINE_PREEMPTIONS, f"{host}-i{g}", ts,
                                                k // 40, host=host, model="llama"))
+                    # the configuration changes half way; the GPU health gauge (no rng draw:
+                    # the other series stay as they were)
+                    config = engine_point(a.ENGINE_CONFIG_INFO, f"{host}-i{g}", ts, 1.0,
+                                          host=host, model="llama")
+                    fingerprint = "aaaa" if k < seconds * sample_hz / 2 else "bbbb"
+                    config["attributes"] = json.dumps({
+                        **json.loads(config["attributes"]),
+                        a.ENGINE_CONFIG_FINGERPRINT: fingerprint, a.ENGINE_VERSION: "0.11.0",
+                        a.ENGINE_CONFIG_JSON: json.dumps({"fingerprint": fingerprint})},
+                        sort_keys=True)
+                    points.append(config)
+                    points.append(point(a.GPU_LOST, ts, 0.0, host=host,
+                                        attrs={a.HW_ID: f"GPU-{h}-{g}", a.GPU_INDEX: g}))
     # Batches are consecutive slices of time (as a collector flushes them), each shuffled;
     # the duplicates of one batch are redelivered with the next one.
     spans.sort(key=lambda s: s["end_ns"])

@@ -4,8 +4,11 @@ both spellings, and vLLM's finished requests and KV capacity (issue 14)."""
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 
+from fleetlens.pipeline.health import engine_configs, gpu_health
 from fleetlens.pipeline.normalize import normalize
 from fleetlens.pipeline.samples import engine_samples, gpu_samples
 from fleetlens.pipeline.schema import attributes as a
@@ -89,3 +92,37 @@ def test_liveness_and_start_time_in_engine_samples() -> None:
     assert out["process_start_time_s"].to_list() == [1_790_000_000.5, None]
     assert out["num_running"].to_list() == [3.0, None]
     assert out["instance_id"].to_list() == ["h1/vllm", "h1/vllm"]
+
+
+def _config(ts_ns: int, fingerprint: str, version: str, seqs: int) -> dict:
+    row = engine_point(a.ENGINE_CONFIG_INFO, "h1/vllm", ts_ns, 1.0)
+    attrs = json.loads(row["attributes"])
+    attrs.update({a.ENGINE_CONFIG_FINGERPRINT: fingerprint, a.ENGINE_VERSION: version,
+                  a.ENGINE_CONFIG_JSON: json.dumps({"max_num_seqs": seqs, "version": version})})
+    row["attributes"] = json.dumps(attrs, sort_keys=True)
+    return row
+
+
+def test_engine_configurations_one_row_per_fingerprint_with_first_and_last_seen() -> None:
+    rows = [_config(T0 + i * NS, "aaaa", "0.11.0", 256) for i in range(3)]
+    rows += [_config(T0 + i * NS, "bbbb", "0.11.1", 2) for i in range(3, 5)]
+    rows.append(engine_point(a.ENGINE_NUM_RUNNING, "h1/vllm", T0, 3.0))  # not a configuration
+    out = engine_configs(points_frame(rows))
+    assert out.select("config_fingerprint", "engine_version", "start_ns", "end_ns").rows() == [
+        ("aaaa", "0.11.0", T0, T0 + 2 * NS), ("bbbb", "0.11.1", T0 + 3 * NS, T0 + 4 * NS)]
+    assert json.loads(out["config_json"][1]) == {"max_num_seqs": 2, "version": "0.11.1"}
+    assert out["instance_id"].to_list() == ["h1/vllm", "h1/vllm"]
+
+
+def test_gpu_health_keeps_the_readings_that_changed() -> None:
+    gpu = {a.HW_ID: "GPU-1", a.GPU_INDEX: 0}
+    rows = [point(a.GPU_LOST, T0 + i * NS, 1.0 if i in (3, 4) else 0.0, attrs=gpu)
+            for i in range(6)]
+    rows += [point(a.GPU_XID_ERRORS, T0 + i * NS, 1.0 if i < 4 else 2.0, kind="sum",
+                   attrs={**gpu, a.GPU_XID_CODE: 79}) for i in range(2, 6)]
+    rows.append(point(a.GPU_LOST, T0 + 3 * NS, 1.0, attrs=gpu))  # a repeated delivery
+    out = gpu_health(points_frame(rows))
+    assert out.select("signal", "detail", "ts_ns", "value").rows() == [
+        ("lost", "", T0, 0.0), ("lost", "", T0 + 3 * NS, 1.0), ("lost", "", T0 + 5 * NS, 0.0),
+        ("xid_errors", "79", T0 + 2 * NS, 1.0), ("xid_errors", "79", T0 + 4 * NS, 2.0)]
+    assert set(out["gpu_uuid"]) == {"GPU-1"}
