@@ -34,6 +34,9 @@ class Tables:
     instance_gpus: pl.DataFrame
     #: the log signal (pipeline.logsignal): NCCL warnings and collective timeouts; optional
     log_events: pl.LazyFrame | None = None
+    #: engines' configurations and GPU health readings (analytics.failures); optional
+    engine_configs: pl.LazyFrame | None = None
+    gpu_health: pl.LazyFrame | None = None
 
     @classmethod
     def from_frames(cls, requests: pl.DataFrame, engine_samples: pl.DataFrame,
@@ -59,7 +62,8 @@ class Tables:
         return cls(
             scan(data_dir, t.REQUESTS), scan(data_dir, t.ENGINE_SAMPLES),
             scan(data_dir, t.GPU_SAMPLES), scan(data_dir, t.WINDOWS), mapping,
-            scan_log_events(data_dir),
+            scan_log_events(data_dir), scan(data_dir, t.ENGINE_CONFIGS),
+            scan(data_dir, t.GPU_HEALTH),
         )
 
 

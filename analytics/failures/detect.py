@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from fleetlens.analytics.failures.changes import absorb_restarts, config_changes
 from fleetlens.analytics.failures.config import FailureConfig
 from fleetlens.analytics.failures.engines import down, engine_frame, hangs, per_host, restarts
 from fleetlens.analytics.failures.errors import error_windows, request_errors
 from fleetlens.analytics.failures.findings import Finding, cause_rows, to_tables
+from fleetlens.analytics.failures.gpus import absorb_engines, gpu_faults
 from fleetlens.analytics.failures.hosts import presence, silences
 from fleetlens.pipeline.normalize import SOURCE_GATEWAY
 from fleetlens.pipeline.schema import FLEET_WIDE, Cause
@@ -25,7 +27,8 @@ __all__ = ["FailureConfig", "Finding", "detect_failures", "link_cascades", "to_t
 NS = 1_000_000_000
 #: Failures whose effect on latency is their own (the failure, not the load, slowed things).
 _CASCADING = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.ENGINE_RESTART,
-                        Cause.HOST_DOWN, Cause.REQUEST_ERRORS})
+                        Cause.HOST_DOWN, Cause.REQUEST_ERRORS, Cause.GPU_FAULT,
+                        Cause.CONFIG_CHANGE})
 
 
 def _services(requests: pl.LazyFrame, key: str) -> dict[str, str]:
@@ -45,13 +48,37 @@ def detect_failures(tables: Tables, cfg: FailureConfig, window_s: int) -> list[F
     engine = engine_frame(tables.engine_samples)
     instances = _services(tables.requests, c.INSTANCE_ID)
     together = window_s * NS
-    found = per_host([*down(engine, instances, cfg), *hangs(engine, instances, cfg)], together)
+    gpus_of: dict[str, set[str]] = {}
+    for inst, gpu in tables.instance_gpus.select(c.INSTANCE_ID, c.GPU_UUID).iter_rows():
+        gpus_of.setdefault(inst, set()).add(gpu)
+    faults = _gpu_faults(tables, instances, gpus_of, together, engine)
+    found = [*faults, *absorb_engines(faults, per_host(
+        [*down(engine, instances, cfg), *hangs(engine, instances, cfg)], together), gpus_of,
+        together)]
     found += silences(presence(tables.gpu_samples, tables.engine_samples), tables.requests,
                       _services(tables.requests, c.HOST_NAME), cfg)
-    found += per_host(restarts(engine, instances, cfg), together)
+    changed = ([] if tables.engine_configs is None else config_changes(
+        tables.engine_configs.collect(), instances, together, int(cfg.aftermath_s * NS)))
+    found += changed
+    found += absorb_restarts(changed, per_host(restarts(engine, instances, cfg), together),
+                             together)
     found += request_errors(error_windows(tables.requests, window_s), found, window_s, cfg)
     unique = {f.incident_id: f for f in found}  # one finding per incident
     return sorted(unique.values(), key=lambda f: (f.start_ns, f.cause, f.subject))
+
+
+def _gpu_faults(tables: Tables, instances: dict[str, str], gpus_of: dict[str, set[str]],
+                together: int, engine: pl.DataFrame) -> list[Finding]:
+    if tables.gpu_health is None:
+        return []
+    health = tables.gpu_health.collect()
+    if health.is_empty():
+        return []
+    services = {gpu: instances[inst] for inst, gpus in gpus_of.items() if inst in instances
+                for gpu in gpus}
+    last = max(int(health.get_column(c.TS_NS).max()),
+               int(engine.get_column(c.TS_NS).max() or 0) if engine.height else 0)
+    return gpu_faults(health, services, together, last)
 
 
 def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[Finding],
@@ -69,8 +96,9 @@ def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[
                 if (f.host == inc[c.HOST_NAME] or (
                     f.service == inc[c.SERVICE_NAME] and f.service != FLEET_WIDE))
                 and f.start_ns - slack <= inc[c.START_NS] <= max(f.end_ns, f.start_ns + after)]
-        if near:
-            linked.append((inc[c.INCIDENT_ID], min(near, key=lambda f: f.start_ns)))
+        if near:  # a change that set off a mechanism first, else the earliest failure
+            linked.append((inc[c.INCIDENT_ID], min(near, key=lambda f: (
+                f.cause != Cause.CONFIG_CHANGE, f.start_ns))))
     if not linked:
         return causes
     ids = [i for i, _ in linked]

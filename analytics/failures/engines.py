@@ -1,7 +1,9 @@
 """Engines that died, hang or restarted, from `engine_samples` (the agent's scrapes).
 
 * down: every scrape failed (``up`` = 0) for ``down_after_s``; it starts at the first
-  failed scrape and ends at the next one that worked.
+  failed scrape and ends at the next one that worked. When most of those scrapes timed out
+  (``unresponsive``: the port took the connection and the process never answered, as a
+  stopped or stuck process does) it is a hang, not a crash (a refused connection).
 * hang: ``/metrics`` answers, requests are running, and neither a prompt nor a generated
   token was computed for ``hang_after_s``; it starts at the last progress.
 * restart: the process start time changed; it starts at the new process' start.
@@ -23,7 +25,7 @@ _SAME_START_S = 1.0
 #: A restart incident covers the minute after the new process' first scrape (cold caches).
 _COLD_NS = 60 * NS
 _COLUMNS = (c.UP, c.PROCESS_START_TIME_S, c.NUM_RUNNING, c.GENERATION_TOKENS_TOTAL,
-            c.PROMPT_TOKENS_TOTAL)
+            c.PROMPT_TOKENS_TOTAL, c.UNRESPONSIVE)
 
 
 def engine_frame(engine: pl.LazyFrame) -> pl.DataFrame:
@@ -55,7 +57,8 @@ def down(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig) -> l
              .group_by(c.INSTANCE_ID, "_run")
              .agg(pl.col(c.HOST_NAME).first(), pl.col(c.MODEL).max(),
                   pl.col(c.TS_NS).min().alias("_start"), pl.col(c.TS_NS).max().alias("_last"),
-                  pl.col("_next").last(), pl.len().alias("_scrapes"))
+                  pl.col("_next").last(), pl.len().alias("_scrapes"),
+                  pl.col(c.UNRESPONSIVE).fill_null(0).mean().alias("_timeouts"))
              .filter(pl.col("_last") - pl.col("_start") >= int(cfg.down_after_s * NS))
              .sort("_start"))
     out = []
@@ -64,14 +67,17 @@ def down(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig) -> l
         end = row["_last"] if ongoing else row["_next"]
         label = _label(row, services)
         seconds = (end - row["_start"]) / NS
+        hung = row["_timeouts"] > 0.5
+        what = (f"hangs: {row['_scrapes']} scrapes in a row over {seconds:.0f} s took the "
+                "connection and got no answer" if hung else
+                f"down: {row['_scrapes']} scrapes failed in a row over {seconds:.0f} s")
         out.append(Finding(
-            Cause.ENGINE_DOWN, label["subject"], label["service"], label["model"],
-            label["host"], row["_start"], end, row["_start"] + int(cfg.down_after_s * NS),
-            c.UP, 0.0, 1.0,
-            f"engine {row[c.INSTANCE_ID]} down: {row['_scrapes']} scrapes failed in a row "
-            f"over {seconds:.0f} s" + (" (still down)" if ongoing else ""),
+            Cause.ENGINE_HANG if hung else Cause.ENGINE_DOWN, label["subject"],
+            label["service"], label["model"], label["host"], row["_start"], end,
+            row["_start"] + int(cfg.down_after_s * NS), c.UP, 0.0, 1.0,
+            f"engine {row[c.INSTANCE_ID]} {what}" + (" (still)" if ongoing else ""),
             evidence={"failed_scrapes": row["_scrapes"], "down_s": seconds, "ongoing": ongoing,
-                      c.INSTANCE_ID: row[c.INSTANCE_ID]}))
+                      "timed_out_share": row["_timeouts"], c.INSTANCE_ID: row[c.INSTANCE_ID]}))
     return out
 
 

@@ -4,6 +4,7 @@ its spans, and failing requests, each named with its subject; a clean fleet has 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import polars as pl
@@ -15,9 +16,10 @@ from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.failures.config import FailureConfig
 from fleetlens.pipeline.schema import FAILURE_CAUSES
 from fleetlens.pipeline.schema import columns as c
-from tests.analytics.synthetic import NS, FleetSpec, generate
+from fleetlens.pipeline.schema import tables as t
+from tests.analytics.synthetic import NS, FleetSpec, Injected, generate
 
-SPEC = FleetSpec(hosts=5, gpus_per_host=2, duration_s=2 * 3600, seed=3)
+SPEC = FleetSpec(hosts=7, gpus_per_host=2, duration_s=2 * 3600, seed=3)
 START_S = 3600  # every failure begins an hour in
 T = SPEC.start_ns + START_S * NS
 
@@ -28,7 +30,8 @@ def _between(col: str, lo_s: float, hi_s: float) -> pl.Expr:
 
 def _broken() -> tuple[Tables, dict[str, tuple[str, str]]]:
     """The synthetic fleet with one failure per cause, and what each must be found as."""
-    data = generate(SPEC)
+    # h06's engines get a new configuration an hour in, and their KV cache fills after it
+    data = generate(SPEC, [Injected("kv_cache_pressure", "host_name=h06", START_S + 120, 900)])
     engine = data.engine_samples.with_columns(
         pl.lit(1.0).alias(c.UP), pl.lit(1_767_000_000.0).alias(c.PROCESS_START_TIME_S))
     inst = pl.col(c.INSTANCE_ID)
@@ -61,8 +64,35 @@ def _broken() -> tuple[Tables, dict[str, tuple[str, str]]]:
                & (pl.col(c.REQUEST_ID).hash() % 2 == 0))
     requests = requests.with_columns(
         pl.when(failing).then(True).otherwise(pl.col(c.IS_ERROR)).alias(c.IS_ERROR))
-    tables = Tables.from_frames(requests, engine, gpus, data.windows, data.instance_gpus)
+    # h05's second GPU fell off the bus (Xid 79) for 3 minutes; its engine died with it
+    gpu = data.instance_gpus.filter(inst == "h05/chat-1")[c.GPU_UUID][0]
+    on_gpu = (inst == "h05/chat-1") & _between(c.TS_NS, 0, 180)
+    engine = engine.with_columns(
+        pl.when(on_gpu).then(0.0).otherwise(pl.col(c.UP)).alias(c.UP),
+        pl.when(on_gpu).then(None).otherwise(pl.col(c.NUM_RUNNING)).alias(c.NUM_RUNNING))
+    health = pl.DataFrame({
+        c.TS_NS: [SPEC.start_ns, T, T + 180 * NS, T], c.HOST_NAME: ["h05"] * 4,
+        c.GPU_UUID: [gpu] * 4, c.SIGNAL: ["lost", "lost", "lost", "xid_errors"],
+        c.DETAIL: ["", "", "", "79"], c.VALUE: [0.0, 1.0, 0.0, 1.0]})
+    # both engines of h06 restarted with max_num_seqs 256 -> 2 (a bad deploy)
+    def config(fp: str, seqs: int, lo: int, hi: int) -> list[dict]:
+        return [{c.HOST_NAME: "h06", c.INSTANCE_ID: f"h06/chat-{i}", c.MODEL: SPEC.model,
+                 c.CONFIG_FINGERPRINT: fp, c.ENGINE_VERSION: "0.11.0",
+                 c.CONFIG_JSON: json.dumps({"cache_config": {"max_num_seqs": seqs}}),
+                 c.START_NS: lo, c.END_NS: hi} for i in (0, 1)]
+    configs = pl.DataFrame(config("aaaa", 256, SPEC.start_ns, T - 10 * NS)
+                           + config("bbbb", 2, T, T + 3600 * NS),
+                           schema=dict(t.table(t.ENGINE_CONFIGS).columns))
+    engine = engine.with_columns(
+        pl.when(pl.col(c.HOST_NAME) == "h06").then(
+            pl.when(pl.col(c.TS_NS) >= T).then(T / NS).otherwise(1_767_000_000.0))
+        .otherwise(pl.col(c.PROCESS_START_TIME_S)).alias(c.PROCESS_START_TIME_S))
+    tables = dataclasses.replace(
+        Tables.from_frames(requests, engine, gpus, data.windows, data.instance_gpus),
+        engine_configs=configs.lazy(), gpu_health=health.lazy())
     expected = {
+        "gpu_fault": (f"gpu_uuid={gpu}", "h05"),
+        "config_change": ("host_name=h06", "h06"),
         "engine_down": ("instance_id=h00/chat-0", "h00"),
         "engine_restart": ("instance_id=h00/chat-0", "h00"),
         "engine_hang": ("instance_id=h01/chat-0", "h01"),
@@ -110,6 +140,23 @@ def test_failure_evidence_says_what_stopped(broken) -> None:
     errors = json.loads(found["request_errors"][c.EVIDENCE])
     assert errors["instances"] == ["h04/chat-1"] and errors["failed"] >= 5
     assert found["engine_restart"][c.SERVICE_NAME] == SPEC.service
+    fault = json.loads(found["gpu_fault"][c.EVIDENCE])
+    assert fault["lost"] and fault["instances"] == ["h05/chat-1"]  # the engine died with it
+    change = json.loads(found["config_change"][c.EVIDENCE])
+    assert change["changes"] == ["max_num_seqs 256 -> 2"] and change["restarted"]
+    assert "max_num_seqs 256 -> 2" in found["config_change"][c.SUMMARY]
+
+
+def test_a_latency_incident_after_a_change_names_the_change_then_its_mechanism(broken) -> None:
+    result, _ = broken
+    latency = result.incidents.filter(
+        (pl.col(c.HOST_NAME) == "h06") & ~pl.col(c.DETECTOR).str.starts_with("failure:"))
+    assert latency.height >= 1, result.incidents
+    ranked = (result.causes.filter(pl.col(c.INCIDENT_ID) == latency[c.INCIDENT_ID][0])
+              .sort(c.RANK))
+    assert ranked[c.CAUSE].to_list()[:2] == ["config_change", "kv_cache_pressure"], ranked
+    root = json.loads(ranked[c.EVIDENCE][0])["failure_incident_id"]
+    assert root in result.incidents[c.INCIDENT_ID].to_list()
 
 
 def test_a_clean_fleet_has_no_failure_incident() -> None:
@@ -125,3 +172,22 @@ def test_failure_detection_can_be_switched_off() -> None:
     tables, _ = _broken()
     config = AnalyticsConfig(failures=FailureConfig(enabled=False))
     assert not analyse(tables, config).causes[c.CAUSE].is_in(list(FAILURE_CAUSES)).any()
+
+
+def test_failed_scrapes_that_timed_out_are_a_hang_and_refused_ones_a_crash() -> None:
+    from fleetlens.analytics.failures.engines import down, engine_frame
+
+    def engine(instance: str, unresponsive: float) -> pl.DataFrame:
+        ts = [T + i * NS for i in range(60)]
+        failed = [10 <= i < 40 for i in range(60)]
+        return pl.DataFrame({
+            c.TS_NS: ts, c.HOST_NAME: "h1", c.INSTANCE_ID: instance, c.MODEL: "m",
+            c.UP: [0.0 if f else 1.0 for f in failed],
+            c.UNRESPONSIVE: [unresponsive if f else 0.0 for f in failed]})
+
+    frame = engine_frame(pl.concat([engine("h1/stopped", 1.0), engine("h1/killed", 0.0)]).lazy())
+    found = {f.subject: f for f in down(frame, {}, FailureConfig())}
+    stopped, killed = found["instance_id=h1/stopped"], found["instance_id=h1/killed"]
+    assert (stopped.cause, killed.cause) == ("engine_hang", "engine_down")
+    assert stopped.start_ns == killed.start_ns == T + 10 * NS
+    assert stopped.end_ns == T + 40 * NS and "no answer" in stopped.summary
