@@ -34,6 +34,10 @@ def register_liveness(group: MetricGroup, statuses: Statuses) -> None:
     group.gauge(a.ENGINE_UP, "1", "1 when the last scrape of the engine's /metrics worked, "
                 "else 0", lambda: [(int(s.up), attrs) for s in statuses()
                                    for attrs in engine_attributes(s)])
+    group.gauge(a.ENGINE_UNRESPONSIVE, "1", "1 when the last scrape of the engine timed out "
+                "(it took the connection, never answered), else 0",
+                lambda: [(int(s.unresponsive), attrs) for s in statuses()
+                         for attrs in engine_attributes(s)])
     group.gauge(a.ENGINE_START_TIME, "s", "engine process start, s since the epoch "
                 "(process_start_time_seconds)",
                 lambda: [(s.start_time_s, attrs) for s in statuses()

@@ -63,6 +63,8 @@ class EngineStatus:
     models: tuple[str, ...] = ()
     start_time_s: float | None = None
     config: EngineConfig | None = None
+    #: the last scrape timed out: the port took the connection, the process never answered
+    unresponsive: bool = False
 
 
 def start_time(by_name: dict[str, list[Sample]]) -> float | None:
@@ -122,7 +124,7 @@ class EngineTracker:
         # time.monotonic looked up at each call, so a test can move the clock on
         self._clock = clock or (lambda: time.monotonic())
         self._fetch, self._timeout_s = fetch, timeout_s
-        self.up = False
+        self.up = self.unresponsive = False
         self.models: tuple[str, ...] = ()
         self.start_time_s: float | None = None
         self._cache: Any = None
@@ -131,13 +133,14 @@ class EngineTracker:
         self._next_info: float | None = None  # None: never fetched
         self._failing: set[str] = set()
 
-    def failed(self) -> None:
-        """The scrape failed: down (the last models, version and models served are kept)."""
-        self.up = False
+    def failed(self, timed_out: bool = False) -> None:
+        """The scrape failed: down (the last models, version and models served are kept);
+        ``timed_out``: it took the connection and never answered (stopped or stuck)."""
+        self.up, self.unresponsive = False, timed_out
 
     def scraped(self, by_name: dict[str, list[Sample]], models: list[str]) -> None:
         """The scrape worked: ``by_name`` is the parsed page, ``models`` its model names."""
-        came_up, self.up = not self.up, True
+        came_up, self.up, self.unresponsive = not self.up, True, False
         if models:
             self.models = tuple(sorted(set(models)))
         start = start_time(by_name)
@@ -170,6 +173,7 @@ class EngineTracker:
     def status(self) -> EngineStatus:
         """The target now, as the instruments read it."""
         if not self.up:
-            return EngineStatus(self.instance_id, False, self.models)
+            return EngineStatus(self.instance_id, False, self.models,
+                                unresponsive=self.unresponsive)
         return EngineStatus(self.instance_id, True, self.models, self.start_time_s,
                             engine_config(self._cache, self.served, self.version))

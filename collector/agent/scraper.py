@@ -139,6 +139,12 @@ def fetch_text(url: str, timeout_s: float) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Whether a failed scrape timed out (urllib wraps a connect time-out in a URLError)."""
+    reason = getattr(exc, "reason", None)
+    return isinstance(exc, TimeoutError) or isinstance(reason, TimeoutError)
+
+
 class VllmScraper:
     """Scrapes a set of ``(instance_id, metrics_url)`` targets.
 
@@ -180,7 +186,7 @@ class VllmScraper:
         # HTTPException: a reply that is not HTTP, or a body cut short.
         except (OSError, urllib.error.URLError, http.client.HTTPException,
                 ExpositionError) as exc:
-            tracker.failed()
+            tracker.failed(timed_out=timed_out(exc))
             if url not in self.failing:
                 log.warning("vLLM %s (%s): scrape failed: %s", instance_id, url, exc)
                 self.failing.add(url)

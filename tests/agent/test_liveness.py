@@ -244,6 +244,24 @@ def test_every_kind_of_failed_scrape_is_up_0(sink, vllm, fault) -> None:  # noqa
             hung.close()
     assert one(points, a.ENGINE_UP).value == 0
     assert not [p for p in points if p.name in ENGINE_METRICS]
+    # only a scrape that timed out says the engine took the connection and never answered
+    assert one(points, a.ENGINE_UNRESPONSIVE).value == (1 if fault == "timeout" else 0)
+
+
+def test_a_refused_scrape_is_not_unresponsive_and_an_answer_clears_it(sink, vllm) -> None:  # noqa: F811
+    agent = agent_for(sink, vllm.url)
+    agent.scraper.timeout_s = 1.0
+    assert one(tick(agent, sink), a.ENGINE_UNRESPONSIVE).value == 0
+    vllm.stop()
+    hung = socket.create_server(("127.0.0.1", vllm.port))  # a stopped process: no answer
+    try:
+        assert one(tick(agent, sink), a.ENGINE_UNRESPONSIVE).value == 1
+    finally:
+        hung.close()
+    assert one(tick(agent, sink), a.ENGINE_UNRESPONSIVE).value == 0  # refused: gone
+    vllm.start()
+    points = tick(agent, sink)
+    assert (one(points, a.ENGINE_UP).value, one(points, a.ENGINE_UNRESPONSIVE).value) == (1, 0)
 
 
 def test_several_targets_one_down_one_up(sink, vllm) -> None:  # noqa: F811
