@@ -81,6 +81,25 @@ def _gpu_faults(tables: Tables, instances: dict[str, str], gpus_of: dict[str, se
     return gpu_faults(health, services, together, last)
 
 
+#: Failures that move an engine's load onto its peers (a gateway routes around it).
+_LOAD_MOVERS = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.HOST_DOWN,
+                          Cause.GPU_FAULT})
+
+
+def _set_off(failure: Finding, incident: dict, top_cause: str | None) -> bool:
+    """Whether ``failure`` can be what set ``incident`` off: it struck the incident's host,
+    or the incident's whole service (a change rolled out, errors on every host), or it took
+    an engine of the service away and the incident is the load its peers then got (its own
+    top cause a surge, or none)."""
+    if failure.host == incident[c.HOST_NAME]:
+        return True
+    if failure.service != incident[c.SERVICE_NAME] or failure.service == FLEET_WIDE:
+        return False
+    if failure.host == FLEET_WIDE:
+        return True
+    return failure.cause in _LOAD_MOVERS and top_cause in (None, Cause.TRAFFIC_SURGE)
+
+
 def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[Finding],
                   cfg: FailureConfig, window_s: int) -> pl.DataFrame:
     """`causes` where each latency incident that began while a failure of its host or service
@@ -90,11 +109,10 @@ def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[
     if not roots or incidents.is_empty():
         return causes
     slack, after = window_s * NS, int(cfg.aftermath_s * NS)
+    top = dict(causes.filter(pl.col(c.RANK) == 1).select(c.INCIDENT_ID, c.CAUSE).iter_rows())
     linked = []
     for inc in incidents.iter_rows(named=True):
-        near = [f for f in roots
-                if (f.host == inc[c.HOST_NAME] or (
-                    f.service == inc[c.SERVICE_NAME] and f.service != FLEET_WIDE))
+        near = [f for f in roots if _set_off(f, inc, top.get(inc[c.INCIDENT_ID]))
                 and f.start_ns - slack <= inc[c.START_NS] <= max(f.end_ns, f.start_ns + after)]
         if near:  # a change that set off a mechanism first, else the earliest failure
             linked.append((inc[c.INCIDENT_ID], min(near, key=lambda f: (
