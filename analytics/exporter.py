@@ -14,6 +14,8 @@ Exposed families (labels ``service``, ``model``, ``host``; ``host="*"`` is the f
 - ``fleetlens_energy_joules_per_token``, ``fleetlens_kv_cache_usage_ratio``
 - ``fleetlens_window_end_timestamp_seconds`` (when the reported window closed)
 - ``fleetlens_open_incidents{service, model, host, cause, severity}`` (top-ranked cause)
+- per service and SLO: the error budget left, the burn rate per alert window, firing alerts
+  and event counters (:mod:`analytics.slos.exporter`)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import polars as pl
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from fleetlens.analytics.slos.exporter import SloCounters, slo_families
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, has_parquet, retry_vanished, scan
@@ -86,6 +89,7 @@ class DerivedSignals:
     _cache: list[Metric] = field(default_factory=list)
     _read_at: float = float("-inf")
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _slo_counters: SloCounters = field(default_factory=SloCounters)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -119,6 +123,7 @@ class DerivedSignals:
             ended.add_metric(_labels(row), (row[c.WINDOW_START_NS] + row[c.WINDOW_S] * NS) / NS)
         families.append(ended)
         families.append(_incident_family(open_incidents(self.root, windows)))
+        families += slo_families(self.root, self._slo_counters)
         return families
 
 

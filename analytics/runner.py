@@ -22,11 +22,19 @@ from fleetlens.analytics.analyse import Analysis, analyse
 from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.provenance import provenance, write_json_atomic
+from fleetlens.analytics.slos.report import SloReport, alert_rows, slo_report
 from fleetlens.analytics.webhook import notify_new
 from fleetlens.pipeline.joblock import exclusive
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.storage import DataDir, hour_partition, parquet_files, write_parquet_atomic
+from fleetlens.pipeline.storage import (
+    DataDir,
+    has_parquet,
+    hour_partition,
+    parquet_files,
+    scan,
+    write_parquet_atomic,
+)
 
 NS = 1_000_000_000
 FILE_NAME = "analytics.parquet"
@@ -43,6 +51,8 @@ class RunResult:
     post_errors: list[str] = field(default_factory=list)
     prophet_series: int = 0
     seconds: float = 0.0
+    #: The SLOs' status, burn rates and firing alerts (analytics.slos).
+    slos: SloReport = field(default_factory=SloReport)
 
 
 def state_dir(data_dir: DataDir) -> Path:
@@ -130,7 +140,7 @@ def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
         # Outside the job lock: a slow webhook must not hold up the pipeline or compaction
         # (webhook.py takes its own lock against a second analyze posting the same).
         result.new_incidents, result.posted, result.post_errors = notify_new(
-            state_dir(root), result.analysis, config, echo)
+            state_dir(root), result.analysis, config, echo, alert_rows(result.slos))
     result.seconds = time.perf_counter() - started
     return result
 
@@ -147,7 +157,7 @@ def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
     causes = analysis.causes.join(
         analysis.incidents.select(c.INCIDENT_ID, c.START_NS), on=c.INCIDENT_ID, how="left")
     publish(root, t.CAUSES, causes, c.START_NS, since_ns=since)
-    result = RunResult(analysis)
+    result = RunResult(analysis, slos=publish_slos(root, config, analysis.window_s))
     if config.prophet and analysis.window_s:
         from fleetlens.analytics.prophet_baselines import refresh_prophet
 
@@ -158,6 +168,16 @@ def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
     return result
 
 
+def publish_slos(root: DataDir, config: AnalyticsConfig, window_s: int | None) -> SloReport:
+    """Evaluate the configured SLOs over the compliance period and publish the `slo_*`
+    tables (emptied when no SLO is configured any more)."""
+    requests = scan(root, t.REQUESTS) if has_parquet(root.table_dir(t.REQUESTS)) else None
+    report = slo_report(requests, config.slos, window_s or config.window_s)
+    for table, (frame, ts_col) in report.tables().items():
+        publish(root, table, frame, ts_col)
+    return report
+
+
 def read_table(data_dir: DataDir, table: str) -> pl.DataFrame:
     """A derived analytics table as written by :func:`run` (empty contract frame if none)."""
     files = [str(p) for p in parquet_files(data_dir.table_dir(table))]
@@ -166,4 +186,5 @@ def read_table(data_dir: DataDir, table: str) -> pl.DataFrame:
     return pl.read_parquet(files, missing_columns="insert")
 
 
-__all__ = ["Remote", "RunResult", "publish", "read_table", "run", "state_dir", "tables_for"]
+__all__ = ["Remote", "RunResult", "publish", "publish_slos", "read_table", "run", "state_dir",
+           "tables_for"]

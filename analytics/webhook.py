@@ -32,7 +32,7 @@ from typing import Any
 from fleetlens.analytics.analyse import Analysis
 from fleetlens.analytics.config import AnalyticsConfig, WebhookConfig
 from fleetlens.analytics.provenance import read_json, write_json_atomic
-from fleetlens.analytics.webhook_formats import RESOLVING, native_body
+from fleetlens.analytics.webhook_formats import RESOLVING, SLO_DETECTOR, native_body
 from fleetlens.analytics.webhook_http import redact_url
 from fleetlens.analytics.webhook_send import send
 from fleetlens.pipeline.joblock import file_lock
@@ -71,7 +71,8 @@ def data_end_ns(analysis: Analysis) -> int | None:
 
 
 def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
-               echo: Callable[[str], None] | None = None
+               echo: Callable[[str], None] | None = None,
+               slo_alerts: list[dict[str, Any]] | None = None,
                ) -> tuple[list[str], int, list[str]]:
     """Queue incidents seen for the first time and work through every webhook's queue.
 
@@ -80,6 +81,9 @@ def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
         analysis: this run's incidents and causes.
         config: the webhooks, their deadline, ``merge_gap_s`` and ``dashboard_url``.
         echo: called with the native JSON of each incident seen for the first time.
+        slo_alerts: SLO burn-rate alerts firing now, as incident-shaped rows
+            (:func:`analytics.slos.report.alert_rows`): each is posted like an incident,
+            once when it starts firing and (formats that resolve) once when it stops.
 
     Returns:
         (ids of incidents new or still undelivered somewhere, successful posts, errors).
@@ -87,6 +91,7 @@ def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
     with _delivery_lock(folder):
         state = _load(folder)
         current = {row[c.INCIDENT_ID]: row for row in analysis.incidents.iter_rows(named=True)}
+        current.update({row[c.INCIDENT_ID]: row for row in slo_alerts or ()})
         seen = set(state["seen"])
         first = [i for i in current if i not in seen]
         hooks = {hook_key(h): h for h in config.hooks()}
@@ -120,6 +125,8 @@ def _ended(current: dict[str, dict[str, Any]], end_ns: int | None, gap_s: int
         row = current.get(ident)
         if row is None:
             return True  # recomputed away or older than the analysed history
+        if row.get(c.DETECTOR) == SLO_DETECTOR:
+            return False  # an SLO alert ends when it stops firing: it is then absent
         return end_ns is not None and row[c.END_NS] + gap_s * NS <= end_ns
     return ended
 

@@ -14,6 +14,11 @@ its trigger even when a later run ranks the causes differently.
 - ``alertmanager``: the v2 ``POST /api/v2/alerts`` list; firing alerts have no ``endsAt`` and
   are re-posted every run while open (Alertmanager resolves an alert that is not refreshed
   within its ``resolve_timeout``); resolved ones carry ``endsAt``.
+
+SLO burn-rate alerts (:mod:`analytics.slos`) travel the same way as incident-shaped rows
+whose ``detector`` is :data:`SLO_DETECTOR`: their snapshot's ``type`` is
+:data:`SLO_ALERT_TYPE`, their severity ``page`` or ``ticket``, and each format names the SLO,
+both burn rates and the budget left instead of a cause.
 """
 
 from __future__ import annotations
@@ -39,12 +44,23 @@ RESOLVING = frozenset({"pagerduty", "alertmanager"})
 SIGNATURE_HEADER = "X-Fleetlens-Signature"
 TIMESTAMP_HEADER = "X-Fleetlens-Timestamp"
 ALERT_NAME = "FleetlensIncident"
-_PD_SEVERITY = {"minor": "warning", "major": "error", "critical": "critical"}
+#: Alertmanager ``alertname`` of SLO burn-rate alerts (the generated Prometheus rules use it).
+SLO_ALERT_NAME = "FleetlensSLOBurnRate"
+#: ``detector`` of an SLO alert's incident-shaped row, and its snapshot's ``type``.
+SLO_DETECTOR = "slo_burn_rate"
+SLO_ALERT_TYPE = "fleetlens.slo_alert"
+_PD_SEVERITY = {"minor": "warning", "major": "error", "critical": "critical",
+                "page": "critical", "ticket": "warning"}
 _ANY = "*"
 
 
 def native_body(incident: dict[str, Any], causes: pl.DataFrame) -> dict[str, Any]:
-    """The native JSON body of one incident: its row plus its top causes (evidence parsed)."""
+    """The native JSON body of one incident: its row plus its top causes (evidence parsed).
+
+    An SLO alert's row (``detector`` :data:`SLO_DETECTOR`) has no causes and its own type.
+    """
+    if incident.get(c.DETECTOR) == SLO_DETECTOR:
+        return {"type": SLO_ALERT_TYPE, "incident": dict(incident), "causes": []}
     mine = causes.filter(pl.col(c.INCIDENT_ID) == incident[c.INCIDENT_ID]).sort(c.RANK)
     top = []
     for row in mine.head(TOP_CAUSES).iter_rows(named=True):
@@ -77,6 +93,8 @@ def incident_link(dashboard_url: str | None, incident_id: str) -> str | None:
 def summary(snapshot: dict[str, Any]) -> str:
     """One line: severity, metric, scope, peak against expected, top cause."""
     inc = snapshot["incident"]
+    if snapshot.get("type") == SLO_ALERT_TYPE:
+        return _slo_summary(inc)
     scope = "/".join(v for v in (inc[c.SERVICE_NAME], inc[c.HOST_NAME]) if v != _ANY) or "fleet"
     ratio = inc[c.PEAK] / inc[c.EXPECTED] if inc[c.EXPECTED] else float("nan")
     line = (f"{inc[c.SEVERITY]} {inc[c.METRIC]} incident on {scope}: x{ratio:,.1f} the "
@@ -85,6 +103,23 @@ def summary(snapshot: dict[str, Any]) -> str:
     if top:
         line += f"; top cause {top[c.CAUSE]} ({top[c.SUBJECT]}): {top[c.SUMMARY]}"
     return line
+
+
+def _slo_summary(alert: dict[str, Any]) -> str:
+    from fleetlens.analytics.slos.config import window_label
+
+    left = alert.get(c.BUDGET_REMAINING)
+    budget = "" if left is None else f"; {left:.0%} of the error budget left"
+    return (f"{alert[c.SEVERITY]}: SLO {alert[c.SLO]} of {alert[c.SERVICE_NAME]} "
+            f"({alert[c.OBJECTIVE]:.4g}) burns its error budget at "
+            f"{alert[c.LONG_BURN_RATE]:,.1f}x over {window_label(alert[c.LONG_WINDOW_S])} and "
+            f"{alert[c.SHORT_BURN_RATE]:,.1f}x over {window_label(alert[c.SHORT_WINDOW_S])} "
+            f"(alert at {alert[c.FACTOR]:g}x){budget}")
+
+
+def is_slo_alert(snapshot: dict[str, Any]) -> bool:
+    """Whether a snapshot is an SLO burn-rate alert (not an incident)."""
+    return snapshot.get("type") == SLO_ALERT_TYPE
 
 
 def _top_cause(snapshot: dict[str, Any]) -> str:
@@ -139,12 +174,18 @@ def alertmanager_alert(snapshot: dict[str, Any], resolved_ns: int | None,
                        link: str | None) -> dict[str, Any]:
     """One Alertmanager v2 alert; ``resolved_ns`` (the incident's end) sets ``endsAt``."""
     inc = snapshot["incident"]
-    alert: dict[str, Any] = {
-        "labels": {
+    if is_slo_alert(snapshot):  # the labels of the generated Prometheus rules' alerts
+        labels = {"alertname": SLO_ALERT_NAME, c.ALERT_ID: inc[c.INCIDENT_ID],
+                  "service": inc[c.SERVICE_NAME], "slo": inc[c.SLO],
+                  "severity": inc[c.SEVERITY], "alert": inc[c.ALERT]}
+    else:
+        labels = {
             "alertname": ALERT_NAME, c.INCIDENT_ID: inc[c.INCIDENT_ID],
             "cause": _top_cause(snapshot), "service": inc[c.SERVICE_NAME],
             "host": inc[c.HOST_NAME], "severity": inc[c.SEVERITY], "metric": inc[c.METRIC],
-        },
+        }
+    alert: dict[str, Any] = {
+        "labels": labels,
         "annotations": {"summary": summary(snapshot)},
         "startsAt": rfc3339(inc[c.START_NS]),
     }
@@ -156,6 +197,7 @@ def alertmanager_alert(snapshot: dict[str, Any], resolved_ns: int | None,
     return alert
 
 
-__all__ = ["FORMATS", "RESOLVING", "SIGNATURE_HEADER", "TIMESTAMP_HEADER", "alertmanager_alert",
+__all__ = ["FORMATS", "RESOLVING", "SLO_ALERT_NAME", "SLO_ALERT_TYPE", "SLO_DETECTOR",
+           "is_slo_alert", "SIGNATURE_HEADER", "TIMESTAMP_HEADER", "alertmanager_alert",
            "incident_link", "native_body", "pagerduty_event", "rfc3339", "signature_headers",
            "slack_body", "summary"]

@@ -17,6 +17,7 @@ from fleetlens.analytics.config import AnalyticsConfig, WebhookConfig
 from fleetlens.analytics.webhook_formats import (
     alertmanager_alert,
     incident_link,
+    is_slo_alert,
     native_body,
     pagerduty_event,
     signature_headers,
@@ -46,7 +47,8 @@ def send(hook: WebhookConfig, queue: dict[str, Any], current: dict[str, dict[str
         if snapshot is None:  # gone from the data before it was posted, or never opened
             queue["pending"].pop(0)
             continue
-        link = incident_link(config.dashboard_url, ident)
+        # an SLO alert has no incident page to link to
+        link = None if is_slo_alert(snapshot) else incident_link(config.dashboard_url, ident)
         if hook.format == "slack":
             body: Any = slack_body(snapshot, link)
         elif hook.format == "pagerduty":
@@ -90,8 +92,8 @@ def _send_alertmanager(hook: WebhookConfig, queue: dict[str, Any],
         if ident in resolving:
             row = current.get(ident, snapshot["incident"])
             end_ns = row[c.END_NS]
-        alerts.append(alertmanager_alert(snapshot, end_ns,
-                                         incident_link(config.dashboard_url, ident)))
+        link = None if is_slo_alert(snapshot) else incident_link(config.dashboard_url, ident)
+        alerts.append(alertmanager_alert(snapshot, end_ns, link))
     try:
         _post(hook, alerts, config.webhook_timeout_s)
     except DeliveryError as exc:

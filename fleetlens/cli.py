@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("fleetlens.analytics.cli:explain",
                 "Explain an incident: causes, evidence, provenance."),
     "baselines": ("fleetlens.analytics.cli:baselines", "Show series against their baseline bands."),
+    "slo": ("fleetlens.analytics.slos.cli:slo",
+            "SLOs: compliance, error budget left, burn rates, firing alerts; --rules."),
     "exporter": ("fleetlens.analytics.exporter_cli:exporter",
                  "Serve derived signals (latency, J/token, incidents) for Prometheus."),
     "leaderboard": ("fleetlens.analytics.cli:leaderboard",
