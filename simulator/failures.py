@@ -17,6 +17,10 @@ Mechanism per kind (the telemetry contract of docs/simulator.md):
   instead once the engine's health check has failed for ``gateway_health_delay_s``.
 - host_down: every instance of the host is down as above and the host's agent sends nothing.
 - telemetry_gap: the host's agent sends nothing; its engines serve as usual.
+- gpu_fault: the GPU is lost (Xid 79, :mod:`simulator.gpu_fault`); its engines are down as
+  at an engine_down and restart at the end.
+- config_change: the targeted engines restart with changed settings, and again with their
+  own at the end (:mod:`simulator.config_change`).
 
 All of it costs a run without failure incidents one truthiness check per request routed and
 one attribute check per engine loop turn (``Instance.stalled``).
@@ -31,9 +35,11 @@ from typing import TYPE_CHECKING
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import Cause, subject
+from fleetlens.simulator import gpu_fault
+from fleetlens.simulator.config_change import ConfigChanges, configure
 from fleetlens.simulator.engine import Instance
-from fleetlens.simulator.kvcache import BlockPool
-from fleetlens.simulator.scenario import Incident, Scenario, ScenarioError
+from fleetlens.simulator.gpu_fault import GpuFaults
+from fleetlens.simulator.scenario import Deployment, Incident, Scenario, ScenarioError
 from fleetlens.simulator.telemetry import SpanRecord, gateway_record, llm_request_record
 from fleetlens.simulator.workload import Request
 
@@ -41,11 +47,12 @@ if TYPE_CHECKING:
     from fleetlens.simulator.incidents import Targets
 
 FAILURE_KINDS = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.REQUEST_ERRORS,
-                           Cause.HOST_DOWN, Cause.TELEMETRY_GAP})
+                           Cause.HOST_DOWN, Cause.TELEMETRY_GAP, Cause.GPU_FAULT,
+                           Cause.CONFIG_CHANGE})
 #: kinds that take a whole host (``host`` only)
 HOST_KINDS = frozenset({Cause.HOST_DOWN, Cause.TELEMETRY_GAP})
 #: kinds whose instances are dead during the window and restart at its end
-DOWN_KINDS = frozenset({Cause.ENGINE_DOWN, Cause.HOST_DOWN})
+DOWN_KINDS = frozenset({Cause.ENGINE_DOWN, Cause.HOST_DOWN, Cause.GPU_FAULT})
 #: how long the ground truth's engine_restart item lasts (cold caches after a restart)
 RESTART_WINDOW_S = 60.0
 #: a refused connection reaches the gateway this long after the client's request
@@ -60,6 +67,7 @@ _NS = 1_000_000_000
 def check(x: Incident, t: Targets, where: str) -> None:
     """Refuse a failure incident that could not show anything (or has no single meaning)."""
     kind = Cause(x.kind)
+    gpu_fault.check(x, t, where)
     if kind in HOST_KINDS and (x.service or x.gpu >= 0 or not x.host):
         raise ScenarioError(f"{where}: {kind} takes a whole host: give 'host' only")
     if kind in (Cause.ENGINE_DOWN, Cause.ENGINE_HANG) and not x.host:
@@ -78,8 +86,10 @@ def check(x: Incident, t: Targets, where: str) -> None:
 
 def failure_subject(x: Incident, t: Targets) -> str:
     """The ground truth's subject of a failure incident: the one instance, else the host,
-    else the service."""
+    else the service; the GPU of a gpu_fault."""
     kind = Cause(x.kind)
+    if kind is Cause.GPU_FAULT:
+        return subject(c.GPU_UUID, t.gpus[0].uuid)
     if kind not in HOST_KINDS and x.host and len(t.instances) == 1:
         return subject(c.INSTANCE_ID, t.instances[0].id)
     if x.host:
@@ -89,7 +99,7 @@ def failure_subject(x: Incident, t: Targets) -> str:
 
 def restart_items(x: Incident, t: Targets, item: dict) -> list[dict]:
     """Ground-truth engine_restart items that follow a down incident: the engine_down's own
-    subject, or one per instance (``instance_id=...``) of a host_down."""
+    subject, or one per instance (``instance_id=...``) of a host_down or gpu_fault."""
     kind = Cause(x.kind)
     if kind not in DOWN_KINDS or not t.instances:
         return []
@@ -155,11 +165,14 @@ class Failures:
         self.records: list[SpanRecord] = []  # error spans not yet exported
         self.failed = 0  # requests that failed (lost, refused, timed out, aborted)
         self._memory: dict[int, float] = {}  # id(GPU) -> memory held before the crash
+        self.configs = ConfigChanges(instances)
+        self.gpu_faults = GpuFaults()
 
     def update(self, t: float, incidents: list[tuple[Incident, Targets]]) -> None:
         """Apply the failure incidents active at ``t`` (crashes and restarts happen here)."""
         down, hung, silent = set(), set(), set()
         abort: dict[str, float] = {}
+        lost = []
         for x, targets in incidents:
             kind = Cause(x.kind)
             ids = {inst.id for inst in targets.instances}
@@ -169,14 +182,22 @@ class Failures:
                 silent.add(x.host)
             if kind is Cause.ENGINE_HANG:
                 hung |= ids
+            if kind is Cause.GPU_FAULT:
+                lost += targets.gpus
             if kind is Cause.REQUEST_ERRORS:
                 for iid in ids:
                     abort[iid] = max(abort.get(iid, 0.0), x.magnitude)
+        self.gpu_faults.update(lost)
+        configs = self.configs.wanted(incidents)
         for inst in self.instances:
+            want = configs.get(inst.id, self.configs.base[inst.id])
             if inst.id in down and not inst.down:
                 self._crash(inst, t)
             elif inst.down and inst.id not in down:
-                self._restart(inst, t)
+                self._restart(inst, t, want)
+            elif not inst.down and want != inst.deployment:  # a config change: quick restart
+                self._crash(inst, t)
+                self._restart(inst, t, want)
             inst.hung = inst.id in hung and not inst.down
             inst.stalled = inst.down or inst.hung
         self.hung = [inst for inst in self.instances if inst.hung]
@@ -249,10 +270,11 @@ class Failures:
             self._memory[id(g)] = g.memory_used_bytes
             g.memory_used_bytes = 0.0
 
-    def _restart(self, inst: Instance, t: float) -> None:
+    def _restart(self, inst: Instance, t: float, config: Deployment) -> None:
+        """A new process with ``config``: new start time, empty caches, counters from 0."""
         inst.down = False
         inst.process_start_s = (self.start_ns + round(t * _NS)) / _NS
-        inst.pool = BlockPool(inst.pool.total, inst.deployment.prefix_caching)
+        configure(inst, config, self.configs.blocks[inst.id])
         inst.preemptions = inst.prefix_queries = inst.prefix_hits = 0
         inst.prompt_tokens = inst.generation_tokens = 0
         for g in inst.gpus:

@@ -13,8 +13,8 @@ Mechanism per kind (what ``magnitude`` means):
 - network_overhead: + magnitude s each way between gateway and engine.
 - collective_stall: tensor-parallel all-reduces magnitude x slower.
 - engine_overhead: + magnitude s of CPU per engine step and per request in the API server.
-- engine_down, engine_hang, request_errors, host_down, telemetry_gap: failures, see
-  :mod:`simulator.failures`.
+- engine_down, engine_hang, request_errors, host_down, telemetry_gap, gpu_fault,
+  config_change: failures, see :mod:`simulator.failures` (magnitude: request_errors only).
 
 The ground truth names each incident's ``cause``, ``subject`` and window.
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import Cause, subject
+from fleetlens.simulator import config_change
 from fleetlens.simulator.arrivals import Stream
 from fleetlens.simulator.engine import Instance
 from fleetlens.simulator.failures import (
@@ -57,6 +58,7 @@ ENGINE_KINDS = frozenset({Cause.KV_CACHE_PRESSURE, Cause.PREFIX_CACHE_DROP,
 def _check(x: Incident, t: Targets, where: str) -> None:
     """Refuse an incident that could not show anything (the ground truth would lie)."""
     kind = Cause(x.kind)
+    config_change.check(x, t, where)  # 'set' belongs to config_change alone
     if kind in FAILURE_KINDS:
         check(x, t, where)
         return
@@ -175,8 +177,9 @@ class Injector:
                 inst.extra_overhead_s += m
 
     def ground_truth(self, seed: int) -> dict:
-        """Every injected incident with cause, subject and window (ns), then the
-        engine_restart items that follow down incidents, plus seed and hash."""
+        """Every injected incident with cause, subject and window (ns) (and a config_change's
+        ``changes``), then the engine_restart items that follow down incidents, plus seed
+        and hash."""
         sc = self.scenario
         items, restarts = [], []
         for x, t in zip(sc.incidents, self.targets, strict=True):
@@ -200,6 +203,8 @@ class Injector:
                 "instances": sorted(i.id for i in t.instances),
                 "gpus": sorted(g.uuid for g in t.gpus),
             })
+            if x.kind == Cause.CONFIG_CHANGE:
+                items[-1]["changes"] = self.failures.configs.describe(x, t)
             restarts += restart_items(x, t, items[-1])
         # after the injected incidents, so that item n is still incident n of the scenario
         items += restarts

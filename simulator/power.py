@@ -50,6 +50,9 @@ class GpuState:
         self.reasons = 0
         self.last_power_w = spec.idle_w
         self.memory_used_bytes = 0.5e9
+        # health (simulator.gpu_fault): NVML answers "lost"; Xid events per code so far
+        self.lost = False
+        self.xid: dict[int, int] = {}
         self._tick_energy = 0.0
         self._tick_busy = 0.0
 

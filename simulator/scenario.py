@@ -54,6 +54,7 @@ class Deployment:
     step_overhead_ms: float = 2.0
     mfu: float = 0.6
     bandwidth_efficiency: float = 0.75
+    version: str = "0.11.0"  # what the engine's GET /version answers (fleetlens.engine.config)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class Incident:
     service: str = ""
     host: str = ""
     gpu: int = -1
+    set: Any = None  # config_change: {setting: value}, checked with the fleet (engine_config)
 
     @property
     def end_s(self) -> float:
@@ -128,9 +130,9 @@ DEFAULT_MAGNITUDE: dict[str, float] = {
     "network_overhead": 0.25,  # extra one-way gateway -> engine delay, seconds
     "collective_stall": 25.0,  # interconnect slowdown factor
     "engine_overhead": 0.03,  # extra CPU seconds per engine step
-    # failures (simulator.failures): only request_errors reads its magnitude
+    # failures (simulator.failures, .gpu_fault, .config_change): only request_errors reads it
     "engine_down": 1.0, "engine_hang": 1.0, "host_down": 1.0, "telemetry_gap": 1.0,
-    "request_errors": 0.2,  # share of the target's requests aborted after their prefill
+    "gpu_fault": 1.0, "config_change": 1.0, "request_errors": 0.2,  # share of requests aborted
 }
 #: Which target each kind takes: service-wide, or a host / one GPU.
 SERVICE_KINDS = frozenset({"traffic_surge", "long_prompts"})

@@ -253,7 +253,7 @@ def _with_idle_service(document: dict) -> dict:
     ({"kind": "request_errors", "service": "idle"}, _with_idle_service,
      "no workload sends requests"),
     ({"kind": "request_errors", "host": "h04"}, _with_spare_host, "no engine runs"),
-    ({"kind": "gpu_fault", "host": "h01"}, None, "is not simulated"),
+    ({"kind": "gpu_fault", "host": "h01"}, None, "takes exactly one GPU"),
 ])
 def test_a_failure_that_could_not_show_is_refused(incident, mutate, message) -> None:
     document = doc([{"start_s": START, "duration_s": 60, **incident}])

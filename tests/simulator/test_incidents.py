@@ -217,17 +217,17 @@ def test_engine_overhead_raises_tpot_and_idles_the_gpu(baseline) -> None:
 
 
 def test_every_cause_is_covered() -> None:
-    """Every simulated kind has its test here or, for the failures, in test_failures.py
-    (engine_restart is the ground truth that follows a down incident); the vocabulary's
-    other causes are refused by the scenario until they are simulated."""
-    from tests.simulator import test_failures
+    """Every kind of the vocabulary is simulated and has its test here or, for the failures,
+    in test_failures.py or test_gpu_fault_config.py (engine_restart is the ground truth that
+    follows a down incident)."""
+    from tests.simulator import test_failures, test_gpu_fault_config
 
-    names = [*globals(), *vars(test_failures)]
+    names = [*globals(), *vars(test_failures), *vars(test_gpu_fault_config)]
     tested = {name.split("_", 1)[1] for name in names if name.startswith("test_")}
     simulated = {*DEFAULT_MAGNITUDE, Cause.ENGINE_RESTART}
     assert set(LATENCY_CAUSES) <= simulated
     assert all(any(cause in t for t in tested) for cause in simulated)
-    assert set(CAUSES) - simulated == {Cause.GPU_FAULT, Cause.CONFIG_CHANGE}
+    assert set(CAUSES) == simulated
 
 
 def test_a_tensor_parallel_group_runs_at_its_slowest_gpu(baseline) -> None:
