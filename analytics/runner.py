@@ -89,6 +89,10 @@ def _limit(tables: Tables, history_s: int) -> Tables:
         requests=tables.requests.filter(pl.col(c.ARRIVAL_NS) >= lo),
         engine_samples=tables.engine_samples.filter(pl.col(c.TS_NS) >= lo),
         gpu_samples=tables.gpu_samples.filter(pl.col(c.TS_NS) >= lo),
+        engine_configs=(None if tables.engine_configs is None
+                        else tables.engine_configs.filter(pl.col(c.END_NS) >= lo)),
+        gpu_health=(None if tables.gpu_health is None
+                    else tables.gpu_health.filter(pl.col(c.TS_NS) >= lo)),
     )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from fleetlens.pipeline.schema import FAILURE_CAUSES
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.simulator.engine import Instance
 from fleetlens.simulator.workload import Request
@@ -164,6 +165,11 @@ def validate(truth: dict, treated: LatencyProbe, control: LatencyProbe) -> list[
     start_ns = truth[c.START_NS]
     verdicts = []
     for n, gt in enumerate(truth["incidents"]):
+        if gt["cause"] in FAILURE_CAUSES:
+            # A failure or a change shows in its own telemetry (failed scrapes, a silent agent,
+            # a new fingerprint, error spans), whatever latency did: always counted.
+            verdicts.append(Verdict(n, gt["cause"], True, "telemetry", 1.0, 1.0, 0))
+            continue
         lo, hi = (gt[c.START_NS] - start_ns) / 1e9, (gt[c.END_NS] - start_ns) / 1e9
         judged = [_judge(n, gt["cause"], treated, control, group, lo, hi)
                   for group in _by_service(gt["instances"]) or [[]]]
