@@ -36,12 +36,13 @@ def _points_of(split: Split, names: list[str]) -> tuple[pl.DataFrame, pl.DataFra
 
 @stage(t.ENGINE_CONFIGS)
 def engine_configs(points: pl.DataFrame | Split) -> pl.DataFrame:
-    """The configuration gauge -> one row per (host, instance, fingerprint), first and last
-    time seen.
+    """The configuration gauge -> one row per run of one configuration on one engine (its
+    first and last time seen in a row).
 
     Input: ``metric_points`` or their :class:`~pipeline.pivot.Split`. Output:
-    ``engine_configs`` sorted by (host, instance, start). Points without an instance or a
-    fingerprint are no configuration and are left out.
+    ``engine_configs`` sorted by (host, instance, start). A configuration that comes back
+    (a rollback) is a run of its own, so the change back is at the right time. Points
+    without an instance or a fingerprint are no configuration and are left out.
     """
     split = as_split(points)
     combos, rows = _points_of(split, [a.ENGINE_CONFIG_INFO])
@@ -52,16 +53,19 @@ def engine_configs(points: pl.DataFrame | Split) -> pl.DataFrame:
             a.ENGINE_CONFIG_JSON: (c.CONFIG_JSON, pl.String())}
     combos = extract_keys(combos, c.ATTRIBUTES, keys).filter(
         pl.col(c.INSTANCE_ID).is_not_null() & pl.col(c.CONFIG_FINGERPRINT).is_not_null())
-    times = rows.group_by(SRC).agg(pl.col(c.TS_NS).min().alias(c.START_NS),
-                                   pl.col(c.TS_NS).max().alias(c.END_NS))
-    group = [c.HOST_NAME, c.INSTANCE_ID, c.CONFIG_FINGERPRINT]
-    out = (combos.join(times, on=SRC, how="inner")
-           .with_columns(pl.col(c.MODEL).fill_null(""))
-           .group_by(group)
-           .agg(pl.col(c.MODEL).max(), pl.col(c.ENGINE_VERSION).max(),
-                pl.col(c.CONFIG_JSON).first(), pl.col(c.START_NS).min(), pl.col(c.END_NS).max()))
-    return out.sort(c.HOST_NAME, c.INSTANCE_ID, c.START_NS).select(
-        list(t.table(t.ENGINE_CONFIGS).columns))
+    engine = [c.HOST_NAME, c.INSTANCE_ID]
+    seen = (rows.join(combos.select(SRC, *engine, c.MODEL, c.CONFIG_FINGERPRINT,
+                                    c.ENGINE_VERSION, c.CONFIG_JSON), on=SRC, how="inner")
+            .with_columns(pl.col(c.MODEL).fill_null(""))
+            .sort(*engine, c.TS_NS, c.CONFIG_FINGERPRINT))
+    fingerprint = pl.col(c.CONFIG_FINGERPRINT)
+    run = (fingerprint != fingerprint.shift(1)).fill_null(True).cum_sum().over(engine)
+    out = (seen.with_columns(run.alias("__run"))
+           .group_by(*engine, "__run")
+           .agg(pl.col(c.MODEL).max(), fingerprint.first(), pl.col(c.ENGINE_VERSION).first(),
+                pl.col(c.CONFIG_JSON).first(), pl.col(c.TS_NS).min().alias(c.START_NS),
+                pl.col(c.TS_NS).max().alias(c.END_NS)))
+    return out.sort(*engine, c.START_NS).select(list(t.table(t.ENGINE_CONFIGS).columns))
 
 
 @stage(t.GPU_HEALTH)

@@ -126,3 +126,12 @@ def test_gpu_health_keeps_the_readings_that_changed() -> None:
         ("lost", "", T0, 0.0), ("lost", "", T0 + 3 * NS, 1.0), ("lost", "", T0 + 5 * NS, 0.0),
         ("xid_errors", "79", T0 + 2 * NS, 1.0), ("xid_errors", "79", T0 + 4 * NS, 2.0)]
     assert set(out["gpu_uuid"]) == {"GPU-1"}
+
+
+def test_a_configuration_that_comes_back_is_a_run_of_its_own() -> None:
+    rows = [_config(T0 + i * NS, "aaaa", "0.11.0", 256) for i in (0, 1, 4, 5)]
+    rows += [_config(T0 + i * NS, "bbbb", "0.11.1", 2) for i in (2, 3)]  # then rolled back
+    out = engine_configs(points_frame(rows))
+    assert out.select("config_fingerprint", "start_ns", "end_ns").rows() == [
+        ("aaaa", T0, T0 + NS), ("bbbb", T0 + 2 * NS, T0 + 3 * NS),
+        ("aaaa", T0 + 4 * NS, T0 + 5 * NS)]
