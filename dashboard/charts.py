@@ -92,6 +92,8 @@ INSTANT = frozenset({Cause.ENGINE_RESTART, Cause.CONFIG_CHANGE})
 #: More markers than this on one chart are noise: the earliest are kept, and the caption of
 #: the availability page lists them all.
 MAX_MARKERS = 40
+#: Labels closer than this share of the time axis are stacked (a crash and its restart).
+LABEL_ROOM = 0.06
 TIMELINE_COLOURS = {"up": "#54a24b", "down": "#e45756", "no data": "#bab0ac"}
 
 
@@ -114,8 +116,8 @@ def _x_extent(fig: go.Figure) -> tuple[float, float] | None:
 
 def add_markers(fig: go.Figure, markers: pl.DataFrame | None) -> go.Figure:
     """Draw failures (bands) and restarts or configuration changes (dashed lines) on a time
-    chart, each with a short label at the top whose hover names the cause, the subject and
-    analytics' summary.
+    chart, each with a short label inside the plot's top edge whose hover names the cause,
+    the subject and analytics' summary.
 
     Args:
         fig: a chart whose x axis is epoch milliseconds (as :func:`ui.xs` gives them).
@@ -128,6 +130,7 @@ def add_markers(fig: go.Figure, markers: pl.DataFrame | None) -> go.Figure:
     if markers is None or markers.is_empty() or extent is None:
         return fig
     lo, hi = extent
+    placed: list[float] = []  # label positions so far: close ones are stacked, not overlaid
     for row in markers.head(MAX_MARKERS).iter_rows(named=True):
         cause = str(row[c.CAUSE] or "")
         label, colour = MARKER_STYLE.get(cause, (cause or "failure", "#d62728"))
@@ -137,8 +140,10 @@ def add_markers(fig: go.Figure, markers: pl.DataFrame | None) -> go.Figure:
             continue
         hover = "<br>".join(html.escape(str(part)) for part in (
             f"{cause} on {row[c.SUBJECT]}", row[c.SUMMARY]) if part)
+        near = sum(1 for x in placed if abs(x - max(start, lo)) < LABEL_ROOM * (hi - lo))
+        placed.append(max(start, lo))
         note = {"text": label, "hovertext": hover, "font": {"size": 10, "color": colour},
-                "yanchor": "bottom"}
+                "yanchor": "top", "yshift": -11 * near}  # inside the plot: the legend is above
         if cause in INSTANT:
             fig.add_vline(x=max(start, lo), line={"color": colour, "dash": "dash", "width": 1},
                           annotation=note, annotation_position="top")
@@ -173,9 +178,11 @@ def availability_timeline(segments: pl.DataFrame, restarts: pl.DataFrame, title:
             hovertext=[f"{i}: new process" for i in restarts[c.INSTANCE_ID].to_list()],
             marker={"symbol": "diamond", "size": 10, "color": "#6a3d9a",
                     "line": {"color": "white", "width": 1}}))
-    fig.update_layout(title=title, barmode="overlay", height=110 + 30 * max(len(engines), 1),
+    fig.update_layout(title=title, barmode="overlay", height=135 + 30 * max(len(engines), 1),
                       legend=LEGEND_ON_TOP, xaxis=TIME_AXIS, bargap=0.35,
+                      # Headroom above the top engine for the markers' labels.
                       yaxis={"type": "category", "categoryorder": "array",
-                             "categoryarray": engines[::-1], "automargin": True},
+                             "categoryarray": engines[::-1], "automargin": True,
+                             "range": [-0.5, len(engines) - 0.5 + 0.9]},
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})
     return fig

@@ -129,19 +129,21 @@ def render(inc: dict[str, Any], causes: pl.DataFrame) -> None:
     evidence = evidence_rows(top.get(c.EVIDENCE), own_id=inc[c.INCIDENT_ID])
     ongoing = "yes" in evidence.filter(pl.col("field") == "ongoing")["value"].to_list()
     st.subheader(top.get(c.SUMMARY) or TITLES.get(cause, cause))
-    cols = st.columns(5)
-    cols[0].metric("What stopped", TITLES.get(cause, cause))
-    cols[1].metric("Where", str(top.get(c.SUBJECT) or inc[c.HOST_NAME]).split("=", 1)[-1],
-                   inc[c.SERVICE_NAME], delta_color="off")
-    cols[2].metric("Started (UTC)", _utc(p["start"])[11:], _utc(p["start"])[:10],
-                   delta_color="off")
-    cols[3].metric("For", span_text((p["end"] - p["start"]) / NS),
+    where = str(top.get(c.SUBJECT) or inc[c.HOST_NAME]).split("=", 1)[-1]
+    # Wide enough that "Engine restarted" or a time is never cut off in a metric's font.
+    cols = st.columns([3, 2, 2, 1.5])
+    cols[0].metric("What stopped", TITLES.get(cause, cause), where, delta_color="off",
+                   delta_arrow="off")
+    cols[1].metric("Started (UTC)", _utc(p["start"])[11:], _utc(p["start"])[:10],
+                   delta_color="off", delta_arrow="off")
+    cols[2].metric("For", span_text((p["end"] - p["start"]) / NS),
                    "still going" if ongoing else f"until {_utc(p['end'])[11:]}",
-                   delta_color="inverse" if ongoing else "off")
-    cols[4].metric("Severity", inc[c.SEVERITY])
-    if inc.get(c.DETECTED_NS):
-        st.caption(f"Found by analytics' `{inc[c.DETECTOR]}` detector; detected at "
-                   f"{_utc(inc[c.DETECTED_NS])} UTC.")
+                   delta_color="inverse" if ongoing else "off", delta_arrow="off")
+    cols[3].metric("Severity", inc[c.SEVERITY])
+    found = (f"; detected at {_utc(inc[c.DETECTED_NS])} UTC" if inc.get(c.DETECTED_NS)
+             else "")
+    st.caption(f"Service {inc[c.SERVICE_NAME]}, host {inc[c.HOST_NAME]}. Found by "
+               f"analytics' `{inc[c.DETECTOR]}` detector{found}.")
     scope = _scope(inc, p["ctx_start"], p["ctx_end"])
     markers = data.load("failure_incidents", scope)
     timeline = data.load("engine_timeline", scope)
@@ -176,8 +178,9 @@ def _effects(slot: Any, incident_id: str) -> None:
     slot.caption("Latency incidents that name this failure as their first cause; `cause` "
                  "is what it set off there (their second cause).")
     slot.dataframe(ui.readable(effects.select(
-        pl.format("incident?id={}", c.INCIDENT_ID).alias("open"), c.START_NS, c.METRIC,
-        c.HOST_NAME, c.PEAK, c.EXPECTED, c.CAUSE, c.SUMMARY, c.INCIDENT_ID)),
+        pl.format("incident?id={}", c.INCIDENT_ID).alias("open"), c.CAUSE, c.HOST_NAME,
+        c.METRIC, c.PEAK, c.EXPECTED, c.SUMMARY, c.START_NS, c.INCIDENT_ID))
+        .rename({c.START_NS: "started (UTC)"}),
         hide_index=True, key="failure_effects",
         column_config={"open": st.column_config.LinkColumn("open", display_text="open")})
     for row in effects.head(5).iter_rows(named=True):

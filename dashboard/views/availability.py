@@ -28,10 +28,12 @@ failed = float(errors["failed"].sum() or 0) if errors.height else 0.0
 cols = st.columns(4)
 cols[0].metric("Engines", latest.height)
 cols[1].metric("Not up at the end of the range", not_up.height,
-               ", ".join(not_up[c.INSTANCE_ID].to_list()) or None, delta_color="off")
+               ", ".join(not_up[c.INSTANCE_ID].to_list()) or None, delta_color="off",
+               delta_arrow="off")
 cols[2].metric("Failure incidents", failures.height)
 cols[3].metric("Requests failed", f"{failed:,.0f} of {total:,}",
                f"{failed / total:.2%}" if total else None, delta_color="off",
+               delta_arrow="off",
                help="Failed requests include those the gateway answered because no engine "
                     "did (source gateway).")
 

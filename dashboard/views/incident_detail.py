@@ -25,8 +25,12 @@ if wanted and wanted not in ids:
 if not ids:
     ui.empty_note("incidents")
     st.stop()
-incident_id = st.selectbox("Incident", ids, index=ids.index(wanted) if wanted else 0,
-                           key="detail_pick")
+# A link to another incident opens it, also one from this page (a failure's peers and
+# back): the picker's own state would otherwise keep the incident shown before.
+if wanted and st.session_state.get("_detail_wanted") != wanted:
+    st.session_state["_detail_wanted"] = wanted
+    st.session_state["detail_pick"] = wanted
+incident_id = st.selectbox("Incident", ids, key="detail_pick")
 inc = data.load("incident", incident_id)
 if inc is None:
     st.warning(f"No incident with id {incident_id!r}.")

@@ -92,9 +92,9 @@ def test_availability_on_data_without_liveness_columns(app) -> None:
 def test_failure_incident_page_says_what_stopped_when_and_what_it_did(app_failures) -> None:
     at = open_page(app_failures, "incident_detail", id=sf.DOWN_ID)
     metrics = {m.label: m.value for m in at.metric}
+    where = {m.label: m.delta for m in at.metric}["What stopped"]
     start, _ = sf.down_period(Fleet())
-    assert metrics["What stopped"] == "Engine down"
-    assert metrics["Where"] == sf.DOWN_ENGINE
+    assert metrics["What stopped"] == "Engine down" and where == sf.DOWN_ENGINE
     assert metrics["Started (UTC)"] == _utc(start)
     assert metrics["For"] == "5 min 0 s"
     assert "30 scrapes failed" in at.subheader[0].value
@@ -115,7 +115,8 @@ def test_failure_incident_page_says_what_stopped_when_and_what_it_did(app_failur
 def test_host_down_page_shows_its_silence(app_failures) -> None:
     at = open_page(app_failures, "incident_detail", id=sf.HOST_DOWN_ID)
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["What stopped"] == "Host down" and metrics["Where"] == sf.SILENT_HOST
+    where = {m.label: m.delta for m in at.metric}["What stopped"]
+    assert metrics["What stopped"] == "Host down" and where == sf.SILENT_HOST
     assert metrics["For"] == "3 min 0 s"
     evidence, = frames(at)
     shown = dict(zip(evidence["field"], evidence["value"], strict=True))
