@@ -233,3 +233,45 @@ def test_an_error_shows_no_details_in_the_browser(browser, tmp_path) -> None:
     assert "part-0.parquet" not in shown and "Traceback" not in shown, shown
     assert "redacted" in shown and "Exception" not in shown and "Error:" not in shown, shown
     assert "part-0.parquet" in log.read_text()  # the details are in the server's log
+
+
+@pytest.fixture(scope="module")
+def failure_server(failure_data, tmp_path_factory):
+    """The dashboard over synthetic data holding the failures analytics stores."""
+    log = tmp_path_factory.mktemp("dash-failures-log") / "dashboard.log"
+    with dashboard(failure_data[0].root, log) as url:
+        yield url
+
+
+def test_availability_and_a_failure_incident_in_a_real_browser(failure_server, browser,
+                                                               tmp_path) -> None:
+    from tests.dashboard import synth_failures as sf
+
+    shots = shot_dir(tmp_path)
+    page = browser.new_page(viewport={"width": 1500, "height": 2000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    render(page, f"{failure_server}/availability",
+           [".js-plotly-plot", '[data-testid="stMetric"]', '[data-testid="stDataFrame"]'])
+    check_page(page, "availability")
+    text = page.locator("body").inner_text()
+    for shown in ("Availability", "Engines: up, down, no data", "Failure incidents: 3",
+                  "SLOs and error budget", "Not computed yet"):
+        assert shown in text, shown
+    # The down engine's row and the markers' labels are drawn in the charts' SVG.
+    svg = "\n".join(page.locator(".js-plotly-plot").all_inner_texts())
+    assert sf.DOWN_ENGINE in svg and "down" in svg and "restart" in svg, svg[:500]
+    page.screenshot(path=str(shots / "availability.png"), full_page=True)
+
+    render(page, f"{failure_server}/incident?id={sf.DOWN_ID}",
+           [".js-plotly-plot", '[data-testid="stMetric"]', '[data-testid="stDataFrame"]'])
+    check_page(page, "failure incident")
+    text = page.locator("body").inner_text()
+    for shown in ("Engine down", sf.DOWN_ENGINE, "5 min 0 s", "scrapes failed in a row",
+                  "What it did to its peers", f"ttft_p99_s on {sf.PEER_HOST}"):
+        assert shown in text, shown
+    page.screenshot(path=str(shots / "incident-failure.png"), full_page=True)
+    # The peer's latency incident opens from the link, and links back to the failure.
+    page.get_by_text(f"ttft_p99_s on {sf.PEER_HOST}").click()
+    page.wait_for_selector("text=Set off by a failure", timeout=60_000)
+    assert not errors, errors
