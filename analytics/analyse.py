@@ -14,6 +14,7 @@ import polars as pl
 from fleetlens.analytics.attribution import Tables, attribute_all
 from fleetlens.analytics.attribution.local_faults import split_local_faults
 from fleetlens.analytics.attribution.split import split_by_cause
+from fleetlens.analytics.attribution.unshared import split_unshared
 from fleetlens.analytics.baselines import (
     EXCLUDED,
     UPPER_SPREAD,
@@ -229,6 +230,9 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
         incidents = split_local_faults(tables, incidents, anomalies, config, window_s)
     causes = (attribute_all(tables, incidents, config, window_s) if attribute
               else t.table(t.CAUSES).empty())
+    if attribute:
+        incidents, causes = split_unshared(tables, incidents, causes, anomalies, config,
+                                           window_s)
     incidents, causes = withhold_unsupported(incidents, causes, config, anomalies)
     if attribute and config.failures.enabled:
         incidents, causes = with_failures(tables, incidents, causes, config, window_s)

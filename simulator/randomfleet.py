@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetlens.pipeline.schema import LATENCY_CAUSES
+from fleetlens.pipeline.schema import CAUSES
 from fleetlens.simulator.specs import BLOCK_TOKENS, GPU_PRESETS, MODEL_PRESETS
 
 #: the shared Azure trace (one hour of a code assistant's requests), replayed when present
@@ -37,7 +37,16 @@ MAGNITUDES: dict[str, tuple[float, float]] = {
     "network_overhead": (0.1, 0.5),
     "collective_stall": (8.0, 40.0),
     "engine_overhead": (0.015, 0.06),
+    # failures and changes: only request_errors reads its magnitude (the share that fails)
+    "engine_down": (1.0, 1.0), "engine_hang": (1.0, 1.0), "host_down": (1.0, 1.0),
+    "telemetry_gap": (1.0, 1.0), "gpu_fault": (1.0, 1.0), "config_change": (1.0, 1.0),
+    "request_errors": (0.1, 0.5),
 }
+#: The causes a random fleet draws: every one the simulator injects (engine_restart comes
+#: with the incidents that restart an engine).
+DRAWN = tuple(x for x in CAUSES if x != "engine_restart")
+#: What a random config_change sets: a bad deploy that slows the engine, or a version bump.
+_CHANGES = ({"max_num_seqs": (2, 8)}, {"step_overhead_ms": (20, 60)}, {"version": "0.11.1"})
 #: KV blocks an instance must hold at least (two full 16k-token prompts)
 MIN_KV_BLOCKS = 2048
 ACTIVATION_RESERVE = 2.0e9  # as simulator.fleet
@@ -144,6 +153,8 @@ def _target(rng: random.Random, cause: str, services: list[dict], busy: set[str]
             ) -> tuple[dict, set[str]] | None:
     """A random valid target for ``cause`` among engines not in ``busy``; returns the
     incident's target keys and the engine groups (service, host, GPU block) it touches."""
+    if cause in ("request_errors", "config_change") and rng.random() < 0.5:
+        cause = "traffic_surge"  # the whole service, as a surge's target
     if cause in ("traffic_surge", "long_prompts"):
         choices = [s for s in services if not any(k.startswith(s["service"] + "/")
                                                   for k in busy)]
@@ -160,10 +171,18 @@ def _target(rng: random.Random, cause: str, services: list[dict], busy: set[str]
     touched = {f"{o['service']}/{host}" for o in services if host in o["hosts"]}
     if touched & busy:
         return None
-    if cause in ("thermal_throttle", "power_cap", "slow_gpu"):
+    if cause in ("thermal_throttle", "power_cap", "slow_gpu", "gpu_fault"):
         gpu = s["gpu_offset"] + rng.randrange(s["instances"] // len(s["hosts"]) * s["tp"])
         return {"gpu": f"{host}:{gpu}"}, {f"{s['service']}/{host}"}
+    if cause in ("engine_down", "engine_hang", "request_errors", "config_change"):
+        return {"host": host, "service": s["service"]}, {f"{s['service']}/{host}"}
     return {"host": host}, touched
+
+
+def _change(rng: random.Random) -> dict:
+    """A random ``set`` of a config_change."""
+    pick = dict(rng.choice(_CHANGES))
+    return {k: (rng.randint(*v) if isinstance(v, tuple) else v) for k, v in pick.items()}
 
 
 def _incidents(rng: random.Random, services: list[dict], size: FleetSize,
@@ -180,7 +199,8 @@ def _incidents(rng: random.Random, services: list[dict], size: FleetSize,
         target, touched = picked
         duration = float(rng.randint(180, 900))
         out.append({"kind": cause, "start_s": t, "duration_s": duration,
-                    "magnitude": round(rng.uniform(*MAGNITUDES[cause]), 3), **target})
+                    "magnitude": round(rng.uniform(*MAGNITUDES[cause]), 3), **target,
+                    **({"set": _change(rng)} if cause == "config_change" else {})})
         end = t + duration
         if queue and rng.random() < 0.35:  # a second one overlapping, on other engines
             second = _target(rng, queue[0], services, touched)
@@ -190,7 +210,8 @@ def _incidents(rng: random.Random, services: list[dict], size: FleetSize,
                 d2 = float(rng.randint(180, 900))
                 out.append({"kind": cause2, "start_s": round(start2), "duration_s": d2,
                             "magnitude": round(rng.uniform(*MAGNITUDES[cause2]), 3),
-                            **second[0]})
+                            **second[0],
+                            **({"set": _change(rng)} if cause2 == "config_change" else {})})
                 end = max(end, round(start2) + d2)
         t = end + GAP_S
     return out, t
@@ -204,7 +225,7 @@ def random_fleet(seed: int, size: FleetSize = FULL) -> dict[str, Any]:
     # every cause once before any repeats, in random order
     causes: list[str] = []
     while len(causes) < n:
-        batch = list(LATENCY_CAUSES)
+        batch = list(DRAWN)
         rng.shuffle(batch)
         causes += batch
     incidents, end = _incidents(rng, services, size, causes[:n])
