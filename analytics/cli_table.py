@@ -13,6 +13,7 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
+from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
 from fleetlens.analytics.report import iso
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.terminal import cell, plain
@@ -37,11 +38,14 @@ def incidents_table(frame: pl.DataFrame) -> str:
     for row in frame.iter_rows(named=True):
         scope = "/".join(v for v in (row[c.SERVICE_NAME], row[c.HOST_NAME]) if v != "*")
         ratio = row[c.PEAK] / row[c.EXPECTED] if row[c.EXPECTED] else float("nan")
+        # a failure has no band: its peak is a count or a duration, not a rise
+        shown = ("-" if str(row[c.DETECTOR]).startswith(DETECTOR_PREFIX)
+                 else f"x{ratio:.2f}")
         _row(
             table,
             row[c.INCIDENT_ID], iso(row[c.START_NS]),
             f"{(row[c.END_NS] - row[c.START_NS]) / NS / 60:.0f}", row[c.SEVERITY],
-            scope or "fleet", row[c.METRIC], f"x{ratio:.2f}", row.get(c.CAUSE) or "-",
+            scope or "fleet", row[c.METRIC], shown, row.get(c.CAUSE) or "-",
             row.get(c.SUBJECT) or "-",
         )
     return _render(table) + f"{frame.height} incidents\n"

@@ -14,6 +14,7 @@ import polars as pl
 
 from fleetlens.analytics.attribution.phases import PHASES
 from fleetlens.analytics.baselines import METHOD_ROLLING
+from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
 from fleetlens.analytics.report import Report, iso
 from fleetlens.analytics.units import duration, signed_duration, versus
 from fleetlens.pipeline.schema import columns as c
@@ -43,6 +44,16 @@ def sparkline(values: list[float]) -> str:
                    for v in values)
 
 
+def _share(share: float | None) -> str:
+    """A cause's share of the excess; a failure has none (it is no band's excess)."""
+    return "a failure, no excess to share" if share is None else f"{share:.0%} of excess"
+
+
+def _s(seconds: float | None) -> str:
+    """Seconds to two places; a phase a failed request never reached is ``-``."""
+    return "-" if seconds is None else f"{seconds:.2f}"
+
+
 def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
     """Sections as (title, lines); shared by text and Markdown."""
     inc = report.incident
@@ -60,8 +71,11 @@ def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
         f"severity {inc[c.SEVERITY]}; detector {inc[c.DETECTOR]}",
     ]
     causes = [f"{bullet}#{x[c.RANK]} {x[c.CAUSE]} on {x[c.SUBJECT]} (score {x[c.SCORE]:.2f}, "
-              f"{x[c.SHARE_OF_EXCESS]:.0%} of excess): {x[c.SUMMARY]}" for x in report.causes]
+              f"{_share(x[c.SHARE_OF_EXCESS])}): {x[c.SUMMARY]}" for x in report.causes]
     ev = report.evidence
+    # a failure's evidence is what stopped: its keys as they are
+    failed = [f"{bullet}{k}: {json.dumps(v)}" for k, v in sorted(ev.items())
+              if str(inc[c.DETECTOR]).startswith(DETECTOR_PREFIX)]
     phases = [f"{bullet}{p}: {signed_duration(ev['phases'][p]['excess_ms'] / 1000)} "
               f"({ev['phases'][p]['share']:.0%})" for p in PHASES if ev.get("phases")]
     dims = [f"{bullet}{d['dimension']}={d['value']}: lift x{d['lift']:.1f}, "
@@ -71,8 +85,8 @@ def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
     roll = _rolling(report)
     plot = [sparkline(roll[c.VALUE].to_list())] if roll.height else ["(no baseline data)"]
     slow = [f"{bullet}{r[c.REQUEST_ID]} trace {r[c.TRACE_ID]} on {r[c.HOST_NAME]}: e2e "
-            f"{r[c.E2E_S]:.2f} s (queue {r[c.QUEUE_S]:.2f}, prefill {r[c.PREFILL_S]:.2f}, "
-            f"decode {r[c.DECODE_S]:.2f}; {r[c.INPUT_TOKENS]}->{r[c.OUTPUT_TOKENS]} tokens)"
+            f"{_s(r[c.E2E_S])} s (queue {_s(r[c.QUEUE_S])}, prefill {_s(r[c.PREFILL_S])}, "
+            f"decode {_s(r[c.DECODE_S])}; {r[c.INPUT_TOKENS]}->{r[c.OUTPUT_TOKENS]} tokens)"
             for r in report.slowest.iter_rows(named=True)]
     prov = report.provenance
     rng = prov.get("data_range", {})
@@ -84,6 +98,7 @@ def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
         f"{prov.get('computed_at')}; window {prov.get(c.WINDOW_S)} s",
     ]
     return [("Incident", head), ("Ranked causes", causes or [f"{bullet}(none)"]),
+            *([("What failed (evidence)", failed)] if failed else []),
             ("Excess latency by phase (top cause's scope)", phases),
             ("Dimensions over-represented among slow requests", dims or [f"{bullet}(none)"]),
             ("Signals behind the top cause", signals),

@@ -17,7 +17,7 @@ from fleetlens.analytics.failures.config import FailureConfig
 from fleetlens.pipeline.schema import FAILURE_CAUSES
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
-from tests.analytics.synthetic import NS, FleetSpec, Injected, generate
+from tests.analytics.synthetic import NS, FleetSpec, Injected, SynthData, generate
 
 SPEC = FleetSpec(hosts=7, gpus_per_host=2, duration_s=2 * 3600, seed=3)
 START_S = 3600  # every failure begins an hour in
@@ -30,6 +30,16 @@ def _between(col: str, lo_s: float, hi_s: float) -> pl.Expr:
 
 def _broken() -> tuple[Tables, dict[str, tuple[str, str]]]:
     """The synthetic fleet with one failure per cause, and what each must be found as."""
+    data, configs, health, expected = _broken_frames()
+    tables = dataclasses.replace(
+        Tables.from_frames(data.requests, data.engine_samples, data.gpu_samples, data.windows,
+                           data.instance_gpus),
+        engine_configs=configs.lazy(), gpu_health=health.lazy())
+    return tables, expected
+
+
+def _broken_frames() -> tuple[SynthData, pl.DataFrame, pl.DataFrame, dict]:
+    """The tables of :func:`_broken`: the fleet's, its configurations and GPU health."""
     # h06's engines get a new configuration an hour in, and their KV cache fills after it
     data = generate(SPEC, [Injected("kv_cache_pressure", "host_name=h06", START_S + 120, 900)])
     engine = data.engine_samples.with_columns(
@@ -87,9 +97,8 @@ def _broken() -> tuple[Tables, dict[str, tuple[str, str]]]:
         pl.when(pl.col(c.HOST_NAME) == "h06").then(
             pl.when(pl.col(c.TS_NS) >= T).then(T / NS).otherwise(1_767_000_000.0))
         .otherwise(pl.col(c.PROCESS_START_TIME_S)).alias(c.PROCESS_START_TIME_S))
-    tables = dataclasses.replace(
-        Tables.from_frames(requests, engine, gpus, data.windows, data.instance_gpus),
-        engine_configs=configs.lazy(), gpu_health=health.lazy())
+    data = dataclasses.replace(data, requests=requests, engine_samples=engine,
+                               gpu_samples=gpus)
     expected = {
         "gpu_fault": (f"gpu_uuid={gpu}", "h05"),
         "config_change": ("host_name=h06", "h06"),
@@ -100,7 +109,7 @@ def _broken() -> tuple[Tables, dict[str, tuple[str, str]]]:
         "host_down": ("host_name=h03", "h03"),
         "request_errors": ("instance_id=h04/chat-1", "h04"),
     }
-    return tables, expected
+    return data, configs, health, expected
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +200,45 @@ def test_failed_scrapes_that_timed_out_are_a_hang_and_refused_ones_a_crash() -> 
     assert (stopped.cause, killed.cause) == ("engine_hang", "engine_down")
     assert stopped.start_ns == killed.start_ns == T + 10 * NS
     assert stopped.end_ns == T + 40 * NS and "no answer" in stopped.summary
+
+
+@pytest.fixture(scope="module")
+def broken_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The broken fleet written as the pipeline writes it, analysed by the real run."""
+    from fleetlens.analytics.runner import run
+    from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+    from tests.analytics.synthetic_io import write_tables
+
+    data_dir = DataDir(tmp_path_factory.mktemp("failures") / "data")
+    data, configs, health, _ = _broken_frames()
+    write_tables(data, data_dir)
+    for table, frame in ((t.ENGINE_CONFIGS, configs), (t.GPU_HEALTH, health)):
+        write_parquet_atomic(frame, data_dir.partition_path(table, date="2026-01-01") / "x.parquet")
+    run(data_dir, AnalyticsConfig(), notify=False)
+    return str(data_dir.root)
+
+
+def test_explain_renders_every_failure_and_the_incidents_they_set_off(broken_dir) -> None:
+    from click.testing import CliRunner
+
+    from fleetlens.cli import cli
+
+    def invoke(*args: str) -> str:
+        out = CliRunner().invoke(cli, [*args, "--data-dir", broken_dir])
+        assert out.exit_code == 0, out.output
+        return out.stdout
+
+    listed = json.loads(invoke("incidents", "--format", "json"))
+    causes = {row[c.CAUSE] for row in listed}
+    assert set(FAILURE_CAUSES) - {"engine_restart"} <= causes | {"engine_restart"}
+    assert "x0.00" not in invoke("incidents")  # a failure has no peak/expected ratio
+    for row in listed:
+        for fmt in ("text", "markdown", "html"):
+            text = invoke("explain", row[c.INCIDENT_ID], "--format", fmt)
+            assert row[c.INCIDENT_ID] in text
+        if str(row[c.DETECTOR]).startswith("failure:"):
+            assert "What failed (evidence)" in invoke("explain", row[c.INCIDENT_ID])
+    # the latency incident a change set off names it, first, in explain's text too
+    after = next(r for r in listed if r[c.HOST_NAME] == "h06"
+                 and not str(r[c.DETECTOR]).startswith("failure:"))
+    assert "#1 config_change" in invoke("explain", after[c.INCIDENT_ID])
