@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.dashboard import explore, failures, incident, queries, ranking
+from fleetlens.dashboard import explore, failures, incident, queries, ranking, slos
 from fleetlens.dashboard.config import DashboardConfig, load_dashboard_config
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_vanished
@@ -38,6 +38,10 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "failure_effects": failures.failure_effects,
     "engine_timeline": failures.engine_timeline,
     "engine_restarts": failures.engine_restarts,
+    "slo_status": slos.slo_status,
+    "slo_burn_rates": slos.slo_burn_rates,
+    "slo_alerts": slos.slo_alerts,
+    "slo_budget_series": slos.slo_budget_series,
     "incident": incident.incident,
     "metric_context": incident.metric_context,
     "phase_breakdown": incident.phase_breakdown,
@@ -72,7 +76,8 @@ def data_dir() -> DataDir:
 #: so the raw metric points and logs (most of a live directory's files) get none: that was
 #: part of every cold page load. The SQL console has its own connection over every table.
 DASHBOARD_TABLES = (t.SPANS, t.REQUESTS, t.WINDOWS, t.GPU_SAMPLES, t.ENGINE_SAMPLES,
-                    t.REQUEST_ENERGY, t.INSTANCE_GPUS, t.BASELINES, t.INCIDENTS, t.CAUSES)
+                    t.REQUEST_ENERGY, t.INSTANCE_GPUS, t.BASELINES, t.INCIDENTS, t.CAUSES,
+                    t.SLO_WINDOWS, t.SLO_STATUS, t.SLO_BURN_RATES, t.SLO_ALERTS)
 
 
 def present_tables(root: DataDir) -> tuple[str, ...]:

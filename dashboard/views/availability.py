@@ -3,7 +3,7 @@
 import polars as pl
 import streamlit as st
 
-from fleetlens.dashboard import charts, data, ui
+from fleetlens.dashboard import charts, data, slo_view, ui
 from fleetlens.dashboard.failure_view import incident_table
 from fleetlens.pipeline.schema import columns as c
 
@@ -37,17 +37,22 @@ cols[3].metric("Requests failed", f"{failed:,.0f} of {total:,}",
                help="Failed requests include those the gateway answered because no engine "
                     "did (source gateway).")
 
+
+def markers(service: str) -> pl.DataFrame:
+    """The failures of ``service``'s engines and hosts: another service's outage is not news
+    on its charts."""
+    hosts = timeline.filter(pl.col(c.SERVICE_NAME) == service)[c.HOST_NAME].unique()
+    return failures.filter(pl.col(c.HOST_NAME).is_in(hosts.to_list())
+                           | (pl.col(c.SERVICE_NAME) == service))
+
+
 st.subheader("Engines: up, down, no data")
 for i, ((service,), part) in enumerate(timeline.sort(c.SERVICE_NAME)
                                        .group_by(c.SERVICE_NAME, maintain_order=True)):
-    hosts = part[c.HOST_NAME].unique().to_list()
-    # Markers of this service's engines only: another service's outage is not news here.
-    mine = failures.filter(pl.col(c.HOST_NAME).is_in(hosts) | (pl.col(c.SERVICE_NAME)
-                                                               == service))
     fig = charts.availability_timeline(
         part, restarts.filter(pl.col(c.INSTANCE_ID).is_in(part[c.INSTANCE_ID].to_list())),
         f"{service}: {part[c.INSTANCE_ID].n_unique()} engine(s)")
-    st.plotly_chart(charts.add_markers(fig, mine), key=f"avail_timeline_{i}")
+    st.plotly_chart(charts.add_markers(fig, markers(service)), key=f"avail_timeline_{i}")
 
 st.subheader("Error rate")
 if errors.height:
@@ -67,9 +72,8 @@ else:
     st.caption("Analytics found no failure in this range and scope.")
 
 st.divider()
-# Kept apart on purpose: SLO targets and error budgets come from the SLO work (issue 30,
-# item 5); nothing here is derived from the error rate above.
+# Kept apart on purpose: the SLOs' budgets and burn rates are what analytics stored
+# (`slo_*` tables, [analytics.slos]); nothing here is derived from the error rate above.
 st.subheader("SLOs and error budget")
-st.info("Not computed yet: availability and latency SLOs, their error budget and burn rate "
-        "will show here once analytics stores them (`fleetlens slo`).",
-        icon=":material/pending:")
+services = set(errors[c.SERVICE_NAME].to_list()) if errors.height else set()
+slo_view.render(f, sorted(services), markers)
