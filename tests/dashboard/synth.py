@@ -331,4 +331,6 @@ def build_all(root: DataDir, fleet: Fleet | None = None) -> Fleet:
     write_table(root, t.BASELINES, build_baselines(windows), c.TS_NS)
     write_table(root, t.INCIDENTS, incidents, None)
     write_table(root, t.CAUSES, causes, None)
+    if fleet.failures:
+        synth_failures.publish_slos(root, fleet, requests, SERVICES[1])
     return fleet

@@ -10,7 +10,10 @@ With ``Fleet(failures=True)`` the builder adds the agent's liveness columns (``u
   failure as its rank-1 cause (evidence ``failure_incident_id``), KV pressure second;
 
 and writes the `incidents` and `causes` rows analytics writes for them
-(detector ``failure:<cause>``, one cause row of score 1 each).
+(detector ``failure:<cause>``, one cause row of score 1 each), and the `slo_*` tables of
+an analytics run at the end of the outage (:func:`publish_slos`): that service has an
+availability SLO burning fast (pages firing, its budget exhausted) and a TTFT SLO with
+budget left; the other service has no SLO.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.schema.causes import subject
 
 if TYPE_CHECKING:
+    from fleetlens.pipeline.storage import DataDir
     from tests.dashboard.synth import Fleet
 
 NS = 1_000_000_000
@@ -39,6 +43,9 @@ DOWN_SCRAPES = 30
 SILENT_S = 180
 #: Process start of every engine: an hour before the data.
 BOOT_S = 3600
+#: The SLOs of the service with the down engine: 99.9% succeed; TTFT <= 0.12 s for 90%.
+AVAILABILITY = 0.999
+TTFT_SLO = ("ttft", 0.12, 0.9)
 
 
 def down_period(fleet: Fleet) -> tuple[int, int]:
@@ -131,3 +138,20 @@ def incidents(fleet: Fleet, service: str, models: dict[str, str]
         c.EVIDENCE: json.dumps(ev, sort_keys=True), c.SUMMARY: summary,
     } for i, rank, cause, subj, ev, summary in causes])
     return conform(frame, t.INCIDENTS), conform(cause_frame, t.CAUSES)
+
+
+def publish_slos(root: DataDir, fleet: Fleet, requests: pl.DataFrame, service: str) -> None:
+    """The `slo_*` tables as an analytics run just after the outage publishes them: the
+    real evaluation (:func:`analytics.slos.report.slo_report`) and the real publishing
+    (:func:`analytics.runner.publish`), over ``service``'s SLOs only."""
+    from fleetlens.analytics.runner import publish
+    from fleetlens.analytics.slos.config import LatencySlo, ServiceSlos, SloConfig
+    from fleetlens.analytics.slos.report import slo_report
+
+    config = SloConfig(services=(ServiceSlos(service, availability=AVAILABILITY,
+                                             latency=(LatencySlo(*TTFT_SLO),)),))
+    step = fleet.window_s * NS  # a run ends at a window edge: the outage's last window's end
+    now_ns = -(-down_period(fleet)[1] // step) * step
+    report = slo_report(requests.lazy(), config, fleet.window_s, now_ns=now_ns)
+    for table, (frame, ts_col) in report.tables().items():
+        publish(root, table, frame, ts_col)

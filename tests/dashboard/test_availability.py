@@ -10,7 +10,9 @@ import json
 import numpy as np
 import polars as pl
 
+from fleetlens.analytics.runner import read_table
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 from tests.dashboard import synth_failures as sf
 from tests.dashboard.synth import SERVICES, Fleet
 from tests.dashboard.test_pages import frames, open_page
@@ -66,13 +68,12 @@ def test_availability_shows_the_down_engine_its_period_and_the_failures(app_fail
     # The error rate rose while the gateway answered for the down engine.
     errors = _chart(at, "avail_errors")
     assert "down" in _labels(errors)
-    (table,) = frames(at)
+    table = frames(at)[0]
     assert table["what"].to_list() == ["Engine down", "Engine restarted", "Host down"]
     assert table["where"].to_list()[:1] == [sf.DOWN_ENGINE]
     assert table["for"].to_list()[0] == "5 min 0 s"
     assert table["open"].to_list()[0] == f"incident?id={sf.DOWN_ID}"
     assert any(s.value == "SLOs and error budget" for s in at.subheader)
-    assert any("Not computed yet" in i.value for i in at.info)
 
 
 def test_availability_follows_the_filters(app_failures) -> None:
@@ -81,12 +82,68 @@ def test_availability_follows_the_filters(app_failures) -> None:
     at = open_page(at, "availability")
     assert {m.label: m.value for m in at.metric}["Failure incidents"] == "0"
     assert any("no failure" in cap.value for cap in at.caption)
+    # SLOs are per service: the other service's budget and alerts are out of scope.
+    assert _configure_hints(at) == [SERVICES[0]] and not at.warning
+    assert len(frames(at)) == 0
 
 
 def test_availability_on_data_without_liveness_columns(app) -> None:
     at = open_page(_all_data(app), "availability")  # an older agent: no `up`, no start time
     assert {m.label: m.value for m in at.metric}["Engines"] == "8"
     assert not [tr for tr in _chart(at, "avail_timeline_0")["data"] if tr["name"] == "down"]
+    assert _configure_hints(at) == sorted(SERVICES)  # no `slo_*` table at all: no numbers
+
+
+def _configure_hints(at) -> list[str]:  # noqa: ANN001
+    """The services the SLO section says to configure an SLO for."""
+    return sorted(md_unescape(i.value.split("**")[1]) for i in at.info
+                  if i.value.startswith("No SLO configured for"))
+
+
+def md_unescape(text: str) -> str:
+    return text.replace("\\", "")
+
+
+def test_slo_section_shows_budget_burn_rates_and_the_firing_page(app_failures,
+                                                                  failure_data) -> None:
+    root, fleet = failure_data
+    stored = read_table(root, t.SLO_STATUS).sort(c.SLO)
+    at = open_page(_all_data(app_failures), "availability")
+    assert not at.exception
+    # The service with SLOs: its table, budget left as stored (availability exhausted).
+    _, status, burns = frames(at)
+    assert status[c.SLO].to_list() == ["availability", "ttft_0.12s"]
+    assert status["target"].to_list() == ["99.9% of requests succeed",
+                                          "ttft <= 0.12 s for 90%"]
+    left = stored[c.BUDGET_REMAINING].to_list()
+    assert status["budget left"].to_list() == left and left[0] == 0.0 and 0.3 < left[1] < 1
+    assert status["compliance"][0] == f"{stored[c.COMPLIANCE][0]:.3%}"
+    exhausted = [m.value for m in at.markdown if "Error budget exhausted" in m.value]
+    assert len(exhausted) == 1 and exhausted[0].startswith(":red[")
+    assert "availability" in exhausted[0] and "30 days" in exhausted[0]
+    # Burn rate per alert window, shortest first: the outage burns 5 min hardest.
+    assert burns.columns == [c.SLO, "5m", "30m", "1h", "6h", "3d"]
+    rates = read_table(root, t.SLO_BURN_RATES).filter(pl.col(c.SLO) == "availability")
+    assert burns["5m"][0] == rates.filter(pl.col(c.WINDOW_S) == 300)[c.BURN_RATE][0] > 14.4
+    # The firing alerts: both page rules as warnings, the ticket as a note, with since when.
+    pages = [w.value for w in at.warning]
+    assert len(pages) == 2 and all(p.startswith("**PAGE** · availability") for p in pages)
+    alerts = read_table(root, t.SLO_ALERTS)
+    fast = alerts.filter(pl.col(c.ALERT) == "page_1h_5m").row(0, named=True)
+    since = dt.datetime.fromtimestamp(fast[c.SINCE_NS] / 1e9, tz=dt.UTC)
+    assert any("over 5m (fires at 14.4×)" in p and f"since {since:%Y-%m-%d %H:%M} UTC" in p
+               for p in pages)
+    assert any(i.value.startswith("**TICKET** · availability") for i in at.info)
+    # The service without SLOs: how to configure one, no numbers.
+    assert _configure_hints(at) == [SERVICES[0]]
+    hint = next(i.value for i in at.info if i.value.startswith("No SLO configured"))
+    assert "[analytics.slos]" in hint and "docs/operations.md" in hint
+    # The budget spent over the period ends at the stored consumption, the outage marked.
+    spent = _chart(at, "slo_budget_1")
+    line = next(tr for tr in spent["data"] if tr["name"] == "availability")
+    assert _values(line["y"])[-1] == stored[c.BUDGET_CONSUMED][0]
+    assert _values(line["x"])[-1] == stored[c.TS_NS][0] / 1e6 >= sf.down_period(fleet)[1] / 1e6
+    assert "down" in _labels(spent)
 
 
 def test_failure_incident_page_says_what_stopped_when_and_what_it_did(app_failures) -> None:

@@ -256,7 +256,8 @@ def test_availability_and_a_failure_incident_in_a_real_browser(failure_server, b
     check_page(page, "availability")
     text = page.locator("body").inner_text()
     for shown in ("Availability", "Engines: up, down, no data", "Failure incidents: 3",
-                  "SLOs and error budget", "Not computed yet"):
+                  "SLOs and error budget", "Error budget exhausted: availability",
+                  "No SLO configured for chat-api"):
         assert shown in text, shown
     # The down engine's row and the markers' labels are drawn in the charts' SVG.
     svg = "\n".join(page.locator(".js-plotly-plot").all_inner_texts())
