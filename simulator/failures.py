@@ -99,7 +99,9 @@ def failure_subject(x: Incident, t: Targets) -> str:
 
 def restart_items(x: Incident, t: Targets, item: dict) -> list[dict]:
     """Ground-truth engine_restart items that follow a down incident: the engine_down's own
-    subject, or one per instance (``instance_id=...``) of a host_down or gpu_fault."""
+    subject; for a host_down or gpu_fault, one per host whose engines came back together
+    (``host_name=...``, as one restart of several engines of a host is reported), or the
+    engine's own (``instance_id=...``) where it was alone."""
     kind = Cause(x.kind)
     if kind not in DOWN_KINDS or not t.instances:
         return []
@@ -108,9 +110,19 @@ def restart_items(x: Incident, t: Targets, item: dict) -> list[dict]:
     base = {**item, "cause": Cause.ENGINE_RESTART.value, **window, "magnitude": None}
     if kind is Cause.ENGINE_DOWN:
         return [base]
-    return [{**base, "subject": subject(c.INSTANCE_ID, inst.id), c.SERVICE_NAME:
-             inst.deployment.service, "instances": [inst.id],
-             "gpus": sorted(g.uuid for g in inst.gpus)} for inst in t.instances]
+    by_host: dict[str, list[Instance]] = {}
+    for inst in t.instances:
+        by_host.setdefault(inst.host, []).append(inst)
+    items = []
+    for host, group in sorted(by_host.items()):
+        services = sorted({inst.deployment.service for inst in group})
+        items.append({
+            **base, "subject": (subject(c.INSTANCE_ID, group[0].id) if len(group) == 1
+                                else subject(c.HOST_NAME, host)),
+            c.SERVICE_NAME: services[0] if len(services) == 1 else None,
+            "hosts": [host], "instances": sorted(inst.id for inst in group),
+            "gpus": sorted(g.uuid for inst in group for g in inst.gpus)})
+    return items
 
 
 def set_process_starts(instances: list[Instance], start_ns: int, seed: int) -> None:
