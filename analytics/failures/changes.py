@@ -104,12 +104,16 @@ def _finding(group: list[dict[str, Any]], aftermath_ns: int) -> Finding:
 
 def absorb_restarts(found: list[Finding], restarts: list[Finding],
                     together_ns: int) -> list[Finding]:
-    """The restarts that are not part of a configuration change (same engines, together)."""
+    """The restarts that are not part of a configuration change (same engines, together).
+
+    "Together" compares the restart's first scrape (``detected_ns``) with the change's (its
+    new configuration's first scrape): the restart's start is the new process', which a
+    real engine answers 30-90 s later."""
     left = []
     for r in restarts:
         engines = set(r.evidence.get("instances") or [r.evidence.get(c.INSTANCE_ID)])
         owner = next((f for f in found if f.cause == Cause.CONFIG_CHANGE
-                      and abs(r.start_ns - f.start_ns) <= together_ns
+                      and abs(r.detected_ns - f.start_ns) <= together_ns
                       and engines & set(f.evidence["instances"])), None)
         if owner is None:
             left.append(r)

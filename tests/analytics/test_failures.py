@@ -202,6 +202,35 @@ def test_failed_scrapes_that_timed_out_are_a_hang_and_refused_ones_a_crash() -> 
     assert stopped.end_ns == T + 40 * NS and "no answer" in stopped.summary
 
 
+def test_the_restart_a_change_came_with_is_part_of_it_however_long_the_engine_took_to_start(
+        ) -> None:
+    """A real vLLM answers its first scrape 30-90 s after its process started (42 s in the
+    first run of tests/agent/test_vllm_failures.py): the restart's start (the new process')
+    is that long before the change's (the new configuration's first scrape), and the
+    restart is still part of the change, not an incident of its own."""
+    from fleetlens.analytics.failures.changes import absorb_restarts, config_changes
+    from fleetlens.analytics.failures.engines import engine_frame, restarts
+
+    old_s, new_s = (T - 3600 * NS) / NS, (T - 42 * NS) / NS
+    ts = [T - 60 * NS, T - 50 * NS, T - 20 * NS, T, T + 10 * NS]
+    engine = engine_frame(pl.DataFrame({
+        c.TS_NS: ts, c.HOST_NAME: "h1", c.INSTANCE_ID: "h1/e", c.MODEL: "m",
+        c.UP: [1.0, 0.0, 0.0, 1.0, 1.0],
+        c.PROCESS_START_TIME_S: [old_s, None, None, new_s, new_s]}).lazy())
+    configs = pl.DataFrame([
+        {c.HOST_NAME: "h1", c.INSTANCE_ID: "h1/e", c.MODEL: "m", c.CONFIG_FINGERPRINT: fp,
+         c.ENGINE_VERSION: "0.32.0", c.CONFIG_JSON: json.dumps({"cache_config": {"x": x}}),
+         c.START_NS: lo, c.END_NS: hi}
+        for fp, x, lo, hi in (("a", 1, T - 3600 * NS, T - 60 * NS), ("b", 2, T, T + 10 * NS))],
+        schema=dict(t.table(t.ENGINE_CONFIGS).columns))
+    services = {"h1/e": "svc"}
+    restarted = restarts(engine, services, FailureConfig())
+    assert [r.start_ns for r in restarted] == [T - 42 * NS]  # the new process' start
+    changed = config_changes(configs, services, 10 * NS, 300 * NS)
+    assert absorb_restarts(changed, restarted, 10 * NS) == []
+    assert changed[0].evidence["restarted"] is True
+
+
 @pytest.fixture(scope="module")
 def broken_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The broken fleet written as the pipeline writes it, analysed by the real run."""
