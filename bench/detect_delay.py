@@ -1,0 +1,612 @@
+"""Live detection delay: how long after a failure or a latency incident begins is it posted?
+
+Issue 30 item 6: with ``fleetlens pipeline --follow`` a failure is posted within 60 s of its
+onset (p95) and a latency incident within 2 windows of its first anomalous window. This bench
+runs the real processes in real time, all on loopback:
+
+- a collector (``fleetlens collector``, 127.0.0.1, free ports, its own data directory, its
+  default settings: raw Parquet segments every ``flush_interval_s`` = 5 s);
+- a webhook receiver on 127.0.0.1 (in this process) that records each post's arrival time
+  and its native JSON body (incident id, start, detected_ns, top causes and subjects);
+- ``fleetlens pipeline --follow`` as a subprocess, with a ``fleetlens.toml`` written here: its
+  webhook is the receiver; ``[pipeline] window_s`` and ``[analytics] window_s`` = 10 s and
+  ``--interval`` 2 s. Why 10 s windows: a latency breach needs ``consecutive`` (3) windows
+  and 2 windows of slack is the target, so a live check wants short windows (at the default
+  60 s a latency incident is posted 3-4 minutes after it starts by construction), and a band
+  needs ``rolling_min_windows`` (20) windows of history, 200 s at 10 s instead of 20 minutes.
+  Why a 2 s interval: the follow loop sleeps ``--interval`` after each run (pipeline and
+  analytics), so its period is their run times plus the interval; the default 10 s
+  (``pipeline.follow_interval_s``, left unchanged) adds up to 10 s to every delay. The
+  failure detectors keep their defaults (``down_after_s`` 10, ``hang_after_s`` 30,
+  ``silent_after_s`` 60: a host is lost only after a minute of silence); ``--set`` overrides
+  any ``[analytics]`` key to see what a setting buys;
+- the simulator at ``--speed 1`` (real time, virtual clock = wall clock at its start; agent
+  metrics every second, as the real agent scrapes) in a child process, on a scenario written
+  here: service ``fail`` (3 hosts x 2 H100, Llama-3.1-8B, every request through a gateway)
+  takes the failures one after another in 90 s slots: ``engine_down``, ``engine_hang``,
+  ``request_errors`` (30% aborted on a host), ``host_down``, ``telemetry_gap``; services
+  ``lat-b``, ``lat-c``, ``lat-d`` (2 hosts x 2 L4 each, Llama-3.1-8B, near half their
+  capacity) each take one latency incident per round (``traffic_surge`` x3,
+  ``kv_cache_pressure`` 0.9, ``engine_overhead`` +30 ms, rotating), 60 s long and staggered,
+  so that no two incidents share a service and two on one service are more than
+  ``merge_gap_s`` (180 s) apart. Rounds are 450 s after a 240 s warm-up (the rolling
+  baselines' 20 windows and some spread); ``--repeat 2`` (default) gives 10 failures and 6
+  latency incidents in about 21 minutes.
+
+Each injected incident (the simulator's ground truth) is matched to the first post whose top
+cause is the injected cause, whose scope is the injected one (subject, or host / service),
+and whose incident starts inside the injected window (less 30 s: a hang starts at the last
+progress). Delays are measured on the wall clock from the moment the simulator played the
+onset (the child reports its progress every tick, so its start-up and any lag are taken
+out). Printed per kind and overall: count, median, p95, max, misses; for latency incidents
+also the delay after their first anomalous window (the posted incident's start), in seconds
+and windows; and where the time goes: the detector's own condition (onset to the incident's
+``detected_ns``) against the rest (the slow requests themselves: a request's span, which
+carries its TTFT, is sent when the request ends, so a window's latency is known only once
+its slow requests finish; then the collector's flush, the follow loop's wait, its pipeline
+and analytics runs, the post), with the follow loop's measured run times. The machine's
+load average is printed beside the figures: this runs in real time and is sensitive to
+other work on the machine.
+
+    .venv/bin/python bench/detect_delay.py                  # about 21 minutes
+    .venv/bin/python bench/detect_delay.py --minutes 7      # a short check (one round cut)
+    .venv/bin/python bench/detect_delay.py --set failures.silent_after_s=30 --keep /tmp/dd
+
+Everything it starts (collector, follow loop, simulator and its exporter) is stopped by PID
+on exit, on Ctrl-C and on SIGTERM; it is bounded in time (``--minutes`` + 5 minutes at most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+NS = 1_000_000_000
+WINDOW_S = 10
+INTERVAL_S = 2.0
+WARMUP_S = 240
+ROUND_S = 450
+FAIL_SLOT_S = 90
+TAIL_S = 100  # after the last incident ends: time for the last posts
+FAILURE_KINDS = ("engine_down", "engine_hang", "request_errors", "host_down", "telemetry_gap")
+LATENCY_KINDS = ("traffic_surge", "kv_cache_pressure", "engine_overhead")
+LATENCY_SERVICES = ("lat-b", "lat-c", "lat-d")
+FAILURE_TARGET_S = 60.0
+LATENCY_TARGET_WINDOWS = 2.0
+#: A posted incident may start this long before the injected onset and still be its match
+#: (a hang starts at the last progress, a silence at the last report).
+START_SLACK_S = 30
+
+
+# ---------------------------------------------------------------------------- scenario
+
+def _incidents(repeat: int, limit_s: int | None) -> list[dict[str, Any]]:
+    """The injected incidents of ``repeat`` rounds (those ending by ``limit_s`` - TAIL_S)."""
+    out = []
+    for r in range(repeat):
+        base = WARMUP_S + r * ROUND_S
+        fail_hosts = [f"a{1 + (r + k) % 3:02d}" for k in range(3)]
+        failures = [
+            {"kind": "engine_down", "gpu": f"{fail_hosts[0]}:0", "duration_s": 60},
+            {"kind": "engine_hang", "gpu": f"{fail_hosts[1]}:1", "duration_s": 60},
+            {"kind": "request_errors", "host": fail_hosts[2], "duration_s": 60,
+             "magnitude": 0.3},
+            {"kind": "host_down", "host": fail_hosts[0], "duration_s": 80},
+            {"kind": "telemetry_gap", "host": fail_hosts[1], "duration_s": 80},
+        ]
+        for i, inc in enumerate(failures):
+            out.append({**inc, "start_s": base + i * FAIL_SLOT_S})
+        for j, service in enumerate(LATENCY_SERVICES):
+            kind = LATENCY_KINDS[(r + j) % len(LATENCY_KINDS)]
+            host = f"{service[-1]}01"
+            inc: dict[str, Any] = {"kind": kind, "duration_s": 60,
+                                   "start_s": base + 30 + j * 150}
+            if kind == "traffic_surge":
+                inc.update(service=service, magnitude=3.0)
+            elif kind == "kv_cache_pressure":
+                inc.update(host=host, magnitude=0.9)
+            else:
+                inc.update(host=host, magnitude=0.03)
+            out.append(inc)
+    if limit_s is not None:
+        out = [i for i in out if i["start_s"] + i["duration_s"] + TAIL_S <= limit_s]
+    return sorted(out, key=lambda i: i["start_s"])
+
+
+def scenario_doc(repeat: int, limit_s: int | None, seed: int) -> dict[str, Any]:
+    """The bench fleet and its incidents (see the module docstring)."""
+    incidents = _incidents(repeat, limit_s)
+    end = max((i["start_s"] + i["duration_s"] for i in incidents), default=WARMUP_S)
+    duration = end + TAIL_S if limit_s is None else min(end + TAIL_S, limit_s)
+    hosts = [{"prefix": "a", "count": 3, "gpus": 2, "gpu": "H100-SXM", "region": "r1"}]
+    deployments = [{"service": "fail", "model": "llama-3.1-8b", "hosts": ["a*"], "tp": 1}]
+    workloads = [{"service": "fail", "rate": 12.0, "gateway_share": 1.0,
+                  "bursts_per_hour": 0,
+                  "prompt": {"dist": "lognormal", "median": 700, "sigma": 0.8, "min": 16,
+                             "max": 6000},
+                  "output": {"dist": "lognormal", "median": 160, "sigma": 0.6, "min": 4,
+                             "max": 1000}}]
+    for service in LATENCY_SERVICES:
+        letter = service[-1]
+        hosts.append({"prefix": letter, "count": 2, "gpus": 2, "gpu": "L4", "region": "r1"})
+        deployments.append({"service": service, "model": "llama-3.1-8b",
+                            "hosts": [f"{letter}*"], "tp": 1})
+        workloads.append({"service": service, "rate": 5.0, "gateway_share": 0.5,
+                          "bursts_per_hour": 0, "prefix_groups": 4, "prefix_tokens": 256,
+                          "prefix_share": 0.5,
+                          "prompt": {"dist": "lognormal", "median": 500, "sigma": 0.7,
+                                     "min": 16, "max": 4000},
+                          "output": {"dist": "lognormal", "median": 120, "sigma": 0.6,
+                                     "min": 4, "max": 800}})
+    return {"fleet": {"name": "detect-delay", "duration_s": duration, "drain_s": 0,
+                      "sample_interval_s": 1, "tick_s": 1.0, "seed": seed, "hosts": hosts},
+            "deployment": deployments, "workload": workloads, "incident": incidents}
+
+
+def simulate_child(spec_path: str) -> None:
+    """Hidden mode (``--simulate-child SPEC``): run the scenario at speed 1 and print one JSON
+    line per tick with the wall time, so the parent maps virtual onsets to wall time."""
+    from fleetlens.collector.testing import exit_on_sigterm
+    from fleetlens.simulator import parse_scenario
+    from fleetlens.simulator import run as simulate
+
+    exit_on_sigterm()
+    spec = json.loads(Path(spec_path).read_text())
+    start_ns = time.time_ns()
+    print(json.dumps({"start_ns": start_ns}), flush=True)
+
+    def progress(p: Any) -> None:
+        print(json.dumps({"sim_s": p.sim_s, "wall_ns": time.time_ns()}), flush=True)
+
+    result = simulate(parse_scenario(spec["scenario"]), spec["endpoint"], speed=1.0,
+                      start_ns=start_ns, ground_truth_path=spec["ground_truth"],
+                      on_progress=progress)
+    e = result.exported
+    print(json.dumps({"done": True, "requests": result.requests, "failed": result.failed,
+                      "spans_sent": e.spans_sent, "points_sent": e.points_sent,
+                      "spans_failed": e.spans_failed, "points_failed": e.points_failed}),
+          flush=True)
+
+
+# ---------------------------------------------------------------------------- processes
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1: records (arrival ns, body) of every POST."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[int, Any]] = []
+        lock = threading.Lock()
+        posts = self.posts
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                arrived = time.time_ns()
+                size = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(size)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = {"unparsed": raw[:200].decode(errors="replace")}
+                with lock:
+                    posts.append((arrived, body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Child:
+    """A subprocess in its own session, its output lines read by a thread."""
+
+    name: str
+    process: subprocess.Popen[str]
+    log: Path
+    lines: list[tuple[int, str, str]] = field(default_factory=list)  # (wall ns, stream, line)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, name: str, command: list[str], log: Path, env: dict[str, str]) -> Child:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env, start_new_session=True, cwd=REPO)
+        child = cls(name, process, log)
+        out = log.open("a")
+        for stream, pipe in (("out", process.stdout), ("err", process.stderr)):
+            thread = threading.Thread(target=child._read, args=(stream, pipe, out), daemon=True)
+            thread.start()
+            child.threads.append(thread)
+        return child
+
+    def _read(self, stream: str, pipe: Any, out: Any) -> None:
+        for line in pipe:
+            now = time.time_ns()
+            self.lines.append((now, stream, line.rstrip("\n")))
+            out.write(f"{now / NS:.3f} {stream} {line}")
+            out.flush()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM by PID (the follow loop finishes its run), SIGKILL of its group after
+        ``timeout`` (its session is its own: only what it started)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # stragglers (the exporter child)
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--set failures.silent_after_s=30`` -> {"analytics.failures": {...}}."""
+    tables: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        table, _, name = key.strip().rpartition(".")
+        tables.setdefault("analytics" + (f".{table}" if table else ""), {})[name] = value
+    return tables
+
+
+def write_config(path: Path, hook_url: str, interval_s: float,
+                 overrides: dict[str, dict[str, Any]]) -> None:
+    tables: dict[str, dict[str, Any]] = {
+        "pipeline": {"window_s": WINDOW_S, "follow_interval_s": interval_s},
+        "analytics": {"window_s": WINDOW_S, "webhooks": [hook_url]},
+    }
+    for table, values in overrides.items():
+        tables.setdefault(table, {}).update(values)
+    text = "\n".join(f"[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in body.items())
+                     for name, body in tables.items())
+    path.write_text(text)
+
+
+# ---------------------------------------------------------------------------- scoring
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (the p95 of a handful of samples is near their max)."""
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = q * (len(data) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+class Clock:
+    """Virtual (simulated) ns -> wall ns, from the simulator's per-tick progress."""
+
+    def __init__(self, start_ns: int, ticks: list[tuple[float, int]]) -> None:
+        self.start_ns = start_ns
+        self.ticks = ticks  # (sim_s at the end of a tick, wall ns when it was played)
+
+    def wall(self, virtual_ns: int) -> int:
+        sim_s = (virtual_ns - self.start_ns) / NS
+        for t1, wall in self.ticks:
+            if t1 >= sim_s:
+                return wall - int((t1 - sim_s) * NS)
+        t1, wall = self.ticks[-1]
+        return wall + int((sim_s - t1) * NS)
+
+    def lag_s(self) -> float:
+        """Largest delay of the simulator behind real time (0: it kept up)."""
+        return max(((w - self.start_ns) / NS - t1 for t1, w in self.ticks), default=0.0)
+
+
+def _scope_ok(gt: dict[str, Any], inc: dict[str, Any], top: dict[str, Any]) -> bool:
+    if top.get("subject") == gt["subject"]:
+        return True
+    host = inc.get("host_name")
+    if host and host != "*":
+        return host in (gt.get("hosts") or [gt.get("host_name")])
+    service = gt.get("service_name")
+    return bool(service) and inc.get("service_name") == service
+
+
+@dataclass
+class Match:
+    gt: dict[str, Any]
+    onset_wall: int
+    post: tuple[int, dict[str, Any]] | None = None
+    wrong: list[str] = field(default_factory=list)
+    #: The first post on its scope whatever its cause (a crash's 502s may page first as
+    #: request_errors): arrival ns.
+    first_any: int | None = None
+
+    @property
+    def delay_s(self) -> float:
+        assert self.post is not None
+        return (self.post[0] - self.onset_wall) / NS
+
+
+def match(truth: list[dict[str, Any]], posts: list[tuple[int, Any]], clock: Clock) -> list[Match]:
+    """Each injected incident's first post of the right cause and scope after its onset."""
+    incidents = [(t, b) for t, b in posts
+                 if isinstance(b, dict) and b.get("type") == "fleetlens.incident"]
+    out = []
+    for gt in truth:
+        m = Match(gt, clock.wall(gt["start_ns"]))
+        for arrived, body in sorted(incidents, key=lambda p: p[0]):
+            inc, causes = body["incident"], body.get("causes") or []
+            if arrived < m.onset_wall or not causes:
+                continue
+            if not (gt["start_ns"] - START_SLACK_S * NS <= inc["start_ns"] <= gt["end_ns"]):
+                continue
+            top = causes[0]
+            if not _scope_ok(gt, inc, top):
+                continue
+            if m.first_any is None:
+                m.first_any = arrived
+            if top.get("cause") == gt["cause"]:
+                m.post = (arrived, body)
+                break
+            m.wrong.append(f"{top.get('cause')} ({top.get('subject')})")
+        out.append(m)
+    return out
+
+
+def _row(label: str, values: list[float], misses: int, unit: str = "s") -> str:
+    if not values:
+        return f"  {label:34s} n=0  misses {misses}"
+    return (f"  {label:34s} n={len(values):<3d} median {statistics.median(values):6.1f} {unit}  "
+            f"p95 {quantile(values, 0.95):6.1f} {unit}  max {max(values):6.1f} {unit}  "
+            f"misses {misses}")
+
+
+def report(matches: list[Match], clock: Clock, follow: Child, posts: list, window_s: int,
+           interval_s: float, machine: str, overrides: dict[str, dict[str, Any]]) -> bool:
+    """Print the figures; True when both targets are met."""
+    print(f"\nmachine: {machine}")
+    if overrides:
+        print(f"settings changed from their defaults: {json.dumps(overrides)}")
+    print(f"simulator lag behind real time: at most {clock.lag_s():.1f} s")
+    runs = [json.loads(line)["seconds"] for _, s, line in follow.lines
+            if s == "out" and line.startswith('{"') and '"new_segments"' in line]
+    analytics = [(t, float(line.rsplit(" in ", 1)[1].split()[0])) for t, s, line in follow.lines
+                 if s == "err" and line.startswith("analytics: ")]
+    if runs and analytics:
+        gaps = [(b - a) / NS for (a, _), (b, _) in zip(analytics, analytics[1:], strict=False)]
+        secs = [x for _, x in analytics]
+        print(f"follow loop: {len(runs)} pipeline runs, median {statistics.median(runs):.2f} s "
+              f"(max {max(runs):.2f}); analytics median {statistics.median(secs):.2f} s "
+              f"(max {max(secs):.2f}); an analytics run every "
+              f"{statistics.median(gaps) if gaps else float('nan'):.1f} s (median period, "
+              f"interval {interval_s:g} s); collector flush 5 s")
+    print("\ndelay from onset to post, per kind (wall clock):")
+    fail_all, lat_all, lat_win, fail_miss, lat_miss = [], [], [], 0, 0
+    for kind in (*FAILURE_KINDS, *LATENCY_KINDS):
+        mine = [m for m in matches if m.gt["cause"] == kind]
+        if not mine:
+            continue
+        done = [m for m in mine if m.post]
+        delays = [m.delay_s for m in done]
+        misses = len(mine) - len(done)
+        print(_row(kind, delays, misses))
+        detector = [(clock.wall(m.post[1]["incident"]["detected_ns"]) - m.onset_wall) / NS
+                    for m in done if m.post[1]["incident"].get("detected_ns")]
+        rest = [(m.post[0] - clock.wall(m.post[1]["incident"]["detected_ns"])) / NS
+                for m in done if m.post[1]["incident"].get("detected_ns")]
+        if detector:
+            print(f"    {'':32s} of which the detector's condition (onset to detected_ns) "
+                  f"median {statistics.median(detector):.1f} s, the rest (the slow requests' "
+                  f"spans, sent when they end; collector flush; follow loop; post) median "
+                  f"{statistics.median(rest):.1f} s, max {max(rest):.1f} s")
+        anyc = [(m.first_any - m.onset_wall) / NS for m in mine if m.first_any is not None]
+        if anyc and anyc != delays:
+            print(f"    {'':32s} first post on its scope, any cause: median "
+                  f"{statistics.median(anyc):.1f} s, max {max(anyc):.1f} s")
+        for m in mine:
+            if m.post:
+                inc = m.post[1]["incident"]
+                at = (m.gt["start_ns"] - clock.start_ns) / NS
+                print(f"    {m.gt['subject']:30s} onset +{at:4.0f} s"
+                      f"  posted after {m.delay_s:5.1f} s  ({inc.get('detector')}, "
+                      f"{inc.get('metric')})")
+            if not m.post:
+                why = f"; posts of its scope named {', '.join(m.wrong)}" if m.wrong else ""
+                print(f"    missed: {kind} {m.gt['subject']} at +"
+                      f"{(m.gt['start_ns'] - clock.start_ns) / NS:.0f} s{why}")
+        if kind in FAILURE_KINDS:
+            fail_all += delays
+            fail_miss += misses
+        else:
+            lat_all += delays
+            lat_miss += misses
+            first = [(m.post[0] - clock.wall(m.post[1]["incident"]["start_ns"] + window_s * NS))
+                     / NS for m in done]
+            lat_win += first
+            if first:
+                print(_row("  after its first anomalous window", first, 0))
+    print("\noverall:")
+    print(_row("failures, onset to post", fail_all, fail_miss))
+    print(_row("latency, onset to post", lat_all, lat_miss))
+    print(_row("latency, after 1st anomalous window", lat_win, lat_miss))
+    win = [x / window_s for x in lat_win]
+    print(_row("  ... in windows", win, lat_miss, unit="w"))
+    fail_p95 = quantile(fail_all, 0.95) if fail_all else float("inf")
+    lat_p95 = quantile(win, 0.95) if win else float("inf")
+    fail_ok = fail_p95 <= FAILURE_TARGET_S and not fail_miss
+    lat_ok = lat_p95 <= LATENCY_TARGET_WINDOWS and not lat_miss
+    print(f"\ntargets: failures p95 <= {FAILURE_TARGET_S:.0f} s: {fail_p95:.1f} s, "
+          f"{fail_miss} missed: {'met' if fail_ok else 'NOT met'}")
+    print(f"         latency within {LATENCY_TARGET_WINDOWS:g} windows after the first "
+          f"anomalous window closed (p95): {lat_p95:.2f} windows, {lat_miss} missed: "
+          f"{'met' if lat_ok else 'NOT met'}")
+    matched = {id(m.post[1]) for m in matches if m.post}
+    other = [b for _, b in posts if isinstance(b, dict) and id(b) not in matched]
+    if other:
+        names = {}
+        for b in other:
+            top = (b.get("causes") or [{}])[0].get("cause", b.get("type"))
+            names[top] = names.get(top, 0) + 1
+        print(f"other posts (no injected incident matched to them: cascades, restarts, "
+              f"second posts, false): {len(other)} {json.dumps(names, sort_keys=True)}")
+    return fail_ok and lat_ok
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        model = next((line.split(":", 1)[1].strip() for line in info
+                      if line.startswith("model name")), model)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{model}, {os.cpu_count()} cores, load average {load}"
+
+
+# ---------------------------------------------------------------------------- main
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Runs in real time: about 240 + 450 x REPEAT + 100 s (21 minutes by default).")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="rounds of 5 failures and 3 latency incidents (450 s each)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="bound the simulated (= wall) time; incidents that do not fit "
+                             "are left out")
+    parser.add_argument("--seed", type=int, default=7, help="simulator seed")
+    parser.add_argument("--interval", type=float, default=INTERVAL_S,
+                        help="the follow loop's --interval (s) [default: %(default)s]")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="an [analytics] setting, e.g. failures.silent_after_s=30")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the data directory, logs and posts here")
+    parser.add_argument("--simulate-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.simulate_child:
+        simulate_child(args.simulate_child)
+        return
+    from fleetlens.collector.testing import exit_on_sigterm, running_collector
+
+    exit_on_sigterm()  # SIGTERM unwinds through the cleanups below
+    limit_s = int(args.minutes * 60) if args.minutes else None
+    overrides = parse_set(args.overrides)
+    doc = scenario_doc(args.repeat, limit_s, args.seed)
+    if not doc["incident"]:
+        raise SystemExit("no incident fits: give more --minutes")
+    workdir = Path(tempfile.mkdtemp(prefix="detect-delay-")) if args.keep is None else args.keep
+    workdir.mkdir(parents=True, exist_ok=True)
+    sim_s = doc["fleet"]["duration_s"]
+    deadline = time.monotonic() + sim_s + 300  # the whole run, bounded
+    print(f"detect_delay: {len(doc['incident'])} incidents over {sim_s / 60:.1f} simulated "
+          f"(= wall) minutes, windows {WINDOW_S} s, follow interval {args.interval:g} s; "
+          f"work dir {workdir}", flush=True)
+    print(f"machine at the start: {machine()}", flush=True)
+    receiver = Receiver()
+    children: list[Child] = []
+    ok = False
+    try:
+        with running_collector(workdir / "data") as collector:
+            config = workdir / "fleetlens.toml"
+            write_config(config, receiver.url, args.interval, overrides)
+            follow = Child.start("follow", [
+                sys.executable, "-m", "fleetlens", "pipeline", "--follow", "--data-dir",
+                str(workdir / "data"), "--config", str(config), "--interval",
+                str(args.interval), "--format", "json", "--no-progress"],
+                workdir / "follow.log", clean_env())
+            children.append(follow)
+            spec = workdir / "simulate.json"
+            truth_path = workdir / "truth.json"
+            spec.write_text(json.dumps({"scenario": doc, "endpoint": collector.grpc_address,
+                                        "ground_truth": str(truth_path)}))
+            sim = Child.start("simulator", [sys.executable, str(Path(__file__).resolve()),
+                                            "--simulate-child", str(spec)],
+                              workdir / "simulator.log", clean_env())
+            children.append(sim)
+            last_note = time.monotonic()
+            while sim.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(1.0)
+                if follow.process.poll() is not None:
+                    raise SystemExit(f"the follow loop exited ({follow.process.returncode}); "
+                                     f"see {follow.log}")
+                if time.monotonic() - last_note >= 60:
+                    last_note = time.monotonic()
+                    ticks = [line for _, s, line in sim.lines if s == "out" and "sim_s" in line]
+                    done = json.loads(ticks[-1])["sim_s"] if ticks else 0
+                    print(f"  {done:5.0f}/{sim_s} s simulated, {len(receiver.posts)} posts, "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+            if sim.process.poll() is None:
+                raise SystemExit("the simulator did not finish in time")
+            if sim.process.returncode != 0:
+                raise SystemExit(f"the simulator failed ({sim.process.returncode}); "
+                                 f"see {sim.log}")
+            # The last incident ended TAIL_S before the simulation did; give the follow loop
+            # two more periods for data still in the collector's buffers.
+            time.sleep(min(30.0, max(deadline - time.monotonic(), 0)))
+            follow.stop()
+            sim_lines = [json.loads(line) for _, s, line in sim.lines if s == "out"]
+            start_ns = sim_lines[0]["start_ns"]
+            clock = Clock(start_ns, [(x["sim_s"], x["wall_ns"]) for x in sim_lines
+                                     if "sim_s" in x])
+            truth = json.loads(truth_path.read_text())["incidents"]
+            measured = [g for g in truth if g["cause"] in (*FAILURE_KINDS, *LATENCY_KINDS)]
+            matches = match(measured, receiver.posts, clock)
+            if args.keep is not None:
+                (workdir / "posts.json").write_text(json.dumps(
+                    [{"arrived_ns": t, "body": b} for t, b in receiver.posts], indent=1))
+            ok = report(matches, clock, follow, receiver.posts, WINDOW_S, args.interval, machine(),
+                        overrides)
+    finally:
+        for child in reversed(children):
+            child.stop()
+        receiver.close()
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print("\nresult: targets met" if ok else "\nresult: targets NOT met (see above)")
+
+
+if __name__ == "__main__":
+    main()
