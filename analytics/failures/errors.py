@@ -28,9 +28,12 @@ _KEYS = [c.SERVICE_NAME, c.MODEL, c.HOST_NAME]
 
 def error_windows(requests: pl.LazyFrame, window_s: int) -> pl.DataFrame:
     """Per (service, model, host, window): requests, failed ones, those only the gateway
-    saw, the engines answering them, sorted by scope then time."""
+    saw, the engines answering them, sorted by scope then time. A request counts in the
+    window it ended in: it failed when it failed (the requests an engine held when it
+    crashed fail at the crash, whenever they arrived)."""
     step = window_s * NS
-    return (requests.with_columns((pl.col(c.ARRIVAL_NS) // step * step).alias(c.TS_NS))
+    ended = pl.coalesce(c.END_NS, c.ARRIVAL_NS)
+    return (requests.with_columns((ended // step * step).alias(c.TS_NS))
             .group_by(*_KEYS, c.TS_NS)
             .agg(pl.len().alias("_total"), pl.col(c.IS_ERROR).sum().alias("_errors"),
                  (pl.col(c.IS_ERROR) & (pl.col(c.SOURCE) == SOURCE_GATEWAY)).sum()
@@ -46,8 +49,8 @@ def request_errors(windows: pl.DataFrame, explained: list[Finding], window_s: in
     step = window_s * NS
     bad = windows.filter((pl.col("_errors") >= cfg.error_min_count)
                          & (pl.col("_errors") >= cfg.error_min_rate * pl.col("_total")))
-    keep = [not _explained(host, ts, step, explained)
-            for host, ts in bad.select(c.HOST_NAME, c.TS_NS).iter_rows()]
+    keep = [not _explained(service, host, ts, step, explained)
+            for service, host, ts in bad.select(c.SERVICE_NAME, c.HOST_NAME, c.TS_NS).iter_rows()]
     bad = bad.filter(pl.Series(keep, dtype=pl.Boolean))
     if bad.is_empty():
         return []
@@ -70,9 +73,11 @@ def request_errors(windows: pl.DataFrame, explained: list[Finding], window_s: in
     return out
 
 
-def _explained(host: str, ts: int, step: int, explained: list[Finding]) -> bool:
-    return any(f.host == host and f.start_ns < ts + step and ts < f.end_ns + step
-               for f in explained)
+def _explained(service: str, host: str, ts: int, step: int, explained: list[Finding]) -> bool:
+    """Whether a failure of this host (or of its whole service: a change rolled out) lasted
+    into the window: its errors are that failure's consequence."""
+    return any((f.host == host or (f.host == FLEET_WIDE and f.service == service))
+               and f.start_ns < ts + step and ts < f.end_ns + step for f in explained)
 
 
 def _group(rows: list[dict], step: int) -> list[Finding]:

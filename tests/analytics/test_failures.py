@@ -69,6 +69,11 @@ def _broken_frames() -> tuple[SynthData, pl.DataFrame, pl.DataFrame, dict]:
     gpus = data.gpu_samples.filter(~silent)
     requests = data.requests.filter(~((pl.col(c.HOST_NAME) == "h03")
                                       & _between(c.ARRIVAL_NS, -60, 240)))
+    # the requests h00/chat-0 held when it crashed failed at the crash, whenever they came
+    held = (inst == "h00/chat-0") & _between(c.ARRIVAL_NS, -55, 0)
+    requests = requests.with_columns(
+        pl.when(held).then(True).otherwise(pl.col(c.IS_ERROR)).alias(c.IS_ERROR),
+        pl.when(held).then(T).otherwise(pl.col(c.END_NS)).alias(c.END_NS))
     # h04/chat-1 fails half its requests for 5 minutes
     failing = ((inst == "h04/chat-1") & _between(c.ARRIVAL_NS, 0, 300)
                & (pl.col(c.REQUEST_ID).hash() % 2 == 0))
