@@ -114,9 +114,9 @@ def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[
     for inc in incidents.iter_rows(named=True):
         near = [f for f in roots if _set_off(f, inc, top.get(inc[c.INCIDENT_ID]))
                 and f.start_ns - slack <= inc[c.START_NS] <= max(f.end_ns, f.start_ns + after)]
-        if near:  # a change that set off a mechanism first, else the earliest failure
+        if near:  # its own host's failure first, a change before the rest, then the earliest
             linked.append((inc[c.INCIDENT_ID], min(near, key=lambda f: (
-                f.cause != Cause.CONFIG_CHANGE, f.start_ns))))
+                f.host != inc[c.HOST_NAME], f.cause != Cause.CONFIG_CHANGE, f.start_ns))))
     if not linked:
         return causes
     ids = [i for i, _ in linked]

@@ -276,3 +276,26 @@ def test_explain_renders_every_failure_and_the_incidents_they_set_off(broken_dir
     after = next(r for r in listed if r[c.HOST_NAME] == "h06"
                  and not str(r[c.DETECTOR]).startswith("failure:"))
     assert "#1 config_change" in invoke("explain", after[c.INCIDENT_ID])
+
+
+def test_a_latency_incident_names_its_own_hosts_failure_before_a_peers() -> None:
+    from fleetlens.analytics.failures.detect import link_cascades
+    from fleetlens.analytics.failures.findings import Finding
+    from fleetlens.analytics.merge import incidents_frame
+
+    def failure(cause: str, host: str, start_s: int) -> Finding:
+        return Finding(cause, f"host_name={host}", "chat", "m", host, T + start_s * NS,
+                       T + (start_s + 120) * NS, T + start_s * NS, "up", 0.0, None, cause)
+
+    crash, hang = failure("engine_down", "a01", 0), failure("engine_hang", "a02", 85)
+    incidents = incidents_frame([{
+        c.INCIDENT_ID: "lat", c.METRIC: "ttft_p99_s", c.SERVICE_NAME: "chat", c.MODEL: "m",
+        c.HOST_NAME: "a02", c.START_NS: T + 90 * NS, c.END_NS: T + 300 * NS, c.PEAK: 2.0,
+        c.EXPECTED: 1.0, c.SEVERITY: "major", c.DETECTOR: "band", c.DETECTED_NS: T,
+        c.LEVEL: "host"}])
+    causes = pl.DataFrame({c.INCIDENT_ID: ["lat"], c.RANK: [1], c.CAUSE: ["traffic_surge"],
+                           c.SUBJECT: ["service_name=chat"], c.SCORE: [0.5],
+                           c.SHARE_OF_EXCESS: [0.5], c.EVIDENCE: ["{}"], c.SUMMARY: ["s"]},
+                          schema=dict(t.table(t.CAUSES).columns))
+    ranked = link_cascades(incidents, causes, [crash, hang], FailureConfig(), 60).sort(c.RANK)
+    assert ranked[c.CAUSE].to_list() == ["engine_hang", "traffic_surge"]
