@@ -224,11 +224,14 @@ def check_conditions(data: DataDir, first: Timeline, second: Timeline, report: d
     assert preempted.max() > 0 and usage.max() > 0.9
 
 
-def _check(run: Run, span: tuple[int, int], cause: str) -> None:
-    """An incident starts with the case (from two windows before it to its end: one that
-    began earlier and runs on is not this case found) and ranks ``cause`` first."""
+def _check(run: Run, span: tuple[int, int], cause: str, *then: str) -> None:
+    """A latency incident starts with the case (from two windows before it to its end: one
+    that began earlier and runs on is not this case found) and ranks ``cause`` first (and
+    ``then`` after it). Failure incidents (a restart's downtime, the change itself) are
+    incidents of their own, not this case's."""
     found = run.diagnosis.overlapping(*span).filter(
-        pl.col(c.START_NS) >= span[0] - 2 * WINDOW_S * NS)
+        (pl.col(c.START_NS) >= span[0] - 2 * WINDOW_S * NS)
+        & ~pl.col(c.DETECTOR).str.starts_with("failure:"))
     shown = found.select(c.START_NS, c.END_NS, c.HOST_NAME, c.METRIC, c.CAUSE, c.SUBJECT)
     assert found.height, f"no incident starts with {span}: {run.diagnosis.incidents}"
     first = found.row(0, named=True)
@@ -236,6 +239,7 @@ def _check(run: Run, span: tuple[int, int], cause: str) -> None:
     run.report[cause] = {"incidents": shown.to_dicts(), "ranking": ranking,
                          "detected_after_s": (first[c.START_NS] - span[0]) / NS}
     assert first[c.CAUSE] == cause, f"ranked {ranking}"
+    assert [x for x, _ in ranking[1:1 + len(then)]] == list(then), f"ranked {ranking}"
 
 
 #: The surge is a surge when the server received at least this multiple of the steady
@@ -252,11 +256,16 @@ def test_a_surge_above_capacity_is_found_and_ranked_traffic_surge(run: Run) -> N
     _check(run, run.surge, "traffic_surge")
 
 
-def test_a_restart_with_a_small_kv_cache_is_found_and_ranked_kv_cache_pressure(
+def test_a_restart_with_a_small_kv_cache_is_ranked_config_change_then_kv_cache_pressure(
         run: Run) -> None:
     # Was xfail (non-strict) until session 13: runs 3 and 7 ranked the KV case second
     # (a restart and an idle wait in its baseline read as a surge, fixed in a309e09; a
     # host without GPU telemetry read as a slow GPU, fixed in 0d3a5d1) and run 9 did not
     # find it (too few requests a window, fixed by sizing the load, 6c03a62). With the
     # load sized from the server, runs 10 and 11 ranked kv_cache_pressure first, 1.00.
-    _check(run, run.small_kv, "kv_cache_pressure")
+    # Since issue 30 the restart is a configuration change the agent sees (num_gpu_blocks,
+    # kv_cache_memory_bytes in cache_config_info): it was the deploy, then its mechanism.
+    _check(run, run.small_kv, "config_change", "kv_cache_pressure")
+    changes = run.diagnosis.overlapping(*run.small_kv).filter(
+        pl.col(c.DETECTOR) == "failure:config_change")
+    assert changes.height == 1 and "num_gpu_blocks" in changes[c.SUMMARY][0], changes
