@@ -549,7 +549,9 @@ def main() -> None:
     children: list[Child] = []
     ok = False
     try:
-        with running_collector(workdir / "data") as collector:
+        # no self-metrics listener: 127.0.0.1:8888 may be another collector's
+        with running_collector(workdir / "data",
+                               config={"self_metrics_address": ""}) as collector:
             config = workdir / "fleetlens.toml"
             write_config(config, receiver.url, args.interval, overrides)
             follow = Child.start("follow", [
