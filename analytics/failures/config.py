@@ -26,8 +26,9 @@ class FailureConfig:
     #: A window of failing requests: at least this many failed, and this share of its requests.
     error_min_count: int = 5
     error_min_rate: float = 0.05
-    #: A latency incident on the same host (or service) that starts within this long after a
-    #: failure began, or while it lasts, names the failure as its first cause (a cascade), s.
+    #: How long a configuration change is the first suspect: a latency incident on its engines
+    #: (or service) that starts within this long after it names it as its first cause, s.
+    #: Other failures are suspects while they last and two windows after.
     aftermath_s: float = 300.0
 
     def validate(self) -> None:

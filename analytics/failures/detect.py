@@ -103,17 +103,19 @@ def _set_off(failure: Finding, incident: dict, top_cause: str | None) -> bool:
 def link_cascades(incidents: pl.DataFrame, causes: pl.DataFrame, findings: list[Finding],
                   cfg: FailureConfig, window_s: int) -> pl.DataFrame:
     """`causes` where each latency incident that began while a failure of its host or service
-    lasted, or within ``aftermath_s`` after it began, names that failure first (the earliest
-    such failure; the incident's own causes follow, one rank down)."""
+    lasted, or within two windows after it ended (a hung engine's backlog lands when it
+    wakes; a change lasts ``aftermath_s``), names that failure first (its own host's before a
+    peer's, a change before the rest, then the earliest; the incident's own causes follow,
+    one rank down)."""
     roots = [f for f in findings if f.cause in _CASCADING]
     if not roots or incidents.is_empty():
         return causes
-    slack, after = window_s * NS, int(cfg.aftermath_s * NS)
+    slack = window_s * NS
     top = dict(causes.filter(pl.col(c.RANK) == 1).select(c.INCIDENT_ID, c.CAUSE).iter_rows())
     linked = []
     for inc in incidents.iter_rows(named=True):
         near = [f for f in roots if _set_off(f, inc, top.get(inc[c.INCIDENT_ID]))
-                and f.start_ns - slack <= inc[c.START_NS] <= max(f.end_ns, f.start_ns + after)]
+                and f.start_ns - slack <= inc[c.START_NS] <= f.end_ns + 2 * slack]
         if near:  # its own host's failure first, a change before the rest, then the earliest
             linked.append((inc[c.INCIDENT_ID], min(near, key=lambda f: (
                 f.host != inc[c.HOST_NAME], f.cause != Cause.CONFIG_CHANGE, f.start_ns))))

@@ -3,7 +3,9 @@
 * down: every scrape failed (``up`` = 0) for ``down_after_s``; it starts at the first
   failed scrape and ends at the next one that worked. When most of those scrapes timed out
   (``unresponsive``: the port took the connection and the process never answered, as a
-  stopped or stuck process does) it is a hang, not a crash (a refused connection).
+  stopped or stuck process does) it is a hang, not a crash (a refused connection). Failed
+  scrapes before the engine's first good one are an engine starting (a vLLM answers 30-90 s
+  after its process starts, and an agent may start first), not a failure.
 * hang: ``/metrics`` answers, requests are running, and neither a prompt nor a generated
   token was computed for ``hang_after_s``; it starts at the last progress.
 * restart: the process start time changed; it starts at the new process' start.
@@ -49,8 +51,9 @@ def _label(row: dict, services: dict[str, str]) -> dict:
 
 def down(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig) -> list[Finding]:
     """Runs of failed scrapes of one engine lasting ``down_after_s`` or more."""
+    was_up = (pl.col(c.UP) == 1).fill_null(False).cast(pl.Int32).cum_max().over(c.INSTANCE_ID)
     flagged = frame.with_columns(
-        (pl.col(c.UP) == 0).fill_null(False).alias("_down"),
+        ((pl.col(c.UP) == 0).fill_null(False) & (was_up > 0)).alias("_down"),
         pl.col(c.TS_NS).shift(-1).over(c.INSTANCE_ID).alias("_next"))
     spans = (flagged.with_columns(runs(pl.col("_down"), c.INSTANCE_ID).alias("_run"))
              .filter(pl.col("_down"))

@@ -299,3 +299,30 @@ def test_a_latency_incident_names_its_own_hosts_failure_before_a_peers() -> None
                           schema=dict(t.table(t.CAUSES).columns))
     ranked = link_cascades(incidents, causes, [crash, hang], FailureConfig(), 60).sort(c.RANK)
     assert ranked[c.CAUSE].to_list() == ["engine_hang", "traffic_surge"]
+
+
+def test_an_engine_not_yet_up_is_starting_not_down_and_a_crash_is_no_suspect_for_long() -> None:
+    from fleetlens.analytics.failures.detect import link_cascades
+    from fleetlens.analytics.failures.engines import down, engine_frame
+    from fleetlens.analytics.merge import incidents_frame
+
+    # failed scrapes for 40 s before the engine first answered (a vLLM loading its model),
+    # then 30 s down after a minute up
+    up = [0.0] * 40 + [1.0] * 60 + [0.0] * 30 + [1.0] * 300
+    frame = engine_frame(pl.DataFrame({
+        c.TS_NS: [T + i * NS for i in range(len(up))], c.HOST_NAME: "h1",
+        c.INSTANCE_ID: "h1/e", c.MODEL: "m", c.UP: up}).lazy())
+    (crash,) = down(frame, {"h1/e": "chat"}, FailureConfig())
+    assert (crash.start_ns, crash.end_ns) == (T + 100 * NS, T + 130 * NS)
+    causes = pl.DataFrame(schema=dict(t.table(t.CAUSES).columns))
+
+    def linked(start_s: int) -> bool:
+        incident = incidents_frame([{
+            c.INCIDENT_ID: "lat", c.METRIC: "ttft_p99_s", c.SERVICE_NAME: "chat",
+            c.MODEL: "m", c.HOST_NAME: "h1", c.START_NS: T + start_s * NS,
+            c.END_NS: T + (start_s + 60) * NS, c.PEAK: 2.0, c.EXPECTED: 1.0,
+            c.SEVERITY: "major", c.DETECTOR: "band", c.DETECTED_NS: T, c.LEVEL: "host"}])
+        return link_cascades(incident, causes, [crash], FailureConfig(), 10).height > 0
+
+    # during the crash and two windows after it: its consequence; minutes later: not
+    assert linked(110) and linked(145) and not linked(300)
