@@ -1,7 +1,8 @@
 """``fleetlens analyze --runner ray``: incident attribution and Prophet fits as Ray tasks.
 
-Detection (baselines, anomalies, merging, the split of an incident by cause) stays in the
-driver: it is one pass over the series. What grows with the fleet runs on the cluster:
+Detection (baselines, anomalies, merging, the split of an incident by cause, the failure
+detectors) stays in the driver: it is one pass over the series. What grows with the fleet
+runs on the cluster:
 
 - attribution, a chunk of incidents per task: each task opens the data directory's tables
   itself (:func:`analytics.runner.tables_for`, the same last ``history_s`` the driver uses)
@@ -24,11 +25,12 @@ from typing import Any
 import polars as pl
 import ray
 
-from fleetlens.analytics.analyse import Analysis, analyse
+from fleetlens.analytics.analyse import Analysis, analyse, with_failures
 from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.attribution.context import load_context
 from fleetlens.analytics.attribution.rank import attribute, clean_baseline
 from fleetlens.analytics.attribution.split import split_by_cause
+from fleetlens.analytics.attribution.unshared import split_unshared
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.runner import tables_for
 from fleetlens.pipeline.ray_runner import connect
@@ -82,6 +84,13 @@ class RayAnalytics:
                 for chunk in _chunks(rows)]
         parts = [frame for chunk in ray.get(refs) for frame in chunk]
         causes = pl.concat([t.table(t.CAUSES).empty(), *parts])
+        # the rest of analyse's attributed pass, here as there: the few incidents an
+        # unshared split makes are attributed in the driver, failures need no attribution
+        incidents, causes = split_unshared(tables, incidents, causes, found.anomalies, config,
+                                           found.window_s)
+        if config.failures.enabled:
+            incidents, causes = with_failures(tables, incidents, causes, config,
+                                              found.window_s)
         return dataclasses.replace(found, incidents=incidents, causes=causes)
 
     def map_chunks(self, fn: Callable[..., Any], chunks: list[Any],
