@@ -30,6 +30,8 @@ _DETAIL_KEYS = sorted({key for _, keys in HEALTH_SIGNALS.values() for key in key
 def _points_of(split: Split, names: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The combinations of the metrics ``names`` and their points (ts_ns, value, SRC)."""
     combos = split.combos.filter(pl.col(c.METRIC_NAME).is_in(names))
+    if combos.is_empty():  # an older agent, or none: no pass over the hour's points
+        return combos, split.slim.clear()
     points = split.slim.filter(pl.col(SRC).is_in(combos.get_column(SRC).implode()))
     return combos, points
 
