@@ -33,6 +33,7 @@ from typing import Any
 import polars as pl
 
 from fleetlens.analytics.config import WEBHOOK_FORMATS
+from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -96,10 +97,14 @@ def summary(snapshot: dict[str, Any]) -> str:
     if snapshot.get("type") == SLO_ALERT_TYPE:
         return _slo_summary(inc)
     scope = "/".join(v for v in (inc[c.SERVICE_NAME], inc[c.HOST_NAME]) if v != _ANY) or "fleet"
+    top = snapshot["causes"][0] if snapshot["causes"] else None
+    if str(inc.get(c.DETECTOR) or "").startswith(DETECTOR_PREFIX) and top:
+        # a failure has no band to be above: what failed is the message
+        return (f"{inc[c.SEVERITY]} failure on {scope}: {top[c.CAUSE]} ({top[c.SUBJECT]}): "
+                f"{top[c.SUMMARY]}")
     ratio = inc[c.PEAK] / inc[c.EXPECTED] if inc[c.EXPECTED] else float("nan")
     line = (f"{inc[c.SEVERITY]} {inc[c.METRIC]} incident on {scope}: x{ratio:,.1f} the "
             f"expected value")
-    top = snapshot["causes"][0] if snapshot["causes"] else None
     if top:
         line += f"; top cause {top[c.CAUSE]} ({top[c.SUBJECT]}): {top[c.SUMMARY]}"
     return line

@@ -326,3 +326,19 @@ def test_an_engine_not_yet_up_is_starting_not_down_and_a_crash_is_no_suspect_for
 
     # during the crash and two windows after it: its consequence; minutes later: not
     assert linked(110) and linked(145) and not linked(300)
+
+
+def test_a_webhook_says_what_failed_not_a_ratio_of_a_band() -> None:
+    from fleetlens.analytics.webhook_formats import summary
+
+    incident = {c.SERVICE_NAME: "chat", c.HOST_NAME: "h01", c.SEVERITY: "critical",
+                c.METRIC: "up", c.PEAK: 0.0, c.EXPECTED: 1.0,
+                c.DETECTOR: "failure:engine_down"}
+    cause = {c.CAUSE: "engine_down", c.SUBJECT: "instance_id=h01/chat-0",
+             c.SUMMARY: "engine h01/chat-0 down: 12 scrapes failed in a row over 120 s"}
+    line = summary({"incident": incident, "causes": [cause]})
+    assert line == ("critical failure on chat/h01: engine_down (instance_id=h01/chat-0): "
+                    "engine h01/chat-0 down: 12 scrapes failed in a row over 120 s")
+    latency = summary({"incident": {**incident, c.DETECTOR: "band", c.METRIC: "ttft_p99_s",
+                                    c.PEAK: 2.0}, "causes": [cause]})
+    assert "x2.0 the expected value" in latency
