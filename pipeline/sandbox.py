@@ -4,9 +4,12 @@ Every query gets a fresh in-memory DuckDB with one view per fleetlens table
 (:func:`pipeline.storage.connect`) and then, before the user's SQL runs:
 
 - statement check: exactly one ``SELECT`` (``WITH``, ``FROM``, ``SHOW``, ``DESCRIBE`` and
-  ``SUMMARIZE`` are SELECTs too), or, where allowed, ``EXPLAIN [ANALYZE]`` of one. ``EXPLAIN
+  ``SUMMARIZE`` are SELECTs too), or, where allowed, plain ``EXPLAIN [ANALYZE]`` of one. ``EXPLAIN
   ANALYZE`` *runs* its statement, so ``EXPLAIN ANALYZE COPY ... TO 'file'`` would write: the
-  explained statement is checked like a top-level one;
+  explained statement is cut from the query at a token boundary found by DuckDB's own
+  tokenizer (so comments and strings are what DuckDB says they are) and checked like a
+  top-level one; option lists (``EXPLAIN (...)``) are refused, since telling an option list
+  from a parenthesised statement needs the grammar, not the tokens;
 - file access: external access off, only the data directory's ``raw/`` and ``derived/`` readable
   (the views read their Parquet lazily); DuckDB's allow-list also permits *writing* there,
   which is why the statement check, not the file sandbox, is what stops ``COPY``;
@@ -20,7 +23,6 @@ Every query gets a fresh in-memory DuckDB with one view per fleetlens table
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
 import tempfile
 import threading
@@ -45,10 +47,7 @@ MB = 1 << 20
 #: Rows per Arrow batch read from DuckDB: one DuckDB vector, so the byte cap is felt early
 #: (a batch is the unit that arrives whole: 2,048 rows of 1 MB each still make 2 GB).
 BATCH_ROWS = 2048
-# EXPLAIN, optionally ANALYZE and/or a parenthesised option list, after leading comments.
-_EXPLAIN = re.compile(
-    r"^(?:\s+|--[^\n]*\n|/\*.*?\*/)*EXPLAIN\s*(?:\([^)]*\)\s*)?(?:ANALY[SZ]E\b)?",
-    re.IGNORECASE | re.DOTALL)
+_PLAIN_EXPLAIN = "only plain EXPLAIN [ANALYZE] <SELECT> is allowed"
 
 
 class QueryRejected(ValueError):
@@ -113,15 +112,43 @@ def check_read_only(con: duckdb.DuckDBPyConnection, query: str, *,
         raise NotReadOnly(f"expected exactly one query, got {len(statements)} statements")
     kind = statements[0].type
     if kind == duckdb.StatementType.EXPLAIN and allow_explain:
-        match = _EXPLAIN.match(query)
-        if match is None:
-            raise NotReadOnly("could not tell which statement EXPLAIN explains")
         # EXPLAIN ANALYZE runs the statement: it must be a SELECT like any other.
-        check_read_only(con, query[match.end():], allow_explain=False)
+        check_read_only(con, _explained(query), allow_explain=False)
         return
     if kind != duckdb.StatementType.SELECT:
         allowed = "SELECT or EXPLAIN SELECT" if allow_explain else "SELECT"
         raise NotReadOnly(f"only {allowed} queries are allowed: read-only (got {kind.name})")
+
+
+def _explained(query: str) -> str:
+    """The statement that ``EXPLAIN [ANALYZE] <statement>`` explains, as DuckDB tokenizes it.
+
+    A regex once took the first ``)`` as the end of an option list even inside a comment, so
+    ``EXPLAIN ( /* ) SELECT 1 -- */ ANALYZE ) COPY ...`` passed as a SELECT and wrote a file.
+    Here comments and strings are DuckDB's own tokens, and only the two grammar forms whose
+    explained statement is unambiguous from tokens alone are accepted.
+
+    Raises:
+        NotReadOnly: for an option list, ``VERBOSE`` or anything else before the statement.
+    """
+    import duckdb
+
+    # Positions are byte offsets into the UTF-8 text (a comment may hold any character); a
+    # token's text runs to the next token's start.
+    raw = query.encode()
+    found = duckdb.tokenize(query)
+    ends = [pos for pos, _ in found[1:]] + [len(raw)]
+    tokens = [(pos, raw[pos:end].decode().strip().upper())
+              for (pos, kind), end in zip(found, ends, strict=True)
+              if kind != duckdb.token_type.comment]
+    words = [word for _, word in tokens]
+    start = 2 if words[1:2] in (["ANALYZE"], ["ANALYSE"]) else 1
+    if words[:1] != ["EXPLAIN"] or len(tokens) <= start:
+        raise NotReadOnly(f"could not tell which statement EXPLAIN explains: {_PLAIN_EXPLAIN}")
+    if words[start] in ("(", "VERBOSE"):
+        # An option list may hide ANALYZE, and "(SELECT 1)" looks like one: refuse both.
+        raise NotReadOnly(f"EXPLAIN options are not allowed: {_PLAIN_EXPLAIN}")
+    return raw[tokens[start][0]:].decode()
 
 
 @contextlib.contextmanager

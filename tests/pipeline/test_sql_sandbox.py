@@ -48,14 +48,68 @@ def test_explain_analyze_cannot_write_a_file(root: DataDir, tmp_path: Path) -> N
     targets = [tmp_path / "out.csv", root.root / "raw" / "out.csv"]
     for target in targets:
         for query in (f"EXPLAIN ANALYZE COPY (SELECT 1) TO '{target}'",
-                      f"/* hi */ explain analyze copy (select 1) to '{target}' (format csv)",
-                      f"EXPLAIN (FORMAT json) COPY (SELECT 1) TO '{target}'"):
+                      f"/* hi */ explain analyze copy (select 1) to '{target}' (format csv)"):
             out = sql(root, query)
             assert out.exit_code == 2, (query, out.output)
             assert "read-only" in out.output and "COPY" in out.output
+        out = sql(root, f"EXPLAIN (FORMAT json) COPY (SELECT 1) TO '{target}'")
+        assert out.exit_code == 2 and "plain EXPLAIN [ANALYZE]" in out.output, out.output
     assert not any(t.exists() for t in targets)
     explained = sql(root, "EXPLAIN ANALYZE SELECT count(*) FROM spans", "--format", "csv")
     assert explained.exit_code == 0 and "analyzed_plan" in explained.output, explained.output
+
+
+def _evil_segment(root: DataDir) -> Path:
+    """Where a forged raw segment would be picked up by the pipeline as the collector's own."""
+    return root.raw_segment_path("spans", 10**18, "evil", 1)
+
+
+# The exploit of issue 33 and its relatives: something that looks like the end of an option list
+# (or a keyword) hidden in a comment or a string, nested parentheses, non-ASCII text before the
+# statement (DuckDB's token positions are byte offsets), VERBOSE.
+_FORGE = "COPY (SELECT 'forged' AS name) TO '{target}' (FORMAT parquet)"
+_HIDDEN_WRITES = [
+    "EXPLAIN ( /* ) SELECT 1 -- */ ANALYZE ) " + _FORGE,
+    "EXPLAIN (ANALYZE, FORMAT ')') " + _FORGE,
+    "EXPLAIN ((ANALYZE)) " + _FORGE,
+    "EXPLAIN (ANALYZE) " + _FORGE,
+    "EXPLAIN ANALYZE /* ) SELECT 1 */ " + _FORGE,
+    "EXPLAIN ANALYZE VERBOSE " + _FORGE,
+    "/* ) é€ ( */ EXPLAIN ANALYZE -- ü )\n " + _FORGE,
+    "EXPLAIN ANALYSE " + _FORGE,
+]
+
+
+@pytest.mark.parametrize("template", _HIDDEN_WRITES)
+def test_explain_cannot_hide_a_write_in_comments_strings_or_parentheses(
+        root: DataDir, template: str) -> None:
+    target = _evil_segment(root)
+    query = template.format(target=target)
+    out = sql(root, query)
+    assert out.exit_code in (1, 2), (query, out.output)  # refused (2) or not SQL at all (1)
+    assert not target.exists(), query
+    count = sql(root, "SELECT count(*) AS n FROM spans", "--format", "csv")
+    assert count.output.splitlines() == ["n", "1"], count.output
+
+
+def test_the_dashboard_console_refuses_the_hidden_write(root: DataDir) -> None:
+    # The console never allows EXPLAIN: a guard that it stays so, not a regression of issue 33.
+    from fleetlens.dashboard.sql_console import SqlRejected, run_query
+
+    target = _evil_segment(root)
+    for template in _HIDDEN_WRITES:
+        with pytest.raises(SqlRejected, match="got EXPLAIN|syntax error"):
+            run_query(root, template.format(target=target), row_cap=10)
+    assert not target.exists()
+
+
+def test_plain_explain_still_explains_past_comments_and_strings(root: DataDir) -> None:
+    query = ("/* ) é ( */ EXPLAIN ANALYZE -- (\n SELECT ')' AS p, '/*' AS q, count(*) "
+             "FROM spans WHERE name <> '(' -- )")
+    out = sql(root, query, "--format", "csv")
+    assert out.exit_code == 0 and "analyzed_plan" in out.output, out.output
+    plain = sql(root, "explain /* ANALYZE ( */ select (((1)))", "--format", "csv")
+    assert plain.exit_code == 0 and "physical_plan" in plain.output, plain.output
 
 
 def test_limits_are_applied_and_locked(root: DataDir) -> None:
