@@ -1,6 +1,9 @@
 # The two commands of the README. Everything they need is installed from this repository's
 # own files into .venv (PyPI only).
 PYTHON ?= python3
+# pytest-xdist workers for `make test`: the real-vLLM timeline (mostly waiting on a server
+# at 40% load) runs on one while the other runs the rest of the suite (tests/conftest.py).
+TEST_WORKERS ?= 2
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -23,7 +26,7 @@ demo: $(STAMP)
 ## test: lint and run the test suite
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 ## constraints: pin the installed, tested set again (after changing pyproject's ranges)
 constraints: $(STAMP)

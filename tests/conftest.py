@@ -28,3 +28,31 @@ def data_dir(tmp_path: Path):
     from fleetlens.pipeline.storage import DataDir
 
     return DataDir(tmp_path / "data")
+
+
+#: Test files that share one real vLLM server's machine time. ``make test`` runs the suite on
+#: two pytest-xdist workers: these files run one after the other on one worker (two CPU
+#: vLLM servers at once would each serve half of what their calibration measured), first,
+#: while the other worker runs the rest of the suite.
+SERIAL_VLLM_FILES = ("tests/agent/test_vllm_incidents.py", "tests/agent/test_vllm_e2e.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-vLLM files first: the longest unit of work starts first (xdist hands out
+    work in collection order), so the suite's wall time is about the longer of the two."""
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in SERIAL_VLLM_FILES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Whole files per worker (module fixtures, such as a simulated fleet or a started
+    collector, are built once), and the real-vLLM files as one unit."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class VllmSerialScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "real-vllm" if path in SERIAL_VLLM_FILES else path
+
+    config.option.loadscopereorder = False  # keep the collection order set above
+    return VllmSerialScheduling(config, log)
