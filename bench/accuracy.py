@@ -19,7 +19,6 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.end_to_end import run_end_to_end  # noqa: E402  (re-exported: tests import it here)
 from fleetlens.analytics.accuracy import Score, score_clean, score_run  # noqa: E402
 from fleetlens.analytics.config import AnalyticsConfig  # noqa: E402
-from fleetlens.analytics.runner import run as run_analytics  # noqa: E402
-from fleetlens.collector.testing import exit_on_sigterm, running_collector  # noqa: E402
-from fleetlens.pipeline.config import PipelineConfig  # noqa: E402
-from fleetlens.pipeline.runner import Pipeline  # noqa: E402
-from fleetlens.pipeline.storage import DataDir  # noqa: E402
+from fleetlens.collector.testing import exit_on_sigterm  # noqa: E402
 from fleetlens.simulator import parse_scenario  # noqa: E402
 from fleetlens.simulator import run as simulate  # noqa: E402
 
@@ -134,31 +130,6 @@ SUITES = {
     # The fixed suite tests/analytics/test_accuracy.py asserts the targets on (~4 min).
     "test": Suite([INCIDENT_RUNS[0]], [103], 2 * 3600),
 }
-
-
-def run_end_to_end(doc: dict, workdir: Path, config: AnalyticsConfig | None = None,
-                   probe: Callable | None = None) -> tuple[dict, object, dict]:
-    """Simulate ``doc`` into a real collector, run the pipeline and analytics (``probe``:
-    passed to the simulator, see :mod:`simulator.control`).
-
-    Returns (ground truth, analytics RunResult, timings in seconds).
-    """
-    data = DataDir(workdir / "data")
-    timings = {}
-    started = time.perf_counter()
-    # Simulated time starts in January; accept timestamps that far from now.
-    with running_collector(data.root, config={"max_clock_skew_s": 400 * 86400.0}) as collector:
-        result = simulate(parse_scenario(doc), endpoint=collector.grpc_address, probe=probe)
-    timings["simulate+collect"] = time.perf_counter() - started
-    if result.exported.spans_failed or result.exported.points_failed:
-        raise RuntimeError(f"the collector refused telemetry: {result.exported}")
-    started = time.perf_counter()
-    Pipeline(data, PipelineConfig()).run_once(full=True)
-    timings["pipeline"] = time.perf_counter() - started
-    started = time.perf_counter()
-    analysed = run_analytics(data, config or AnalyticsConfig(), notify=False)
-    timings["analytics"] = time.perf_counter() - started
-    return result.ground_truth, analysed, timings
 
 
 def run_suite(suite: Suite, workdir: Path, log=print) -> tuple[Score, list[dict]]:  # noqa: ANN001

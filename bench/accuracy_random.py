@@ -25,6 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
+from bench.end_to_end import run_end_to_end
 from fleetlens.analytics.accuracy import Score, score_clean, score_run
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.simulator import parse_scenario
@@ -90,8 +91,6 @@ def describe(doc: dict) -> str:
 def run_fleet(doc: dict, workdir: Path, clean_control: bool = False
               ) -> tuple[Score, list[Verdict], dict]:
     """One random fleet: the run, its control, validation and score."""
-    from bench.accuracy import run_end_to_end  # bench/accuracy.py imports this module
-
     start_ns = parse_scenario(doc).start_ns
     treated, control = LatencyProbe(start_ns), LatencyProbe(start_ns)
     truth, res, timings = run_end_to_end(doc, workdir / doc["fleet"]["name"], probe=treated)
