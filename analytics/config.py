@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleetlens.analytics.capacity.config import CapacityConfig
 from fleetlens.analytics.failures.config import FailureConfig
 from fleetlens.analytics.slos.config import SloConfig
 from fleetlens.pipeline.schema.settings import ConfigError, require
@@ -211,6 +212,9 @@ class AnalyticsConfig:
     #: Per-service SLOs (availability, latency) and their burn-rate alerts
     #: (analytics.slos); none by default: a service without an entry has no SLO.
     slos: SloConfig = field(default_factory=SloConfig)
+    #: Capacity from the fleet's own telemetry: knees, goodput, headroom, MBU/MFU
+    #: (analytics.capacity).
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -256,6 +260,10 @@ class AnalyticsConfig:
             self.slos.validate()
         except ConfigError as exc:
             raise ConfigError(f"slos.{exc}") from None
+        try:
+            self.capacity.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"capacity.{exc}") from None
         for i, hook in enumerate(self.hooks()):
             try:
                 hook.validate()

@@ -36,6 +36,7 @@ MODELS: dict[str, ModelShape] = {
     "llama-3.1-8b": ModelShape(8.03, 32, 8, 128),
     "llama-3.1-70b": ModelShape(70.6, 80, 8, 128),
     "llama-3.1-405b": ModelShape(405.0, 126, 8, 128),
+    "llama-3.2-3b": ModelShape(3.21, 28, 8, 128),
     "qwen2.5-7b": ModelShape(7.6, 28, 4, 128),
     "qwen2.5-32b": ModelShape(32.8, 64, 8, 128),
     "qwen2.5-72b": ModelShape(72.7, 80, 8, 128),
@@ -53,6 +54,14 @@ GPUS: dict[str, tuple[float, float]] = {
     "l4": (300.0, 24.0),
     "b200": (8000.0, 192.0),
     "mi300x": (5300.0, 192.0),
+}
+
+
+#: gpu model -> dense BF16 tensor TFLOP/s (public spec sheets; the simulator's presets carry
+#: the same figures, which analytics may not import)
+TFLOPS: dict[str, float] = {
+    "h200": 989.0, "h100-pcie": 756.0, "h100": 989.0, "a100-40": 312.0, "a100": 312.0,
+    "l40s": 362.0, "l4": 121.0, "b200": 2250.0, "mi300x": 1307.0,
 }
 
 
@@ -88,3 +97,11 @@ def memory_gb(gpu_model: str) -> float | None:
     """Memory (GB) of a GPU model from the built-in table."""
     found = _find(GPUS, gpu_model)
     return found[1] if found else None
+
+
+def peak_tflops(gpu_model: str, overrides: dict[str, float] | None = None) -> float | None:
+    """Dense BF16 TFLOP/s of a GPU model: ``overrides`` (substring match), else built-in."""
+    for name, value in (overrides or {}).items():
+        if name.lower() in gpu_model.lower():
+            return float(value)
+    return _find(TFLOPS, gpu_model)

@@ -168,6 +168,10 @@ def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
         result.prophet_series = refresh_prophet(
             root, analysis.banded, config, force=refit_prophet,
             map_chunks=remote.map_chunks if remote else None)
+    if config.capacity.enabled and analysis.window_s:  # knees, goodput, MBU (issue 31)
+        from fleetlens.analytics.capacity.publish import publish_capacity
+
+        publish_capacity(root, tables, config, analysis.window_s)
     write_json_atomic(state_dir(root) / "provenance.json", provenance(root, analysis))
     return result
 

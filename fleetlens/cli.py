@@ -46,6 +46,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "baselines": ("fleetlens.analytics.cli:baselines", "Show series against their baseline bands."),
     "slo": ("fleetlens.analytics.slos.cli:slo",
             "SLOs: compliance, error budget left, burn rates, firing alerts; --rules."),
+    "capacity": ("fleetlens.analytics.capacity.cli:capacity",
+                 "Capacity per pool: knee, goodput/GPU, headroom, MBU/MFU."),
     "exporter": ("fleetlens.analytics.exporter_cli:exporter",
                  "Serve derived signals (latency, J/token, incidents) for Prometheus."),
     "leaderboard": ("fleetlens.analytics.cli:leaderboard",

@@ -301,3 +301,62 @@ LONG_BURN_RATE = "long_burn_rate"
 SHORT_BURN_RATE = "short_burn_rate"
 #: A firing alert: the first window end from which both its windows stayed above the factor.
 SINCE_NS = "since_ns"
+
+# --- capacity (issue 31: capacity, capacity_windows, capacity_curve; analytics/capacity/) --
+#: Tensor-parallel size: GPUs per engine instance.
+TP = "tp"
+#: Mean running requests (vLLM's num_requests_running) over a window: the decode batch.
+BATCH = "batch"
+#: KV tokens held by the running requests (kv_cache_usage x KV capacity, else batch x their
+#: mean context).
+KV_TOKENS = "kv_tokens"
+OUTPUT_TOK_S_PER_GPU = "output_tok_s_per_gpu"
+PROMPT_TOK_S_PER_GPU = "prompt_tok_s_per_gpu"
+#: Requests of a window that met every SLO of the knee (TPOT and TTFT).
+GOOD_REQUESTS = "good_requests"
+#: Model bandwidth utilisation (0..1): bytes a decode step reads x steps/s / peak HBM B/s.
+MBU = "mbu"
+#: Model FLOP/s utilisation of prefill (0..1): 2 x params x prompt tokens/s / peak FLOP/s.
+MFU = "mfu"
+#: ``memory`` or ``compute``: which roofline the pool is nearer.
+BOUND = "bound"
+#: 1 - max(mbu, mfu): how far the pool is from the roofline it is nearer.
+ROOFLINE_GAP = "roofline_gap"
+#: The knee: the largest batch meeting every SLO, its 90% interval, and the arrival rate there.
+KNEE_BATCH = "knee_batch"
+KNEE_BATCH_LO = "knee_batch_lo"
+KNEE_BATCH_HI = "knee_batch_hi"
+KNEE_RPS = "knee_rps"
+#: What set the knee: ``tpot``, ``ttft``, ``kv`` (the cache holds no more) or ``none``.
+KNEE_LIMIT = "knee_limit"
+#: True when the knee lies beyond the largest batch the fleet visited (extrapolated).
+EXTRAPOLATED = "extrapolated"
+#: Requests/s per GPU meeting every SLO (DistServe's goodput) at the knee and now.
+GOODPUT_RPS_PER_GPU = "goodput_rps_per_gpu"
+GOODPUT_NOW_RPS_PER_GPU = "goodput_now_rps_per_gpu"
+#: Arrival-rate multiplier left before the knee: knee_rps / rps now.
+HEADROOM_X = "headroom_x"
+RPS_NOW = "rps_now"
+BATCH_NOW = "batch_now"
+#: Smallest and largest batch visited, and the windows (instance x window) the fit used.
+BATCH_MIN = "batch_min"
+BATCH_MAX = "batch_max"
+WINDOWS_USED = "windows_used"
+INSTANCES = "instances"
+#: The SLO thresholds the knee was judged by, s.
+TPOT_SLO_S = "tpot_slo_s"
+TTFT_SLO_S = "ttft_slo_s"
+#: The fitted TPOT p99 at batch 1, s.
+TPOT_BATCH1_S = "tpot_batch1_s"
+#: The decode step-time fit (TPOT p50 = base + per_seq x batch + per_kv_token x KV tokens), s.
+STEP_BASE_S = "step_base_s"
+STEP_PER_SEQ_S = "step_per_seq_s"
+STEP_PER_KV_TOKEN_S = "step_per_kv_token_s"
+FIT_R2 = "fit_r2"
+#: capacity_curve: the fitted TPOT p50/p99 at a batch, the p99's 90% band, and whether any
+#: window visited that batch.
+TPOT_P50_FIT_S = "tpot_p50_fit_s"
+TPOT_P99_FIT_S = "tpot_p99_fit_s"
+TPOT_P99_LO_S = "tpot_p99_lo_s"
+TPOT_P99_HI_S = "tpot_p99_hi_s"
+VISITED = "visited"

@@ -348,3 +348,54 @@ _SLO_ALERTS = Table(
 
 TABLES.update({tab.name: tab for tab in (_SLO_WINDOWS, _SLO_STATUS, _SLO_BURN_RATES,
                                          _SLO_ALERTS)})
+
+# --- capacity (issue 31; written by analytics/capacity/) --------------------------------------
+CAPACITY = "capacity"
+CAPACITY_WINDOWS = "capacity_windows"
+CAPACITY_CURVE = "capacity_curve"
+
+#: One row per pool (service, model, GPU model, TP, configuration fingerprint) as of ``ts_ns``
+#: (the end of the data): the knee, goodput at the knee and now, headroom, MBU/MFU now.
+_CAPACITY = Table(
+    CAPACITY,
+    {
+        c.TS_NS: I64, c.SERVICE_NAME: STR, c.MODEL: STR, c.GPU_MODEL: STR, c.TP: I64,
+        c.CONFIG: STR, c.WINDOW_S: I64, c.KNEE_BATCH: F64, c.KNEE_RPS: F64,
+        c.GOODPUT_RPS_PER_GPU: F64, c.HEADROOM_X: F64, c.MBU: F64, c.MFU: F64, c.BOUND: STR,
+        c.KNEE_BATCH_LO: F64, c.KNEE_BATCH_HI: F64, c.KNEE_LIMIT: STR, c.EXTRAPOLATED: BOOL,
+        c.GOODPUT_NOW_RPS_PER_GPU: F64, c.RPS_NOW: F64, c.BATCH_NOW: F64, c.ROOFLINE_GAP: F64,
+        c.BATCH_MIN: F64, c.BATCH_MAX: F64, c.WINDOWS_USED: I64, c.INSTANCES: I64,
+        c.TPOT_SLO_S: F64, c.TTFT_SLO_S: F64, c.TPOT_BATCH1_S: F64, c.STEP_BASE_S: F64,
+        c.STEP_PER_SEQ_S: F64, c.STEP_PER_KV_TOKEN_S: F64, c.FIT_R2: F64,
+    },
+    key=(c.SERVICE_NAME, c.MODEL, c.GPU_MODEL, c.TP, c.CONFIG),
+)
+
+#: The elasticity points: one row per engine instance and window with its pool's keys.
+_CAPACITY_WINDOWS = Table(
+    CAPACITY_WINDOWS,
+    {
+        c.WINDOW_START_NS: I64, c.WINDOW_S: I64, c.SERVICE_NAME: STR, c.MODEL: STR,
+        c.GPU_MODEL: STR, c.TP: I64, c.CONFIG: STR, c.HOST_NAME: STR, c.INSTANCE_ID: STR,
+        c.BATCH: F64, c.KV_TOKENS: F64, c.KV_CACHE_USAGE_MEAN: F64, c.REQUESTS: I64,
+        c.RPS: F64, c.OUTPUT_TOK_S_PER_GPU: F64, c.PROMPT_TOK_S_PER_GPU: F64,
+        c.percentile_column("tpot", "p50"): F64, c.percentile_column("tpot", "p99"): F64,
+        c.percentile_column("ttft", "p50"): F64, c.percentile_column("ttft", "p99"): F64,
+        c.GOOD_REQUESTS: I64, c.MBU: F64, c.MFU: F64,
+    },
+    key=(c.INSTANCE_ID, c.HOST_NAME, c.WINDOW_START_NS),
+)
+
+#: Each pool's fitted curve on a grid of batches up to past the knee (``rps``: one instance's
+#: arrival rate at that batch); ``visited`` false where no window had that batch.
+_CAPACITY_CURVE = Table(
+    CAPACITY_CURVE,
+    {
+        c.TS_NS: I64, c.SERVICE_NAME: STR, c.MODEL: STR, c.GPU_MODEL: STR, c.TP: I64,
+        c.CONFIG: STR, c.BATCH: F64, c.TPOT_P50_FIT_S: F64, c.TPOT_P99_FIT_S: F64,
+        c.TPOT_P99_LO_S: F64, c.TPOT_P99_HI_S: F64, c.RPS: F64, c.VISITED: BOOL,
+    },
+    key=(c.SERVICE_NAME, c.MODEL, c.GPU_MODEL, c.TP, c.CONFIG, c.BATCH),
+)
+
+TABLES.update({tab.name: tab for tab in (_CAPACITY, _CAPACITY_WINDOWS, _CAPACITY_CURVE)})

@@ -16,6 +16,7 @@ def test_contract_names_are_exact() -> None:
         "windows", "request_energy", "baselines", "incidents", "causes",
         "gpu_window_energy", "instance_gpus", "gpu_slot_energy", "engine_configs", "gpu_health",
         "slo_windows", "slo_status", "slo_burn_rates", "slo_alerts",
+        "capacity", "capacity_windows", "capacity_curve",
     ]
     requests = t.table(t.REQUESTS).columns
     for name in ("request_id", "queue_s", "prefill_s", "decode_s", "ttft_s", "tpot_s",

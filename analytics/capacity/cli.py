@@ -1,0 +1,73 @@
+"""``fleetlens capacity``: per pool the knee, goodput, headroom and MBU/MFU, as the last
+analytics run stored them in the `capacity` table (``--refresh`` runs the analytics first)."""
+
+from __future__ import annotations
+
+import click
+import polars as pl
+
+from fleetlens.analytics.cli import _CONFIG, _DATA_DIR, _root, load_analytics_config
+from fleetlens.pipeline.output import format_option, render_rows
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+
+_NONE = ("no capacity rows: the last analytics run found no engine samples with requests "
+         "(run `fleetlens analyze`, or pass --refresh)\n")
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def capacity_table(frame: pl.DataFrame) -> str:
+    """One line per pool: knee (its interval and what set it), rates, goodput, headroom,
+    utilisation and the visited batch range."""
+    from rich.table import Table
+
+    from fleetlens.analytics.cli_table import _render, _row
+
+    table = Table("service", "model", "gpu", "tp", "config", "knee batch (90%)", "limit",
+                  "knee req/s", "goodput/GPU knee", "goodput/GPU now", "req/s now",
+                  "headroom", "MBU", "MFU", "bound", "batch seen")
+    for row in frame.iter_rows(named=True):
+        knee = row[c.KNEE_BATCH]
+        shown = "-" if knee is None else (
+            f"{knee:.0f} ({row[c.KNEE_BATCH_LO]:.0f}-{row[c.KNEE_BATCH_HI]:.0f})"
+            + (" extrapolated" if row[c.EXTRAPOLATED] else ""))
+        _row(table, row[c.SERVICE_NAME], row[c.MODEL], row[c.GPU_MODEL], row[c.TP],
+             row[c.CONFIG], shown, row[c.KNEE_LIMIT] or "-", _num(row[c.KNEE_RPS], ".2f"),
+             _num(row[c.GOODPUT_RPS_PER_GPU], ".2f"), _num(row[c.GOODPUT_NOW_RPS_PER_GPU], ".2f"),
+             _num(row[c.RPS_NOW], ".2f"),
+             "-" if row[c.HEADROOM_X] is None else f"x{row[c.HEADROOM_X]:.2f}",
+             _num(row[c.MBU], ".0%"), _num(row[c.MFU], ".1%"), row[c.BOUND] or "-",
+             f"{_num(row[c.BATCH_MIN], '.0f')}-{_num(row[c.BATCH_MAX], '.0f')}")
+    return _render(table) + f"{frame.height} pools\n"
+
+
+@click.command()
+@_DATA_DIR
+@_CONFIG
+@format_option()
+@click.option("--refresh/--no-refresh", default=None,
+              help="Recompute from the data first [default: only if never computed].")
+def capacity(data_dir: str | None, config_file: str | None, fmt: str,
+             refresh: bool | None) -> None:
+    """Capacity per pool (service, model, GPU, TP, configuration): the knee (largest batch
+    and arrival rate meeting the TPOT and TTFT SLOs), goodput per GPU at the knee and now,
+    headroom before the knee, MBU/MFU and the bound (docs/analytics.md, "Capacity")."""
+    config = load_analytics_config(config_file)
+    from fleetlens.analytics.runner import read_table, run
+    from fleetlens.pipeline.storage import parquet_files
+
+    root = _root(data_dir, config_file)
+    never = next(parquet_files(root.table_dir(t.CAPACITY)), None) is None
+    if refresh or (refresh is None and never):
+        run(root, config, notify=False)
+    frame = read_table(root, t.CAPACITY).sort(c.SERVICE_NAME, c.MODEL, c.GPU_MODEL, c.TP,
+                                               c.CONFIG)
+    if fmt != "table":
+        click.echo(render_rows(frame, fmt), nl=False)
+    elif frame.is_empty():
+        click.echo(_NONE, nl=False)
+    else:
+        click.echo(capacity_table(frame), nl=False)

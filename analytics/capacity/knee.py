@@ -1,0 +1,132 @@
+"""The knee of one pool: the largest batch (and arrival rate) that still meets its SLOs.
+
+Three limits, the smallest wins (``knee_limit`` names it):
+
+- ``tpot``: the fitted TPOT p99 reaches the TPOT SLO (the service's own ``tpot`` latency SLO,
+  else ``tpot_ratio`` x the fitted TPOT p99 at batch 1);
+- ``ttft``: the first batch bin whose windows' median TTFT p99 breaks the TTFT SLO (the
+  service's own ``ttft`` SLO, else ``ttft_p99_s``): queueing shows there, not in TPOT;
+- ``kv``: the KV cache holds no more sequences of the pool's mean context.
+
+The arrival rate at a batch follows from Little's law on the running requests: a request
+runs for its prefill plus (output tokens - 1) x TPOT, so one instance takes
+``rps = batch / (prefill_s + (output - 1) x tpot_p50(batch))``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetlens.analytics.capacity.config import CapacityConfig
+from fleetlens.analytics.capacity.fit import Line, bootstrap, fit_line
+from fleetlens.analytics.slos.config import SloConfig
+
+TPOT, TTFT, KV, NONE = "tpot", "ttft", "kv", "none"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One pool's windows as arrays (one entry per instance-window) and its means."""
+
+    batch: np.ndarray
+    kv: np.ndarray
+    tpot_p50: np.ndarray
+    tpot_p99: np.ndarray
+    ttft_p99: np.ndarray
+    requests: np.ndarray
+    context: float  # mean KV tokens per running sequence
+    output: float  # mean output tokens per request
+    prefill_s: float  # mean prefill time per request
+    kv_capacity: float | None  # KV tokens an instance holds, if reported
+
+
+@dataclass(frozen=True)
+class Knee:
+    """Where a pool's SLOs break, with the fits it came from."""
+
+    batch: float
+    lo: float
+    hi: float
+    limit: str
+    extrapolated: bool
+    rps: float  # per instance
+    tpot_slo_s: float
+    ttft_slo_s: float
+    tpot_batch1_s: float
+    p50: Line
+    p99: Line
+    p99_lines: list[Line]
+
+
+def slo_thresholds(service: str, slos: SloConfig, config: CapacityConfig
+                   ) -> tuple[float | None, float]:
+    """(TPOT threshold or None for the batch-1 rule, TTFT threshold) of ``service``."""
+    tpot, ttft = None, config.ttft_p99_s
+    for entry in slos.services:
+        if entry.service == service:
+            for slo in entry.latency:
+                if slo.metric == "tpot":
+                    tpot = slo.threshold_s
+                elif slo.metric == "ttft":
+                    ttft = slo.threshold_s
+    return tpot, ttft
+
+
+def rps_at(batch: float | np.ndarray, p50: Line, pool: Pool) -> float | np.ndarray:
+    """One instance's arrival rate at ``batch`` (Little's law on the running requests)."""
+    running_s = pool.prefill_s + max(pool.output - 1.0, 0.0) * p50.at(batch, pool.context)
+    return batch / running_s
+
+
+def _bins(batch: np.ndarray, rel: float) -> np.ndarray:
+    """Bin index of each batch on a geometric grid of ratio (1 + rel) / (1 - rel)."""
+    ratio = (1 + rel) / (1 - rel)
+    return np.floor(np.log(np.maximum(batch, 0.5)) / math.log(ratio)).astype(int)
+
+
+def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
+    """The largest batch visited before the first bin whose median TTFT p99 breaks the
+    bound (inf when no visited bin breaks it)."""
+    bins = _bins(pool.batch, rel)
+    for b in sorted(set(bins.tolist())):
+        inside = bins == b
+        if np.median(pool.ttft_p99[inside]) > bound:
+            below = pool.batch[bins < b]
+            return float(below.max()) if below.size else float(pool.batch[inside].min())
+    return float("inf")
+
+
+def find_knee(pool: Pool, tpot_slo: float | None, ttft_slo: float,
+              config: CapacityConfig) -> Knee:
+    """The knee of ``pool`` (module docstring); ``tpot_slo`` None: the batch-1 rule."""
+    w = pool.requests.astype(float)
+    p50 = fit_line(pool.batch, pool.kv, pool.tpot_p50, w)
+    p99 = fit_line(pool.batch, pool.kv, pool.tpot_p99, w)
+    lines = bootstrap(pool.batch, pool.kv, pool.tpot_p99, w, config.bootstrap_samples)
+    batch1 = float(p99.at(1.0, pool.context))
+
+    def tpot_batch(line: Line) -> float:
+        slo = tpot_slo if tpot_slo is not None else config.tpot_ratio * line.at(1.0,
+                                                                                 pool.context)
+        return line.batch_at(slo, pool.context)
+
+    limits = {TPOT: tpot_batch(p99), TTFT: ttft_limit(pool, ttft_slo, config.bin_rel_width),
+              KV: (pool.kv_capacity / pool.context if pool.kv_capacity and pool.context > 0
+                   else float("inf"))}
+    limit = min(limits, key=lambda k: limits[k])
+    batch = limits[limit]
+    if math.isinf(batch):
+        limit, batch = NONE, float(pool.batch.max())
+    others = min(limits[TTFT], limits[KV])
+    spread = np.array([min(tpot_batch(line), others) for line in lines])
+    spread = spread[np.isfinite(spread)]
+    lo, hi = ((float(np.percentile(spread, 5)), float(np.percentile(spread, 95)))
+              if spread.size else (batch, batch))
+    visited = float(pool.batch.max()) * (1 + config.bin_rel_width)
+    return Knee(batch=batch, lo=min(lo, batch), hi=max(hi, batch), limit=limit,
+                extrapolated=batch > visited, rps=float(rps_at(batch, p50, pool)),
+                tpot_slo_s=tpot_slo if tpot_slo is not None else config.tpot_ratio * batch1,
+                ttft_slo_s=ttft_slo, tpot_batch1_s=batch1, p50=p50, p99=p99, p99_lines=lines)

@@ -1,0 +1,145 @@
+"""The elasticity points: per engine instance and window, the batch it ran and what it served.
+
+Stage ``capacity_windows(tables, window_s) -> capacity_windows`` (without ``good_requests``,
+``mbu``, ``mfu``: :mod:`analytics.capacity.stage` adds them). Inputs: `engine_samples`
+(running requests, KV usage and capacity, token counters), `requests` (latencies, arrivals),
+`instance_gpus` (the GPUs of an instance: its TP size), `gpu_samples` (the GPU model),
+`engine_configs` (the configuration fingerprint in force). Grain: one row per (host,
+instance, window) with at least one engine sample.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from fleetlens.analytics.attribution import Tables
+from fleetlens.pipeline.schema import columns as c
+
+NS = 1_000_000_000
+#: ``config`` of an instance whose agent reports no configuration fingerprint.
+NO_CONFIG = "-"
+UNKNOWN = "unknown"
+_TPOT50, _TPOT99 = c.percentile_column("tpot", "p50"), c.percentile_column("tpot", "p99")
+_TTFT50, _TTFT99 = c.percentile_column("ttft", "p50"), c.percentile_column("ttft", "p99")
+#: private columns carried to the stage (mean tokens and phases of the window's requests)
+MEAN_OUTPUT, MEAN_CONTEXT, MEAN_PREFILL = "_mean_output", "_mean_context", "_mean_prefill_s"
+KV_CAPACITY = "_kv_capacity"
+
+
+def _window(ts: str, window_s: int) -> pl.Expr:
+    step = window_s * NS
+    return (pl.col(ts) // step * step).alias(c.WINDOW_START_NS)
+
+
+def _counter_rate(counter: str) -> pl.Expr:
+    """Increase of a cumulative counter per second between consecutive samples (a reset,
+    the engine restarted, counts from zero)."""
+    inc = pl.col(counter).diff().over(c.HOST_NAME, c.INSTANCE_ID)
+    inc = pl.when(inc < 0).then(pl.col(counter)).otherwise(inc)
+    return inc
+
+
+def engine_windows(engine: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
+    """Per (host, instance, window): mean running batch, KV usage and capacity, and the
+    generated and prompt tokens per second from the engine's counters."""
+    names = engine.collect_schema().names()
+    capacity = (pl.col(c.KV_CAPACITY_TOKENS).max() if c.KV_CAPACITY_TOKENS in names
+                else pl.lit(None, pl.Float64))
+    dt = (pl.col(c.TS_NS).diff().over(c.HOST_NAME, c.INSTANCE_ID) / NS)
+    samples = (engine.sort(c.HOST_NAME, c.INSTANCE_ID, c.TS_NS)
+               .with_columns(_window(c.TS_NS, window_s), dt.alias("_dt"),
+                             _counter_rate(c.GENERATION_TOKENS_TOTAL).alias("_gen"),
+                             _counter_rate(c.PROMPT_TOKENS_TOTAL).alias("_prompt")))
+    return samples.group_by(c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS).agg(
+        pl.col(c.MODEL).drop_nulls().first(),
+        pl.col(c.NUM_RUNNING).mean().alias(c.BATCH),
+        pl.col(c.KV_CACHE_USAGE).mean().alias(c.KV_CACHE_USAGE_MEAN),
+        capacity.cast(pl.Float64).alias(KV_CAPACITY),
+        (pl.col("_gen").sum() / pl.col("_dt").sum()).alias("_gen_tok_s"),
+        (pl.col("_prompt").sum() / pl.col("_dt").sum()).alias("_prompt_tok_s"),
+    )
+
+
+def request_windows(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
+    """Per (instance, window of arrival): arrivals per second, TPOT and TTFT p50/p99, and the
+    mean output tokens, context and prefill time of the window's requests."""
+    ok = requests.filter(~pl.col(c.IS_ERROR).fill_null(False))
+    return ok.with_columns(_window(c.ARRIVAL_NS, window_s)).group_by(
+        c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS).agg(
+        pl.col(c.SERVICE_NAME).drop_nulls().mode().first(),
+        pl.len().cast(pl.Int64).alias(c.REQUESTS),
+        (pl.len() / window_s).alias(c.RPS),
+        pl.col(c.TPOT_S).quantile(0.5, "linear").alias(_TPOT50),
+        pl.col(c.TPOT_S).quantile(0.99, "linear").alias(_TPOT99),
+        pl.col(c.TTFT_S).quantile(0.5, "linear").alias(_TTFT50),
+        pl.col(c.TTFT_S).quantile(0.99, "linear").alias(_TTFT99),
+        pl.col(c.OUTPUT_TOKENS).mean().cast(pl.Float64).alias(MEAN_OUTPUT),
+        # a running request holds its prompt and, on average, half its output
+        (pl.col(c.INPUT_TOKENS) + pl.col(c.OUTPUT_TOKENS) / 2).mean().alias(MEAN_CONTEXT),
+        pl.col(c.PREFILL_S).mean().alias(MEAN_PREFILL),
+    )
+
+
+def instance_hardware(tables: Tables) -> pl.LazyFrame:
+    """Per instance: its TP size (GPUs mapped to it, else 1) and GPU model (of its GPUs,
+    else of its host's)."""
+    mapping = tables.instance_gpus.lazy().filter(pl.col(c.GPU_UUID).is_not_null())
+    models = tables.gpu_samples.group_by(c.GPU_UUID).agg(pl.col(c.GPU_MODEL).drop_nulls()
+                                                         .first())
+    per_gpu = mapping.join(models, on=c.GPU_UUID, how="left")
+    return per_gpu.group_by(c.INSTANCE_ID).agg(
+        pl.col(c.GPU_UUID).n_unique().cast(pl.Int64).alias(c.TP),
+        pl.col(c.GPU_MODEL).drop_nulls().first().alias("_gpu_of_instance"))
+
+
+def _configs(tables: Tables, points: pl.LazyFrame) -> pl.LazyFrame:
+    """The configuration fingerprint in force at each window (the last one seen start
+    before the window ended)."""
+    if tables.engine_configs is None:
+        return points.with_columns(pl.lit(NO_CONFIG).alias(c.CONFIG))
+    configs = (tables.engine_configs.select(c.HOST_NAME, c.INSTANCE_ID, c.START_NS,
+                                            c.CONFIG_FINGERPRINT)
+               .unique().sort(c.START_NS))
+    probe = points.with_columns((pl.col(c.WINDOW_START_NS) + pl.col(c.WINDOW_S) * NS - 1)
+                                .alias("_end")).sort("_end")
+    joined = probe.join_asof(configs, left_on="_end", right_on=c.START_NS,
+                             by=[c.HOST_NAME, c.INSTANCE_ID], strategy="backward")
+    return joined.with_columns(pl.col(c.CONFIG_FINGERPRINT).fill_null(NO_CONFIG)
+                               .alias(c.CONFIG)).drop("_end", c.START_NS, c.CONFIG_FINGERPRINT)
+
+
+def capacity_windows(tables: Tables, window_s: int) -> pl.LazyFrame:
+    """Stage: the tables -> one elasticity point per (host, instance, window).
+
+    ``kv_tokens`` is the KV usage x the engine's reported capacity where it reports one,
+    else batch x the mean context of the window's requests. Output tokens/s per GPU come
+    from the engine's generation counter (every token, whatever its request's window).
+    """
+    engine = engine_windows(tables.engine_samples, window_s)
+    reqs = request_windows(tables.requests, window_s)
+    hosts = tables.gpu_samples.group_by(c.HOST_NAME).agg(
+        pl.col(c.GPU_MODEL).drop_nulls().first().alias("_gpu_of_host"))
+    service = (tables.requests.group_by(c.INSTANCE_ID)
+               .agg(pl.col(c.SERVICE_NAME).drop_nulls().mode().first().alias("_service")))
+    points = (engine.join(reqs, on=[c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS],
+                          how="left")
+              .join(service, on=c.INSTANCE_ID, how="left")
+              .join(instance_hardware(tables), on=c.INSTANCE_ID, how="left")
+              .join(hosts, on=c.HOST_NAME, how="left"))
+    tp = pl.col(c.TP).fill_null(1)
+    kv = pl.when(pl.col(KV_CAPACITY) > 0).then(pl.col(c.KV_CACHE_USAGE_MEAN)
+                                               * pl.col(KV_CAPACITY))
+    points = points.with_columns(
+        pl.lit(window_s, pl.Int64).alias(c.WINDOW_S),
+        pl.coalesce(c.SERVICE_NAME, "_service").fill_null(UNKNOWN).alias(c.SERVICE_NAME),
+        pl.col(c.MODEL).fill_null(UNKNOWN),
+        pl.coalesce("_gpu_of_instance", "_gpu_of_host").fill_null(UNKNOWN).alias(c.GPU_MODEL),
+        tp.alias(c.TP),
+        pl.col(c.REQUESTS).fill_null(0),
+        pl.col(c.RPS).fill_null(0.0),
+        kv.otherwise(pl.col(c.BATCH) * pl.col(MEAN_CONTEXT)).alias(c.KV_TOKENS),
+        (pl.col("_gen_tok_s") / tp).alias(c.OUTPUT_TOK_S_PER_GPU),
+        (pl.col("_prompt_tok_s") / tp).alias(c.PROMPT_TOK_S_PER_GPU),
+    )
+    return _configs(tables, points).drop("_service", "_gpu_of_instance", "_gpu_of_host",
+                                         "_gen_tok_s", "_prompt_tok_s")
