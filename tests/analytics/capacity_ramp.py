@@ -18,6 +18,8 @@ from fleetlens.analytics.attribution import Tables
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import conform
 from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+from tests.analytics.synthetic_windows import windows_from
 
 NS = 1_000_000_000
 T0 = 1_767_225_600 * NS
@@ -100,3 +102,24 @@ def ramp_tables(ramp: Ramp) -> Tables:
                               conform(pl.DataFrame(engine), t.ENGINE_SAMPLES),
                               conform(pl.DataFrame(gpus), t.GPU_SAMPLES),
                               t.table(t.WINDOWS).empty(), pl.DataFrame(mapping))
+
+
+def write_ramp(ramp: Ramp, data_dir: DataDir) -> None:
+    """Publish ``ramp``'s tables (and their `windows`) into a data directory, one file per
+    table and UTC date, as the pipeline lays them out."""
+    tables = ramp_tables(ramp)
+    requests, engine = tables.requests.collect(), tables.engine_samples.collect()
+    gpus = tables.gpu_samples.collect()
+    mapping = conform(tables.instance_gpus.with_columns(
+        pl.lit("h01").alias(c.HOST_NAME), pl.lit(ramp.model).alias(c.MODEL),
+        pl.lit(T0).alias(c.START_NS),
+        pl.lit(int(engine[c.TS_NS].max())).alias(c.END_NS)), t.INSTANCE_GPUS)
+    frames = {t.REQUESTS: (requests, c.ARRIVAL_NS), t.ENGINE_SAMPLES: (engine, c.TS_NS),
+              t.GPU_SAMPLES: (gpus, c.TS_NS), t.INSTANCE_GPUS: (mapping, c.START_NS),
+              t.WINDOWS: (windows_from(requests, engine, gpus, ramp.window_s),
+                          c.WINDOW_START_NS)}
+    for table, (frame, ts) in frames.items():
+        day = pl.from_epoch(pl.col(ts), time_unit="ns").dt.strftime("%Y-%m-%d").alias(c.DATE)
+        for (date,), part in frame.with_columns(day).group_by(c.DATE):
+            write_parquet_atomic(part.drop(c.DATE),
+                                 data_dir.partition_path(table, date=date) / "ramp.parquet")
