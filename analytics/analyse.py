@@ -26,6 +26,7 @@ from fleetlens.analytics.confirm import withhold_unsupported
 from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.failures.detect import detect_failures, link_cascades, to_tables
 from fleetlens.analytics.gpu_signals import GPU_CLOCK_MIN, gpu_clock_series
+from fleetlens.analytics.incident_facts import incident_tables
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
 from fleetlens.analytics.peers import PEER_SUFFIX, peer_metric, peer_series
 from fleetlens.analytics.series import (
@@ -52,6 +53,14 @@ class Analysis:
     anomalies: pl.DataFrame
     incidents: pl.DataFrame
     causes: pl.DataFrame
+
+    @property
+    def facts(self) -> dict[str, pl.DataFrame]:
+        """What attribution compared per incident (`incident_phases`, `incident_dimensions`,
+        `incident_periods`; :mod:`analytics.incident_facts`), by table name: derived from
+        the final causes, so a pass that splits incidents afterwards (Ray's included) cannot
+        leave them stale."""
+        return incident_tables(self.incidents, self.causes)
 
 
 def hosts_by_service(series: pl.DataFrame) -> dict[tuple[str, str], int]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import polars as pl
 
+from fleetlens.analytics.attribution.phases import PHASES
 from fleetlens.analytics.provenance import read_json
 from fleetlens.analytics.runner import read_table, state_dir
 from fleetlens.analytics.series import series_name
@@ -40,6 +41,12 @@ class Report:
     series: pl.DataFrame  # ts_ns, value, expected, lower, upper
     slowest: pl.DataFrame
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: What the causes were ranked on, as analytics stored it (issue 32): `incident_phases`,
+    #: `incident_dimensions` and `incident_periods` rows of this incident.
+    phases: pl.DataFrame = field(default_factory=lambda: t.table(t.INCIDENT_PHASES).empty())
+    dimensions: pl.DataFrame = field(
+        default_factory=lambda: t.table(t.INCIDENT_DIMENSIONS).empty())
+    period: dict[str, Any] = field(default_factory=dict)
 
     @property
     def evidence(self) -> dict[str, Any]:
@@ -105,5 +112,23 @@ def build_report(data_dir: DataDir, ident: str) -> Report:
         row[c.EVIDENCE] = json.loads(row[c.EVIDENCE])
         rows.append(row)
     prov = read_json(state_dir(data_dir) / "provenance.json", {})
+    facts = {name: stored_rows(data_dir, name, incident[c.INCIDENT_ID])
+             for name in (t.INCIDENT_PHASES, t.INCIDENT_DIMENSIONS, t.INCIDENT_PERIODS)}
+    period = facts[t.INCIDENT_PERIODS]
     return Report(incident, rows, _series(data_dir, incident), _slowest(data_dir, incident),
-                  prov)
+                  prov, facts[t.INCIDENT_PHASES], facts[t.INCIDENT_DIMENSIONS],
+                  period.row(0, named=True) if period.height else {})
+
+
+def stored_rows(data_dir: DataDir, table: str, incident_id: str) -> pl.DataFrame:
+    """One incident's rows of a per-incident table, in the contract's columns and order
+    (phases in phase order, dimensions by rank)."""
+    schema = t.table(table)
+    rows = read_table(data_dir, table)
+    if c.INCIDENT_ID not in rows.columns:
+        return schema.empty()
+    rows = rows.filter(pl.col(c.INCIDENT_ID) == incident_id).select(list(schema.columns))
+    if table == t.INCIDENT_PHASES:
+        order = {p: i for i, p in enumerate(PHASES)}
+        return rows.sort(pl.col(c.PHASE).replace_strict(order, default=len(order)))
+    return rows.sort(c.RANK) if c.RANK in rows.columns else rows

@@ -12,7 +12,6 @@ from typing import Any
 
 import polars as pl
 
-from fleetlens.analytics.attribution.phases import PHASES
 from fleetlens.analytics.baselines import METHOD_ROLLING
 from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
 from fleetlens.analytics.report import Report, iso
@@ -54,6 +53,19 @@ def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f}"
 
 
+def _lift(lift: float | None) -> str:
+    return "n/a" if lift is None else f"x{lift:.1f}"
+
+
+def _period(period: dict[str, Any], bullet: str) -> list[str]:
+    """The baseline period the phases were compared against (other incidents left out)."""
+    if not period:
+        return []
+    return [f"{bullet}compared against {iso(period[c.BASELINE_START_NS])} -> "
+            f"{iso(period[c.BASELINE_END_NS])} ({period[c.BASELINE_REQUESTS]:,} requests; "
+            f"{period[c.INCIDENT_REQUESTS]:,} during the incident)"]
+
+
 def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
     """Sections as (title, lines); shared by text and Markdown."""
     inc = report.incident
@@ -76,10 +88,13 @@ def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
     # a failure's evidence is what stopped: its keys as they are
     failed = [f"{bullet}{k}: {json.dumps(v)}" for k, v in sorted(ev.items())
               if str(inc[c.DETECTOR]).startswith(DETECTOR_PREFIX)]
-    phases = [f"{bullet}{p}: {signed_duration(ev['phases'][p]['excess_ms'] / 1000)} "
-              f"({ev['phases'][p]['share']:.0%})" for p in PHASES if ev.get("phases")]
-    dims = [f"{bullet}{d['dimension']}={d['value']}: lift x{d['lift']:.1f}, "
-            f"{d[c.SHARE_OF_EXCESS]:.0%} of excess" for d in ev.get("top_dimensions", [])]
+    # The rows analytics stored (incident_phases, incident_dimensions): the page shows these.
+    phases = [f"{bullet}{r[c.PHASE]}: {signed_duration(r[c.EXCESS_S])} per request "
+              f"({r[c.SHARE]:.0%} of the excess)" for r in report.phases.iter_rows(named=True)]
+    dims = [f"{bullet}{d[c.DIMENSION]}={d[c.DIMENSION_VALUE]}: lift {_lift(d[c.LIFT])}, "
+            f"{d[c.SHARE_OF_EXCESS]:.0%} of excess"
+            for d in report.dimensions.iter_rows(named=True)]
+    phases += _period(report.period, bullet)
     signals = [f"{bullet}{k}: {json.dumps(v)}" for k, v in sorted(
         ev.get("signals", {}).items())]
     roll = _rolling(report)
@@ -99,7 +114,7 @@ def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
     ]
     return [("Incident", head), ("Ranked causes", causes or [f"{bullet}(none)"]),
             *([("What failed (evidence)", failed)] if failed else []),
-            ("Excess latency by phase (top cause's scope)", phases),
+            ("Excess latency by phase (top cause's scope)", phases or [f"{bullet}(none)"]),
             ("Dimensions over-represented among slow requests", dims or [f"{bullet}(none)"]),
             ("Signals behind the top cause", signals),
             (f"{inc[c.METRIC]} over time (1 h before to 30 min after)", plot),
@@ -183,11 +198,13 @@ def to_html(report: Report) -> str:
 
 def to_json(report: Report) -> str:
     """The report as one JSON object: the incident, its ranked causes with their evidence,
-    the metric against its baseline around the incident, the slowest requests, provenance."""
-    import json
-
+    what they were ranked on (``phases``, ``dimensions``, ``baseline_period``: the stored
+    `incident_*` rows), the metric against its baseline around the incident, the slowest
+    requests, provenance."""
     return json.dumps({
         "incident": report.incident, "causes": report.causes,
+        "phases": report.phases.to_dicts(), "dimensions": report.dimensions.to_dicts(),
+        "baseline_period": report.period,
         "series": report.series.to_dicts(), "slowest_requests": report.slowest.to_dicts(),
         "provenance": report.provenance,
     }, indent=2, default=str) + "\n"

@@ -122,7 +122,8 @@ def publish(data_dir: DataDir, table: str, frame: pl.DataFrame, ts_col: str,
 def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
         notify: bool = True, echo: Callable[[str], None] | None = None,
         refit_prophet: bool = False, remote: Remote | None = None) -> RunResult:
-    """Analyse a data directory and publish `baselines`, `incidents` and `causes`.
+    """Analyse a data directory and publish `baselines`, `incidents`, `causes` and what
+    the causes were ranked on (`incident_phases`, `incident_dimensions`, `incident_periods`).
 
     Args:
         data_dir: the data directory (path or :class:`DataDir`).
@@ -161,6 +162,11 @@ def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
     causes = analysis.causes.join(
         analysis.incidents.select(c.INCIDENT_ID, c.START_NS), on=c.INCIDENT_ID, how="left")
     publish(root, t.CAUSES, causes, c.START_NS, since_ns=since)
+    for table, frame in analysis.facts.items():  # what the causes were ranked on (issue 32)
+        if c.START_NS not in frame.columns:
+            frame = frame.join(analysis.incidents.select(c.INCIDENT_ID, c.START_NS),
+                               on=c.INCIDENT_ID, how="left")
+        publish(root, table, frame, c.START_NS, since_ns=since)
     result = RunResult(analysis, slos=publish_slos(root, config, analysis.window_s))
     if config.prophet and analysis.window_s:
         from fleetlens.analytics.prophet_baselines import refresh_prophet

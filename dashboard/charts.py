@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
+from fleetlens.analytics.units import signed_duration
 from fleetlens.dashboard.ui import LEGEND_ON_TOP, PHASE_COLOURS, TIME_AXIS, xs, ys
 from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
@@ -32,14 +33,16 @@ def phase_excess_chart(phases: pl.DataFrame) -> go.Figure:
     top = max([v for v in excess if v > 0], default=0.0)
     lowest = min(excess + [0.0])
     floor = max(lowest, -NEGATIVE_ROOM * top) if top else lowest
-    labels = [f"{v:+,.1f} ms · {share:.0%}" if v > 0 else f"{v:+,.1f} ms (faster)"
+    # As `fleetlens explain` prints them: "+127.8 s", not "+127772.0 ms".
+    labels = [f"{signed_duration(v / 1000)} · {share:.0%}" if v > 0
+              else f"{signed_duration(v / 1000)} (faster)"
               for v, share in zip(excess, phases["share"].to_list(), strict=True)]
     colours = [PHASE_COLOURS.get(ph, "#999") if v > 0 else "#c7c7c7"
                for ph, v in zip(phases["phase"].to_list(), excess, strict=True)]
     fig = go.Figure(go.Bar(x=phases["phase"].to_list(), y=[max(v, floor) for v in excess],
                            marker={"color": colours}, text=labels, textposition="outside",
                            cliponaxis=False, customdata=excess,
-                           hovertemplate="%{x}: %{customdata:+.1f} ms<extra></extra>"))
+                           hovertemplate="%{x}: %{customdata:+,.1f} ms<extra></extra>"))
     span = (top - floor) or 1.0
     fig.update_layout(height=300, yaxis_title="excess ms per request (during − before)",
                       yaxis={"range": [floor - 0.15 * span, top + 0.2 * span]},

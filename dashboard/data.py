@@ -46,6 +46,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "metric_context": incident.metric_context,
     "phase_breakdown": incident.phase_breakdown,
     "dimension_compare": incident.dimension_compare,
+    "compared_period": incident.compared_period,
     "signals": incident.signals,
     "slowest_requests": incident.slowest_requests,
     "kv_instances": explore.kv_instances,
@@ -77,6 +78,7 @@ def data_dir() -> DataDir:
 #: part of every cold page load. The SQL console has its own connection over every table.
 DASHBOARD_TABLES = (t.SPANS, t.REQUESTS, t.WINDOWS, t.GPU_SAMPLES, t.ENGINE_SAMPLES,
                     t.REQUEST_ENERGY, t.INSTANCE_GPUS, t.BASELINES, t.INCIDENTS, t.CAUSES,
+                    t.INCIDENT_PHASES, t.INCIDENT_DIMENSIONS, t.INCIDENT_PERIODS,
                     t.SLO_WINDOWS, t.SLO_STATUS, t.SLO_BURN_RATES, t.SLO_ALERTS)
 
 

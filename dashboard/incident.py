@@ -1,8 +1,9 @@
 """Queries behind the incident detail page: context, phases, dimensions, signals, requests.
 
 The incident's scope is its ``service_name``/``model``/``host_name`` (``*`` or empty means
-all). Its baseline period is the stretch just before it, of four times its length (at least
-30 minutes), so "before" and "during" are compared on the same fleet.
+all). The phase split, the dimension comparison and the baseline period are the rows
+analytics stored (`incident_phases`, `incident_dimensions`, `incident_periods`); the charts
+show the stretch around the incident (four times its length before, at least 30 minutes).
 """
 
 from __future__ import annotations
@@ -13,13 +14,9 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from fleetlens.analytics.attribution.context import IncidentContext, Tables, load_context
-from fleetlens.analytics.attribution.dimensions import compare_dimensions
 from fleetlens.analytics.attribution.phases import PHASES as PHASE_NAMES
-from fleetlens.analytics.attribution.phases import phase_split
 from fleetlens.dashboard.filters import table_columns
 from fleetlens.dashboard.queries import OVERVIEW_METHOD, baseline_rows, run
-from fleetlens.dashboard.ranking import analytics_config
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -80,58 +77,34 @@ def _window_columns(con: duckdb.DuckDBPyConnection) -> set[str]:
     return table_columns(con, t.WINDOWS)
 
 
-def attribution_context(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]
-                        ) -> IncidentContext:
-    """The requests analytics' attribution compared for ``inc``: its own
-    :func:`~analytics.attribution.context.load_context` over the slice of ``requests`` it
-    reads (the configured lookback before the incident, the incident itself)."""
-    config = analytics_config()
-    sizes = [r[0] for r in con.cursor().execute(
-        f"SELECT DISTINCT {c.WINDOW_S} FROM {t.WINDOWS}").fetchall()]
-    # As analytics picks it (series.pick_window_s): the configured size if present.
-    window_s = config.window_s if config.window_s in sizes or not sizes else min(sizes)
-    start, end = int(inc[c.START_NS]), int(inc[c.END_NS] or inc[c.START_NS])
-    lo = start - (2 * window_s + config.attribution_lookback_s) * NS
-    requests = run(con, f"SELECT * FROM {t.REQUESTS} WHERE {c.ARRIVAL_NS} >= $lo "
-                        f"AND {c.ARRIVAL_NS} < $hi", {"lo": lo, "hi": end})
-    mapping = run(con, f"SELECT DISTINCT {c.INSTANCE_ID}, {c.GPU_UUID} FROM {t.INSTANCE_GPUS}"
-                       f" WHERE coalesce({c.GPU_UUID}, '') <> '' ORDER BY 1, 2", {})
-    # Only the requests are compared here: the samples stay empty (signals are charted apart).
-    tables = Tables(requests.lazy(), t.table(t.ENGINE_SAMPLES).empty().lazy(),
-                    t.table(t.GPU_SAMPLES).empty().lazy(), t.table(t.WINDOWS).empty().lazy(),
-                    mapping)
-    return load_context(tables, inc, window_s, config.attribution_lookback_s)
-
-
 def phase_breakdown(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
-    """Excess time per phase (ms per request, signed) and its share of the positive excess,
-    as analytics' ``phase_split`` computes it for the incident's causes (decode per output
-    token, so longer answers are not slower decoding)."""
-    ctx = attribution_context(con, inc)
-    if ctx.requests_inc.is_empty():
-        return pl.DataFrame(schema={"phase": pl.String, "excess_ms": pl.Float64,
-                                    "share": pl.Float64})
-    scoped_inc, scoped_base = ctx.requests_inc, ctx.requests_base
-    if ctx.host:  # a host's incident is split on its own requests, as analytics does
-        scoped_inc = scoped_inc.filter(pl.col(c.HOST_NAME) == ctx.host)
-        scoped_base = scoped_base.filter(pl.col(c.HOST_NAME) == ctx.host)
-    split = phase_split(scoped_inc, scoped_base)
-    return pl.DataFrame({"phase": list(PHASE_NAMES),
-                         "excess_ms": [split.excess_s[p] * 1000 for p in PHASE_NAMES],
-                         "share": [split.share[p] for p in PHASE_NAMES]})
+    """The incident's `incident_phases` rows as analytics stored them (the excess per phase
+    its causes were ranked on, as ``fleetlens explain`` prints it), in phase order, with the
+    excess in ms per request for the chart. Empty for an incident analytics did not split
+    (a failure). Never recomputed here: a split of this page's own baseline slice once
+    contradicted ``explain`` (issue 32)."""
+    order = " ".join(f"WHEN '{p}' THEN {i}" for i, p in enumerate(PHASE_NAMES))
+    return run(con, f"""SELECT {c.PHASE}, {c.EXCESS_S} * 1000 AS excess_ms, {c.SHARE}
+        FROM {t.INCIDENT_PHASES} WHERE {c.INCIDENT_ID} = $id
+        ORDER BY CASE {c.PHASE} {order} ELSE {len(PHASE_NAMES)} END""",
+               {"id": inc[c.INCIDENT_ID]})
 
 
 def dimension_compare(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:
-    """Dimension values over-represented among the incident's slow requests, as analytics'
-    ``compare_dimensions`` ranks them (slow: above the baseline p90 of the incident's own
-    latency metric; the configured dimensions and buckets)."""
-    ctx = attribution_context(con, inc)
-    findings = compare_dimensions(ctx.requests_inc, ctx.requests_base, str(inc[c.METRIC]),
-                                  list(analytics_config().dimensions))
-    return pl.DataFrame([vars(f) for f in findings], schema={
-        "dimension": pl.String, "value": pl.String, "lift": pl.Float64,
-        c.SHARE_OF_EXCESS: pl.Float64, "slow_share": pl.Float64, "baseline_share": pl.Float64,
-        c.SCORE: pl.Float64})
+    """The incident's `incident_dimensions` rows: the dimension values analytics found
+    over-represented among its slow requests, best first."""
+    return run(con, f"""SELECT {c.DIMENSION}, {c.DIMENSION_VALUE}, {c.LIFT},
+        {c.SHARE_OF_EXCESS} FROM {t.INCIDENT_DIMENSIONS} WHERE {c.INCIDENT_ID} = $id
+        ORDER BY {c.RANK}""", {"id": inc[c.INCIDENT_ID]})
+
+
+def compared_period(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]
+                    ) -> dict[str, Any] | None:
+    """The incident's `incident_periods` row (the baseline period analytics compared
+    against and the requests in each period), or ``None``."""
+    frame = run(con, f"SELECT * FROM {t.INCIDENT_PERIODS} WHERE {c.INCIDENT_ID} = $id",
+                {"id": inc[c.INCIDENT_ID]})
+    return frame.row(0, named=True) if frame.height else None
 
 
 def signals(con: duckdb.DuckDBPyConnection, inc: dict[str, Any]) -> pl.DataFrame:

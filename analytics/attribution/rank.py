@@ -73,6 +73,9 @@ def _evidence(facts: Facts, cand: Candidate, ruled_out: dict[str, str]) -> str:
         "requests": {"incident": phases.incident_requests,
                      "baseline": phases.baseline_requests},
         "e2e_mean_s": {"baseline": phases.e2e_mean_s[0], "incident": phases.e2e_mean_s[1]},
+        # The period compared against, other incidents of the scope left out (clean_baseline):
+        # stored as `incident_periods` so no screen guesses it again.
+        "baseline_period_ns": {"start": facts.ctx.base_start_ns, "end": facts.ctx.base_end_ns},
         "signals": cand.evidence,
         "top_dimensions": top,
         # Causes whose own signal moved the wrong way (e.g. slow_gpu when decode got faster).

@@ -7,6 +7,7 @@ import polars as pl
 import streamlit as st
 
 from fleetlens.analytics.detect import explain_detector
+from fleetlens.analytics.units import signed_duration
 from fleetlens.dashboard import charts, data, failure_view, ui
 from fleetlens.dashboard.failures import is_failure
 from fleetlens.dashboard.filters import Filters
@@ -84,21 +85,34 @@ if causes.height:
 else:
     left.info("No causes computed for this incident yet.")
 right.subheader("Where the excess latency went")
+period = data.load("compared_period", inc)
 if phases.height:
     right.plotly_chart(charts.phase_excess_chart(phases), key="detail_phases")
-    right.dataframe(phases, hide_index=True, key="detail_phase_table", column_config={
-        "excess_ms": st.column_config.NumberColumn("excess ms per request", format="%+.1f"),
-        "share": st.column_config.NumberColumn("share of the excess", format="percent")})
+    # The stored split, in the units `fleetlens explain` prints it ("+127.8 s", "-161 ms").
+    right.dataframe(phases.select(
+        c.PHASE, pl.col("excess_ms").map_elements(lambda ms: signed_duration(ms / 1000),
+                                                  return_dtype=pl.String).alias("excess"),
+        c.SHARE), hide_index=True, key="detail_phase_table", column_config={
+        "excess": st.column_config.TextColumn("excess per request"),
+        c.SHARE: st.column_config.NumberColumn("share of the excess", format="percent")})
+    if period:
+        right.caption(
+            f"Against {ui.to_datetime(period[c.BASELINE_START_NS]):%H:%M} - "
+            f"{ui.to_datetime(period[c.BASELINE_END_NS]):%H:%M} UTC "
+            f"({period[c.BASELINE_REQUESTS]:,} requests; {period[c.INCIDENT_REQUESTS]:,} "
+            "during the incident), other incidents of the service left out.")
 else:
-    right.info("No requests in the incident window.")
+    right.info("Analytics split no latency for this incident (no requests compared).")
 
 st.subheader("Dimensions: incident versus baseline")
-st.caption(f"As analytics ranks them for the causes: requests slower than the baseline p90 of "
-           f"{inc[c.METRIC]}'s request latency during the incident, against all requests "
-           "before it; lift > 1 means over-represented, share_of_excess is the part of the "
-           "excess they carry.")
+st.caption(f"As analytics ranked them for the causes: requests slower than the baseline p90 "
+           f"of {inc[c.METRIC]}'s request latency during the incident, against the baseline "
+           "period's requests; lift > 1 means over-represented, share_of_excess is the part "
+           "of the excess they carry.")
 dims = data.load("dimension_compare", inc)
-st.dataframe(dims.head(30), hide_index=True, key="detail_dims")
+st.dataframe(dims, hide_index=True, key="detail_dims", column_config={
+    c.LIFT: st.column_config.NumberColumn("lift", format="x%.1f"),
+    c.SHARE_OF_EXCESS: st.column_config.NumberColumn("share of the excess", format="percent")})
 
 st.subheader("Correlated signals")
 signals = ui.with_time(data.load("signals", inc), c.TS_NS)

@@ -245,6 +245,25 @@ SHARE_OF_EXCESS = "share_of_excess"
 EVIDENCE = "evidence"
 SUMMARY = "summary"
 
+# --- what attribution compared, per incident (incident_phases, incident_dimensions,
+# incident_periods; issue 32: every screen renders these rows, none recomputes them) --------
+#: ``queue``, ``prefill``, ``decode`` or ``overhead``.
+PHASE = "phase"
+#: Mean excess time per request over the baseline period, s (signed: a phase can get faster).
+EXCESS_S = "excess_s"
+#: The phase's share of the positive excess (0..1; the shares sum to 1 or all are 0).
+SHARE = "share"
+#: A request dimension (``host_name``, ``gpu_uuid``, ``prompt_bucket``...) and its value.
+DIMENSION = "dimension"
+DIMENSION_VALUE = "value"
+#: Share among the incident's slow requests / share among the baseline's requests.
+LIFT = "lift"
+#: The baseline period attribution compared against (other incidents of the scope left out).
+BASELINE_START_NS = "baseline_start_ns"
+BASELINE_END_NS = "baseline_end_ns"
+INCIDENT_REQUESTS = "incident_requests"
+BASELINE_REQUESTS = "baseline_requests"
+
 # --- partitions ---------------------------------------------------------------------------
 DATE = "date"
 HOUR = "hour"

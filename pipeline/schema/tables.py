@@ -210,6 +210,42 @@ _CAUSES = Table(
     key=(c.INCIDENT_ID, c.RANK),
 )
 
+# --- what attribution compared for each incident (issue 32): the incident page, `explain`
+# and the webhook render these rows; none recomputes them on its own slice of data -------
+INCIDENT_PHASES = "incident_phases"
+INCIDENT_DIMENSIONS = "incident_dimensions"
+INCIDENT_PERIODS = "incident_periods"
+
+#: The excess latency per phase (queue, prefill, decode, overhead), s per request, and each
+#: phase's share of the positive excess, as the incident's causes were ranked on.
+_INCIDENT_PHASES = Table(
+    INCIDENT_PHASES,
+    {c.INCIDENT_ID: STR, c.PHASE: STR, c.EXCESS_S: F64, c.SHARE: F64},
+    key=(c.INCIDENT_ID, c.PHASE),
+)
+
+#: The dimension values most over-represented among the incident's slow requests, best
+#: first (``rank`` 1..n).
+_INCIDENT_DIMENSIONS = Table(
+    INCIDENT_DIMENSIONS,
+    {
+        c.INCIDENT_ID: STR, c.RANK: I64, c.DIMENSION: STR, c.DIMENSION_VALUE: STR,
+        c.LIFT: F64, c.SHARE_OF_EXCESS: F64,
+    },
+    key=(c.INCIDENT_ID, c.RANK),
+)
+
+#: The periods compared: the incident's and the baseline's (other incidents of the
+#: service/model left out), with the number of requests in each.
+_INCIDENT_PERIODS = Table(
+    INCIDENT_PERIODS,
+    {
+        c.INCIDENT_ID: STR, c.START_NS: I64, c.END_NS: I64, c.BASELINE_START_NS: I64,
+        c.BASELINE_END_NS: I64, c.INCIDENT_REQUESTS: I64, c.BASELINE_REQUESTS: I64,
+    },
+    key=(c.INCIDENT_ID,),
+)
+
 # --- derived by the pipeline beside the contract tables above ---------------------------
 GPU_WINDOW_ENERGY = "gpu_window_energy"
 INSTANCE_GPUS = "instance_gpus"
@@ -278,7 +314,8 @@ TABLES: dict[str, Table] = {
     t.name: t
     for t in (
         _SPANS, _METRIC_POINTS, _LOG_RECORDS, _REQUESTS, _GPU_SAMPLES, _ENGINE_SAMPLES,
-        _WINDOWS, _REQUEST_ENERGY, _BASELINES, _INCIDENTS, _CAUSES, _GPU_WINDOW_ENERGY,
+        _WINDOWS, _REQUEST_ENERGY, _BASELINES, _INCIDENTS, _CAUSES, _INCIDENT_PHASES,
+        _INCIDENT_DIMENSIONS, _INCIDENT_PERIODS, _GPU_WINDOW_ENERGY,
         _INSTANCE_GPUS, _GPU_SLOT_ENERGY, _ENGINE_CONFIGS, _GPU_HEALTH,
     )
 }

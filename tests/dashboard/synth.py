@@ -289,6 +289,22 @@ def build_incidents(fleet: Fleet, windows: pl.DataFrame) -> tuple[pl.DataFrame, 
     return conform(incidents, t.INCIDENTS), conform(causes, t.CAUSES)
 
 
+def incident_facts(fleet: Fleet, requests: pl.DataFrame, gpus: pl.DataFrame,
+                   engines: pl.DataFrame, windows: pl.DataFrame, incidents: pl.DataFrame
+                   ) -> dict[str, pl.DataFrame]:
+    """The `incident_*` tables of the latency incidents as an analytics run writes them:
+    analytics' own attribution of the synthetic requests (the `causes` written above stay
+    hand-made, so the pages' texts are known)."""
+    from fleetlens.analytics.attribution import Tables, attribute_all
+    from fleetlens.analytics.config import AnalyticsConfig
+    from fleetlens.analytics.incident_facts import incident_tables
+
+    latency = incidents.filter(pl.col(c.DETECTOR) == "band")
+    tables = Tables.from_frames(requests, engines, gpus, windows)
+    causes = attribute_all(tables, latency, AnalyticsConfig(), fleet.window_s)
+    return incident_tables(latency, causes)
+
+
 def write_table(root: DataDir, table: str, frame: pl.DataFrame, time_col: str | None) -> None:
     """Write ``frame`` under its table folder, one file per UTC date partition."""
     if table in t.RAW_SIGNALS.values():
@@ -331,6 +347,9 @@ def build_all(root: DataDir, fleet: Fleet | None = None) -> Fleet:
     write_table(root, t.BASELINES, build_baselines(windows), c.TS_NS)
     write_table(root, t.INCIDENTS, incidents, None)
     write_table(root, t.CAUSES, causes, None)
+    for table, frame in incident_facts(fleet, requests, gpus, engines, windows,
+                                       incidents).items():
+        write_table(root, table, frame, None)
     if fleet.failures:
         synth_failures.publish_slos(root, fleet, requests, SERVICES[1])
     return fleet

@@ -97,7 +97,7 @@ def test_incident_detail_renders_every_section(app) -> None:
     causes, phases, dims, slowest = frames(app)
     assert causes[c.CAUSE][0] == Cause.KV_CACHE_PRESSURE.value
     assert dims.height > 0 and slowest.height > 0
-    top = phases.sort("excess_ms", descending=True)["phase"][0]
+    top = phases.sort(c.SHARE, descending=True)[c.PHASE][0]
     assert top == "queue"  # the injected incident is a queueing spike
     assert app.get("download_button")
 

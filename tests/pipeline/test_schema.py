@@ -13,8 +13,8 @@ def test_contract_names_are_exact() -> None:
     # Names outside checks rely on (DESIGN.md section 3): spot-check each table.
     assert list(TABLES) == [
         "spans", "metric_points", "log_records", "requests", "gpu_samples", "engine_samples",
-        "windows", "request_energy", "baselines", "incidents", "causes",
-        "gpu_window_energy", "instance_gpus", "gpu_slot_energy", "engine_configs", "gpu_health",
+        "windows", "request_energy", "baselines", "incidents", "causes", "incident_phases",
+        "incident_dimensions", "incident_periods", "gpu_window_energy", "instance_gpus", "gpu_slot_energy", "engine_configs", "gpu_health",
         "slo_windows", "slo_status", "slo_burn_rates", "slo_alerts",
         "capacity", "capacity_windows", "capacity_curve",
     ]
