@@ -13,7 +13,7 @@ import sys
 #: polars issue 18088; later options win): freed pages go back to the kernel within a second,
 #: so each hour's frames fault fresh zeroed pages in again. Keeping them 10 s (jemalloc's own
 #: default) halves the page faults and the system time: a day of the pipeline benchmark
-#: 57.5 -> 51.9 s wall, peak RSS 2.2 -> 2.5 GiB (``docs/benchmarks.md``). jemalloc returns
+#: 57.5 -> 51.9 s wall, peak RSS 2.2 -> 2.5 GiB (``docs/benchmarks-history.md``). jemalloc returns
 #: pages lazily, on later allocations, once they are 10 s old, so a long-running process
 #: (``--follow``, the dashboard) may hold its recent peak that much longer.
 POLARS_MALLOC_CONF = "dirty_decay_ms:10000,muzzy_decay_ms:10000"

@@ -160,7 +160,7 @@ def _read_dictionaries(files: list[str], spec: t.Table, names: list[str], predic
     per-file thread pool (the pipeline already reads two hours at once), and the cast and
     filter applied once per batch of files instead of once per file. On an hour of 213
     collector-sized segments this takes about 30% less CPU than a threaded read, cast and
-    filter per file (``docs/benchmarks.md``).
+    filter per file (``docs/benchmarks-history.md``).
     """
     out: list[pl.DataFrame] = []
     batch: list[pl.DataFrame] = []
