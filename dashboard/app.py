@@ -43,6 +43,8 @@ PAGES = {
         st.Page(VIEWS / "energy.py", title="Energy", url_path="energy", icon=":material/bolt:"),
         st.Page(VIEWS / "leaderboard.py", title="Leaderboard", url_path="leaderboard",
                 icon=":material/leaderboard:"),
+        st.Page(VIEWS / "capacity.py", title="Capacity", url_path="capacity",
+                icon=":material/speed:"),
     ],
     "Explore": [
         st.Page(VIEWS / "trace.py", title="Trace explorer", url_path="trace",

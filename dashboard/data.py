@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.dashboard import explore, failures, incident, queries, ranking, slos
+from fleetlens.dashboard import capacity_view, explore, failures, incident, queries, ranking, slos
 from fleetlens.dashboard.config import DashboardConfig, load_dashboard_config
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_vanished
@@ -56,6 +56,9 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "power_vs_limit": explore.power_vs_limit,
     "request_energy": explore.request_energy,
     "leaderboard": ranking.ranked,
+    "capacity_pools": capacity_view.capacity_pools,
+    "capacity_curve": capacity_view.capacity_curve,
+    "capacity_points": capacity_view.capacity_points,
     "find_trace": explore.find_trace,
     "trace_requests": explore.trace_requests,
     "slow_requests": explore.slow_requests,
@@ -79,7 +82,8 @@ def data_dir() -> DataDir:
 DASHBOARD_TABLES = (t.SPANS, t.REQUESTS, t.WINDOWS, t.GPU_SAMPLES, t.ENGINE_SAMPLES,
                     t.REQUEST_ENERGY, t.INSTANCE_GPUS, t.BASELINES, t.INCIDENTS, t.CAUSES,
                     t.INCIDENT_PHASES, t.INCIDENT_DIMENSIONS, t.INCIDENT_PERIODS,
-                    t.SLO_WINDOWS, t.SLO_STATUS, t.SLO_BURN_RATES, t.SLO_ALERTS)
+                    t.SLO_WINDOWS, t.SLO_STATUS, t.SLO_BURN_RATES, t.SLO_ALERTS,
+                    t.CAPACITY, t.CAPACITY_CURVE, t.CAPACITY_WINDOWS)
 
 
 def present_tables(root: DataDir) -> tuple[str, ...]:

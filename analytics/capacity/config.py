@@ -26,6 +26,10 @@ class CapacityConfig:
     enabled: bool = True
     #: The TPOT SLO by default: TPOT p99 at most this multiple of its batch-1 value.
     tpot_ratio: float = 1.5
+    #: The TPOT percentile the knee judges: ``p99`` (the SLO's tail) or ``p50`` (the decode
+    #: step time itself, which a roofline predicts; the tail also grows with the prefills
+    #: that arrivals bring).
+    tpot_percentile: str = "p99"
     #: The TTFT SLO by default: TTFT p99 at most this, s.
     ttft_p99_s: float = 2.0
     #: Windows (instance x window) a pool needs before its curve is fitted.
@@ -49,6 +53,8 @@ class CapacityConfig:
     def validate(self) -> None:
         """Refuse settings no knee can be found with."""
         require(self.tpot_ratio > 1, "tpot_ratio", "must be above 1")
+        require(self.tpot_percentile in ("p50", "p99"), "tpot_percentile",
+                f"{self.tpot_percentile!r} is not p50 or p99")
         require(self.ttft_p99_s > 0, "ttft_p99_s", "must be positive")
         require(self.min_windows >= 3, "min_windows", "must be at least 3 (a line and its error)")
         require(self.min_requests >= 1, "min_requests", "must be at least 1")

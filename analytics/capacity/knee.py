@@ -2,8 +2,8 @@
 
 Three limits, the smallest wins (``knee_limit`` names it):
 
-- ``tpot``: the fitted TPOT p99 reaches the TPOT SLO (the service's own ``tpot`` latency SLO,
-  else ``tpot_ratio`` x the fitted TPOT p99 at batch 1);
+- ``tpot``: the fitted TPOT p99 (``tpot_percentile``) reaches the TPOT SLO (the service's
+  own ``tpot`` latency SLO, else ``tpot_ratio`` x the fitted value at batch 1);
 - ``ttft``: the first batch bin whose windows' median TTFT p99 breaks the TTFT SLO (the
   service's own ``ttft`` SLO, else ``ttft_p99_s``): queueing shows there, not in TPOT;
 - ``kv``: the KV cache holds no more sequences of the pool's mean context.
@@ -45,7 +45,8 @@ class Pool:
 
 @dataclass(frozen=True)
 class Knee:
-    """Where a pool's SLOs break, with the fits it came from."""
+    """Where a pool's SLOs break, with the fits it came from (``lines``: bootstrap fits of
+    the judged percentile)."""
 
     batch: float
     lo: float
@@ -58,7 +59,7 @@ class Knee:
     tpot_batch1_s: float
     p50: Line
     p99: Line
-    p99_lines: list[Line]
+    lines: list[Line]
 
 
 def slo_thresholds(service: str, slos: SloConfig, config: CapacityConfig
@@ -105,15 +106,17 @@ def find_knee(pool: Pool, tpot_slo: float | None, ttft_slo: float,
     w = pool.requests.astype(float)
     p50 = fit_line(pool.batch, pool.kv, pool.tpot_p50, w)
     p99 = fit_line(pool.batch, pool.kv, pool.tpot_p99, w)
-    lines = bootstrap(pool.batch, pool.kv, pool.tpot_p99, w, config.bootstrap_samples)
-    batch1 = float(p99.at(1.0, pool.context))
+    judged, judged_y = (p50, pool.tpot_p50) if config.tpot_percentile == "p50" else (
+        p99, pool.tpot_p99)
+    lines = bootstrap(pool.batch, pool.kv, judged_y, w, config.bootstrap_samples)
+    batch1 = float(judged.at(1.0, pool.context))
 
     def tpot_batch(line: Line) -> float:
         slo = tpot_slo if tpot_slo is not None else config.tpot_ratio * line.at(1.0,
                                                                                  pool.context)
         return line.batch_at(slo, pool.context)
 
-    limits = {TPOT: tpot_batch(p99), TTFT: ttft_limit(pool, ttft_slo, config.bin_rel_width),
+    limits = {TPOT: tpot_batch(judged), TTFT: ttft_limit(pool, ttft_slo, config.bin_rel_width),
               KV: (pool.kv_capacity / pool.context if pool.kv_capacity and pool.context > 0
                    else float("inf"))}
     limit = min(limits, key=lambda k: limits[k])
@@ -129,4 +132,4 @@ def find_knee(pool: Pool, tpot_slo: float | None, ttft_slo: float,
     return Knee(batch=batch, lo=min(lo, batch), hi=max(hi, batch), limit=limit,
                 extrapolated=batch > visited, rps=float(rps_at(batch, p50, pool)),
                 tpot_slo_s=tpot_slo if tpot_slo is not None else config.tpot_ratio * batch1,
-                ttft_slo_s=ttft_slo, tpot_batch1_s=batch1, p50=p50, p99=p99, p99_lines=lines)
+                ttft_slo_s=ttft_slo, tpot_batch1_s=batch1, p50=p50, p99=p99, lines=lines)

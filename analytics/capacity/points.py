@@ -24,6 +24,10 @@ _TTFT50, _TTFT99 = c.percentile_column("ttft", "p50"), c.percentile_column("ttft
 #: private columns carried to the stage (mean tokens and phases of the window's requests)
 MEAN_OUTPUT, MEAN_CONTEXT, MEAN_PREFILL = "_mean_output", "_mean_context", "_mean_prefill_s"
 KV_CAPACITY = "_kv_capacity"
+#: decode steps per second seen by the window's requests (their output tokens - 1 over their
+#: decode time) and the KV tokens a running sequence holds, weighted by its decode tokens
+STEPS_S, CONTEXT_PER_TOKEN = "_steps_s", "_context_per_token"
+GEN_TOK_S = "_gen_tok_s"
 
 
 def _window(ts: str, window_s: int) -> pl.Expr:
@@ -49,14 +53,19 @@ def engine_windows(engine: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
     samples = (engine.sort(c.HOST_NAME, c.INSTANCE_ID, c.TS_NS)
                .with_columns(_window(c.TS_NS, window_s), dt.alias("_dt"),
                              _counter_rate(c.GENERATION_TOKENS_TOTAL).alias("_gen"),
-                             _counter_rate(c.PROMPT_TOKENS_TOTAL).alias("_prompt")))
+                             _counter_rate(c.PROMPT_TOKENS_TOTAL).alias("_prompt"),
+                             _counter_rate(c.PREFIX_CACHE_HITS_TOTAL).alias("_hits"),
+                             _counter_rate(c.PREFIX_CACHE_QUERIES_TOTAL).alias("_queries")))
     return samples.group_by(c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS).agg(
         pl.col(c.MODEL).drop_nulls().first(),
         pl.col(c.NUM_RUNNING).mean().alias(c.BATCH),
         pl.col(c.KV_CACHE_USAGE).mean().alias(c.KV_CACHE_USAGE_MEAN),
         capacity.cast(pl.Float64).alias(KV_CAPACITY),
-        (pl.col("_gen").sum() / pl.col("_dt").sum()).alias("_gen_tok_s"),
-        (pl.col("_prompt").sum() / pl.col("_dt").sum()).alias("_prompt_tok_s"),
+        (pl.col("_gen").sum() / pl.col("_dt").sum()).alias(GEN_TOK_S),
+        # prompt tokens computed: those the prefix cache did not serve
+        (pl.col("_prompt").sum() / pl.col("_dt").sum()
+         * (1 - (pl.col("_hits").sum() / pl.col("_queries").sum()).fill_nan(0.0)
+            .fill_null(0.0)).clip(0.0, 1.0)).alias("_prompt_tok_s"),
     )
 
 
@@ -64,6 +73,7 @@ def request_windows(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
     """Per (instance, window of arrival): arrivals per second, TPOT and TTFT p50/p99, and the
     mean output tokens, context and prefill time of the window's requests."""
     ok = requests.filter(~pl.col(c.IS_ERROR).fill_null(False))
+    decoded = (pl.col(c.OUTPUT_TOKENS) - 1).clip(lower_bound=0).cast(pl.Float64)
     return ok.with_columns(_window(c.ARRIVAL_NS, window_s)).group_by(
         c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS).agg(
         pl.col(c.SERVICE_NAME).drop_nulls().mode().first(),
@@ -77,6 +87,9 @@ def request_windows(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
         # a running request holds its prompt and, on average, half its output
         (pl.col(c.INPUT_TOKENS) + pl.col(c.OUTPUT_TOKENS) / 2).mean().alias(MEAN_CONTEXT),
         pl.col(c.PREFILL_S).mean().alias(MEAN_PREFILL),
+        (decoded.sum() / pl.col(c.DECODE_S).filter(decoded > 0).sum()).alias(STEPS_S),
+        ((pl.col(c.INPUT_TOKENS) + pl.col(c.OUTPUT_TOKENS) / 2) * pl.col(c.OUTPUT_TOKENS)).sum()
+        .truediv(pl.col(c.OUTPUT_TOKENS).sum()).alias(CONTEXT_PER_TOKEN),
     )
 
 
@@ -103,7 +116,9 @@ def _configs(tables: Tables, points: pl.LazyFrame) -> pl.LazyFrame:
     probe = points.with_columns((pl.col(c.WINDOW_START_NS) + pl.col(c.WINDOW_S) * NS - 1)
                                 .alias("_end")).sort("_end")
     joined = probe.join_asof(configs, left_on="_end", right_on=c.START_NS,
-                             by=[c.HOST_NAME, c.INSTANCE_ID], strategy="backward")
+                             by=[c.HOST_NAME, c.INSTANCE_ID], strategy="backward",
+                             # both sides are sorted on the time as a whole, hence per group
+                             check_sortedness=False)
     return joined.with_columns(pl.col(c.CONFIG_FINGERPRINT).fill_null(NO_CONFIG)
                                .alias(c.CONFIG)).drop("_end", c.START_NS, c.CONFIG_FINGERPRINT)
 
@@ -138,8 +153,8 @@ def capacity_windows(tables: Tables, window_s: int) -> pl.LazyFrame:
         pl.col(c.REQUESTS).fill_null(0),
         pl.col(c.RPS).fill_null(0.0),
         kv.otherwise(pl.col(c.BATCH) * pl.col(MEAN_CONTEXT)).alias(c.KV_TOKENS),
-        (pl.col("_gen_tok_s") / tp).alias(c.OUTPUT_TOK_S_PER_GPU),
+        (pl.col(GEN_TOK_S) / tp).alias(c.OUTPUT_TOK_S_PER_GPU),
         (pl.col("_prompt_tok_s") / tp).alias(c.PROMPT_TOK_S_PER_GPU),
     )
     return _configs(tables, points).drop("_service", "_gpu_of_instance", "_gpu_of_host",
-                                         "_gen_tok_s", "_prompt_tok_s")
+                                         "_prompt_tok_s")

@@ -96,7 +96,7 @@ def _attainment(rows: pl.DataFrame, knee: float, rel: float) -> float | None:
 def _curve(key: dict, knee: Knee, pool: Pool, ts_ns: int, rel: float) -> list[dict]:
     top = max(knee.hi, float(pool.batch.max())) * 1.2
     grid = np.unique(np.round(np.linspace(1.0, max(top, 2.0), CURVE_POINTS), 2))
-    band = np.array([line.at(grid, pool.context) for line in knee.p99_lines])
+    band = np.array([line.at(grid, pool.context) for line in knee.lines])
     lo, hi = np.percentile(band, 5, axis=0), np.percentile(band, 95, axis=0)
     seen = pool.batch
     rows = []
@@ -104,7 +104,7 @@ def _curve(key: dict, knee: Knee, pool: Pool, ts_ns: int, rel: float) -> list[di
         rows.append({**key, c.TS_NS: ts_ns, c.BATCH: float(b),
                      c.TPOT_P50_FIT_S: float(knee.p50.at(b, pool.context)),
                      c.TPOT_P99_FIT_S: float(knee.p99.at(b, pool.context)),
-                     c.TPOT_P99_LO_S: float(lo[i]), c.TPOT_P99_HI_S: float(hi[i]),
+                     c.TPOT_BAND_LO_S: float(lo[i]), c.TPOT_BAND_HI_S: float(hi[i]),
                      c.RPS: float(rps_at(b, knee.p50, pool)),
                      c.VISITED: bool(np.any(np.abs(seen - b) <= rel * b))})
     return rows

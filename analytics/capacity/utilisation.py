@@ -1,10 +1,13 @@
 """Utilisation inversion: measured throughput mapped back to the share of the hardware it uses.
 
 MBU (model bandwidth utilisation) of a window: each decode step reads the weights (split
-over the TP group) and the KV cache of every running sequence; steps per second are the
-generated tokens per second / the batch (one token per running sequence per step). So
-``MBU = (weights / tp + kv_bytes_per_token / tp x kv_tokens) x steps/s / peak HBM B/s``.
-MFU of prefill: ``2 x params x prompt tokens/s per GPU / peak FLOP/s``. Model shapes and
+over the TP group) and the KV cache of every running sequence. Steps per second are what
+the window's requests saw (their output tokens - 1 over their decode time); the KV read per
+second is each generated token's context (prompt + half the output, weighted by output
+tokens) x the engine's generated tokens per second, so neither depends on the sampled
+batch. ``MBU = (weights x steps/s + kv_bytes_per_token x context x tokens/s) / tp / peak HBM
+B/s``. MFU of prefill: ``2 x params x prompt tokens computed per second (those the prefix
+cache did not serve) per GPU / peak FLOP/s``. Model shapes and
 GPU figures come from :mod:`analytics.hardware` (presets plus ``[analytics]``
 ``model_shapes``, ``hbm_gbps`` and ``[analytics.capacity] peak_tflops``).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from fleetlens.analytics.capacity.points import CONTEXT_PER_TOKEN, STEPS_S
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.hardware import hbm_gbps, model_shape, peak_tflops
 from fleetlens.pipeline.schema import columns as c
@@ -45,11 +49,10 @@ def with_utilisation(points: pl.LazyFrame, config: AnalyticsConfig) -> pl.LazyFr
     keys = points.select(c.MODEL, c.GPU_MODEL).unique().collect()
     figures = _figures(keys, config).lazy()
     tp = pl.col(c.TP).cast(pl.Float64)
-    steps_s = pl.when(pl.col(c.BATCH) > 0).then(
-        pl.col(c.OUTPUT_TOK_S_PER_GPU) * tp / pl.col(c.BATCH))
-    step_bytes = (pl.col("_weights") + pl.col("_kv_bytes") * pl.col(c.KV_TOKENS)) / tp
+    bytes_s = (pl.col("_weights") * pl.col(STEPS_S) + pl.col("_kv_bytes")
+               * pl.col(CONTEXT_PER_TOKEN) * pl.col(c.OUTPUT_TOK_S_PER_GPU) * tp) / tp
     return (points.join(figures, on=[c.MODEL, c.GPU_MODEL], how="left")
-            .with_columns((step_bytes * steps_s / pl.col("_bw")).alias(c.MBU),
+            .with_columns((bytes_s / pl.col("_bw")).alias(c.MBU),
                           (2.0 * pl.col("_params") * pl.col(c.PROMPT_TOK_S_PER_GPU)
                            / pl.col("_flops")).alias(c.MFU))
             .drop("_weights", "_kv_bytes", "_params", "_bw", "_flops"))

@@ -372,10 +372,11 @@ STEP_BASE_S = "step_base_s"
 STEP_PER_SEQ_S = "step_per_seq_s"
 STEP_PER_KV_TOKEN_S = "step_per_kv_token_s"
 FIT_R2 = "fit_r2"
-#: capacity_curve: the fitted TPOT p50/p99 at a batch, the p99's 90% band, and whether any
+#: capacity_curve: the fitted TPOT p50/p99 at a batch, the 90% band of the percentile the
+#: knee judges (tpot_percentile), and whether any
 #: window visited that batch.
 TPOT_P50_FIT_S = "tpot_p50_fit_s"
 TPOT_P99_FIT_S = "tpot_p99_fit_s"
-TPOT_P99_LO_S = "tpot_p99_lo_s"
-TPOT_P99_HI_S = "tpot_p99_hi_s"
+TPOT_BAND_LO_S = "tpot_band_lo_s"
+TPOT_BAND_HI_S = "tpot_band_hi_s"
 VISITED = "visited"

@@ -430,7 +430,7 @@ _CAPACITY_CURVE = Table(
     {
         c.TS_NS: I64, c.SERVICE_NAME: STR, c.MODEL: STR, c.GPU_MODEL: STR, c.TP: I64,
         c.CONFIG: STR, c.BATCH: F64, c.TPOT_P50_FIT_S: F64, c.TPOT_P99_FIT_S: F64,
-        c.TPOT_P99_LO_S: F64, c.TPOT_P99_HI_S: F64, c.RPS: F64, c.VISITED: BOOL,
+        c.TPOT_BAND_LO_S: F64, c.TPOT_BAND_HI_S: F64, c.RPS: F64, c.VISITED: BOOL,
     },
     key=(c.SERVICE_NAME, c.MODEL, c.GPU_MODEL, c.TP, c.CONFIG, c.BATCH),
 )

@@ -93,7 +93,10 @@ def ramp_tables(ramp: Ramp) -> Tables:
                              c.MODEL: ramp.model, c.HOST_NAME: host, c.INSTANCE_ID: inst,
                              c.ARRIVAL_NS: start + int(rng.uniform(0, ramp.window_s) * NS),
                              c.TPOT_S: tpot, c.TTFT_S: ttft, c.PREFILL_S: ramp.prefill_s,
-                             c.INPUT_TOKENS: int(ramp.context), c.OUTPUT_TOKENS: ramp.output,
+                             c.DECODE_S: tpot * (ramp.output - 1),
+                             # a running sequence holds its prompt and half its output
+                             c.INPUT_TOKENS: int(ramp.context - ramp.output / 2),
+                             c.OUTPUT_TOKENS: ramp.output,
                              c.IS_ERROR: False})
         for u in uuids:
             gpus.append({c.TS_NS: T0, c.HOST_NAME: host, c.GPU_UUID: u,
