@@ -60,6 +60,9 @@ class ForwardConfig:
     #: gRPC compression of forwarded requests: "gzip" (the OTLP exporters' default; the link
     #: to the central collector is often the scarce part) or "none".
     compression: str = "gzip"
+    #: Permanent refusals in a row after which the central collector is deemed unhealthy
+    #: (forwarding stops, nothing more is quarantined) rather than the data bad.
+    max_refused_in_a_row: int = 5
 
     @property
     def enabled(self) -> bool:
@@ -80,6 +83,7 @@ class ForwardConfig:
         require(self.max_pending_bytes > 0, "max_pending_bytes", "must be positive")
         require(self.max_batch_bytes > 0, "max_batch_bytes", "must be positive")
         require(self.timeout_s > 0, "timeout_s", "must be positive")
+        require(self.max_refused_in_a_row >= 1, "max_refused_in_a_row", "must be at least 1")
         require(self.compression in ("gzip", "none"), "compression",
                 f"expected \"gzip\" or \"none\", got {self.compression!r}")
 

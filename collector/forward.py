@@ -6,8 +6,10 @@ OTLP/gRPC. :class:`ForwardSink` takes the place of :class:`~fleetlens.collector.
 
 - ``accept`` appends and fsyncs, then returns (the client is acknowledged). Above
   ``forward.max_pending_bytes`` of WAL not yet forwarded (summed over all workers through the
-  shared telemetry array) it refuses with UNAVAILABLE + RetryInfo and says so in the log,
-  once per episode: the disk stays bounded and nothing acknowledged is ever dropped.
+  shared telemetry array) plus bytes in ``wal/.quarantine/`` it refuses with UNAVAILABLE +
+  RetryInfo and says so in the log, once per episode: the disk stays bounded and nothing
+  acknowledged is ever dropped. A request larger than the whole bound is refused for good
+  (RESOURCE_EXHAUSTED without RetryInfo): waiting would never make room for it.
 - A thread seals the current WAL file, sends its records in order (merged into batches of
   one signal) and deletes the file once the central collector acknowledged all of them.
   A cursor per file (:mod:`~fleetlens.collector.forward_files`) records progress after every
@@ -16,6 +18,9 @@ OTLP/gRPC. :class:`ForwardSink` takes the place of :class:`~fleetlens.collector.
   their content (``pipeline.logsignal.dedup_log_records``) removes the repeat.
 - WAL directories of dead processes (a crashed edge) are forwarded the same way, oldest
   first, then removed; while the central collector is down everything waits on disk.
+- A request the central collector refuses for good is quarantined, unless it is the
+  ``forward.max_refused_in_a_row``-th such refusal in a row: then the central collector is
+  unhealthy and forwarding stops instead (:mod:`~fleetlens.collector.forward_health`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetlens.collector.config import ForwardConfig
-from fleetlens.collector.errors import Overloaded, StorageFailure
+from fleetlens.collector.errors import Overloaded, StorageFailure, TooLarge
 from fleetlens.collector.forward_client import SETUP_CODES, ForwardClient, Verdict
 from fleetlens.collector.forward_files import (
     Cursor,
@@ -35,6 +40,7 @@ from fleetlens.collector.forward_files import (
     dead_letter,
     remove_stale_cursors,
 )
+from fleetlens.collector.forward_health import QuarantineSize, RefusalStreak
 from fleetlens.collector.signals import BY_CODE, Signal
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import (
@@ -75,6 +81,8 @@ class ForwardSink:
         self._down_code: Any = None
         self._stop = threading.Event()
         self._deadline: float | None = None  # set by close(): the end of its grace period
+        self._streak = RefusalStreak(config.max_refused_in_a_row, config.address, telemetry)
+        self._quarantine = QuarantineSize(wal.dir.parent)
         self._thread = threading.Thread(target=self._run, name="forwarder", daemon=True)
 
     # -- accepting ---------------------------------------------------------------------
@@ -104,16 +112,23 @@ class ForwardSink:
         self.telemetry.set("forward_pending_bytes", self.pending_bytes)
 
     def _check_room(self, size: int) -> None:
+        limit = self.config.max_pending_bytes
+        if size > limit:
+            self.telemetry.add("oversize_requests")
+            raise TooLarge(f"request of {size} bytes is larger than this edge collector's "
+                           f"whole WAL bound (forward.max_pending_bytes = {limit})")
         self.telemetry.set("forward_pending_bytes", self.pending_bytes)
-        pending = self.telemetry.total("forward_pending_bytes")
-        full = pending + size > self.config.max_pending_bytes
+        quarantined = self._quarantine.bytes()
+        pending = self.telemetry.total("forward_pending_bytes") + quarantined
+        full = pending + size > limit
         with self._lock:
             changed, self._full = full != self._full, full
         if changed and full:
-            log.error("edge WAL full: %d bytes not yet forwarded to %s (limit "
+            log.error("edge WAL full: %d bytes not yet forwarded to %s or quarantined "
+                      "(%d of them in wal/.quarantine, removed only by hand; limit "
                       "forward.max_pending_bytes = %d); refusing Exports (UNAVAILABLE, "
                       "retryable) until the central collector takes some",
-                      pending, self.config.address, self.config.max_pending_bytes)
+                      pending, self.config.address, quarantined, limit)
         elif changed:
             log.info("edge WAL below its limit again (%d bytes pending); accepting Exports",
                      pending)
@@ -228,9 +243,15 @@ class ForwardSink:
             self._went_down(answer.detail, answer.code)
             return False
         if answer.verdict is Verdict.PERMANENT:
+            if not self._streak.refused(answer.detail):
+                self.telemetry.add("forward_failures")
+                return False  # the central side is unhealthy: keep the record, retry later
             dead_letter(path, first, records[first], answer.detail)
+            self._quarantine.grew()
             self.telemetry.add("forward_dropped_requests")
-        elif answer.rejected:
+        else:
+            self._streak.accepted()
+        if answer.verdict is Verdict.SENT and answer.rejected:
             log.warning("central collector rejected %d %s items of a forwarded request: %s",
                         answer.rejected, signal.folder, answer.detail)
         self._came_back()

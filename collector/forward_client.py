@@ -2,7 +2,11 @@
 
 An edge never drops what it acknowledged because the link or the central side is unwell, so
 the classification is stricter than the OTLP client rules: only an answer that blames the
-*bytes* (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED without RetryInfo: too large) is permanent.
+*bytes* (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED without RetryInfo: too large), sent by the
+central collector, is permanent. A status gRPC made up on the edge's side ("CLIENT: Received
+message larger than max" when the *answer* is too large, after the central collector stored
+the data) says nothing about the bytes sent: retried. Even permanent refusals stop being
+believed after ``forward.max_refused_in_a_row`` in a row (:mod:`.forward_health`).
 Answers that blame the setup (UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED, a bad
 certificate) are retried, slowly and loudly, until someone fixes it: the WAL keeps the data,
 and its bound refuses new Exports once it is full.
@@ -25,6 +29,12 @@ from fleetlens.collector.telemetry import log
 from fleetlens.pipeline.schema.settings import is_loopback
 
 _AUTHORIZATION = "authorization"
+#: gRPC's mark on a status its client side made up itself (grpcio >= 1.5x: "CLIENT: ..."). A
+#: central collector could send the mark too: that only makes its refusal a retry (safe).
+_CLIENT_SIDE = "CLIENT:"
+#: Characters of a central collector's message kept for the log (it is not trusted: a 4 MB
+#: partial-success message would otherwise be logged whole, control characters and all).
+DETAIL_CHARS = 300
 #: Answers about the request bytes themselves: resending them cannot succeed.
 _PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT}
 #: Answers about the edge's setup (token, certificate, wrong endpoint): retried, logged.
@@ -89,11 +99,20 @@ def _has_retry_info(error: grpc.RpcError) -> bool:
 def classify(error: grpc.RpcError) -> Answer:
     """The verdict for a failed call (see the module docstring)."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-    detail = f"{code.name}: {error.details() if hasattr(error, 'details') else error}"
+    text = str(error.details() if hasattr(error, "details") else error)
+    detail = f"{code.name}: {printable(text)}"
+    if _CLIENT_SIDE in text:
+        return Answer(Verdict.RETRY, detail, code=code)
     if code in _PERMANENT or (code == grpc.StatusCode.RESOURCE_EXHAUSTED
                               and not _has_retry_info(error)):
         return Answer(Verdict.PERMANENT, detail, code=code)
     return Answer(Verdict.RETRY, detail, code=code)
+
+
+def printable(text: str) -> str:
+    """At most :data:`DETAIL_CHARS` of ``text`` for one log line, control characters escaped."""
+    head = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[:DETAIL_CHARS])
+    return head + (f"... ({len(text)} characters)" if len(text) > DETAIL_CHARS else "")
 
 
 class ForwardClient:
@@ -139,7 +158,7 @@ class ForwardClient:
             return classify(error)
         partial = response.partial_success
         rejected = getattr(partial, signal.rejected_field)
-        return Answer(Verdict.SENT, partial.error_message, rejected=rejected)
+        return Answer(Verdict.SENT, printable(partial.error_message), rejected=rejected)
 
     def close(self) -> None:
         self.channel.close()

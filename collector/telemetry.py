@@ -50,6 +50,9 @@ SERIES: dict[str, tuple[str, str]] = {
     "forward_dropped_requests": ("counter", "Edge mode: requests the central collector "
                                  "refused as permanently invalid (kept in wal/.quarantine)."),
     "forward_pending_bytes": ("gauge", "Edge mode: WAL bytes not yet forwarded."),
+    "forward_central_unhealthy": ("gauge", "Edge mode: workers that stopped forwarding "
+                                  "after forward.max_refused_in_a_row permanent refusals in "
+                                  "a row (0 when healthy)."),
     "export_seconds_sum": ("counter", "Total time spent in Export calls."),
     "export_seconds_count": ("counter", "Export calls answered."),
 }
