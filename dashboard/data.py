@@ -15,7 +15,16 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.dashboard import capacity_view, explore, failures, incident, queries, ranking, slos
+from fleetlens.dashboard import (
+    capacity_view,
+    explore,
+    failures,
+    incident,
+    now,
+    queries,
+    ranking,
+    slos,
+)
 from fleetlens.dashboard.config import DashboardConfig, load_dashboard_config
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, connect, existing_tables, retry_vanished
@@ -51,6 +60,8 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "slowest_requests": incident.slowest_requests,
     "kv_instances": explore.kv_instances,
     "kv_summary": explore.kv_summary,
+    "kv_summary_now": now.kv_summary_now,
+    "closed_until": now.closed_until,
     "kv_vs_latency": explore.kv_vs_latency,
     "energy_by": explore.energy_by,
     "power_vs_limit": explore.power_vs_limit,

@@ -4,7 +4,7 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from fleetlens.dashboard import charts, data, ui
+from fleetlens.dashboard import charts, data, now, ui
 from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
@@ -15,11 +15,16 @@ if frame.is_empty():
     st.stop()
 frame = ui.with_time(frame, c.TS_NS)
 summary = data.load("kv_summary", f)  # analytics' definitions (fleetlens analyze's)
+# The headroom headline reads the cache now (the last minutes), not the range's worst: it
+# said 1% an hour after an incident's full cache had emptied.
+current = data.load("kv_summary_now", f)
 cols = st.columns(5)
 cols[0].metric("Instances", summary.height)
-cols[1].metric("Peak KV usage", f"{100 * summary['kv_usage_max'].max():.0f}%")
-cols[2].metric("Least headroom", f"{100 * summary[c.KV_HEADROOM].min():.0f}%",
-               help="1 - the 95th percentile of KV usage, of the fullest instance.")
+cols[1].metric("Peak KV usage (range)", f"{100 * summary['kv_usage_max'].max():.0f}%")
+cols[2].metric("Least headroom now", "n/a" if current.is_empty()
+               else f"{100 * current[c.KV_HEADROOM].min():.0f}%",
+               help=f"1 - the 95th percentile of KV usage over the last "
+                    f"{now.RECENT_S // 60} minutes, of the fullest instance.")
 cols[3].metric("Preemptions", f"{int(summary[c.PREEMPTIONS].sum()):,}")
 hit = summary[c.PREFIX_HIT_RATE].mean()
 cols[4].metric("Prefix hit rate", "n/a" if hit is None else f"{100 * hit:.0f}%",
@@ -47,7 +52,12 @@ fig.update_layout(title="Queue time p99 against KV usage (host windows)", height
                   margin={"l": 10, "r": 10, "t": 40, "b": 10})
 right.plotly_chart(fig, key="kv_scatter")
 st.subheader("Per instance")
-st.dataframe(summary, hide_index=True, key="kv_table", column_config={
-    col: st.column_config.NumberColumn(col, format="percent")
-    for col in ("kv_usage_mean", "kv_usage_p95", "kv_usage_max", c.KV_HEADROOM,
-                c.PREFIX_HIT_RATE)})
+st.caption(f"Over the range; kv_headroom_now over the last {now.RECENT_S // 60} minutes.")
+NOW = f"{c.KV_HEADROOM}_now"
+table = summary.join(current.select(c.INSTANCE_ID, pl.col(c.KV_HEADROOM).alias(NOW)),
+                     on=c.INSTANCE_ID, how="left") if current.height else summary
+key = [c.INSTANCE_ID, c.HOST_NAME, *([NOW] if NOW in table.columns else []), c.KV_HEADROOM]
+st.dataframe(table.select(*key, pl.exclude(key)), hide_index=True, key="kv_table",
+             column_config={col: st.column_config.NumberColumn(col, format="percent")
+                            for col in ("kv_usage_mean", "kv_usage_p95", "kv_usage_max",
+                                        c.KV_HEADROOM, NOW, c.PREFIX_HIT_RATE)})

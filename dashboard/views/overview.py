@@ -3,6 +3,7 @@
 import polars as pl
 import streamlit as st
 
+from fleetlens.analytics.open_incidents import active_incidents
 from fleetlens.dashboard import charts as marks
 from fleetlens.dashboard import data, ui
 from fleetlens.dashboard.queries import HEADLINE
@@ -71,11 +72,14 @@ for slot, (label, col) in zip(row, HEADLINE, strict=True):
     _metric(slot, label, col, 1, "s", True)
 
 incidents = data.load("incidents", f)
-last_end = int(series[c.WINDOW_START_NS].max())
-active = incidents.filter(pl.col(c.END_NS).fill_null(last_end) >= last_end - 5 * 60 * 10**9)
+# Active as the exporter's fleetlens_open_incidents counts it (analytics.open_incidents).
+now_ns = data.load("closed_until")
+active = active_incidents(incidents, now_ns)
 left, right = st.columns([3, 2])
 left.subheader(f"Active incidents: {active.height}")
-left.caption(f"{incidents.height} incident(s) in range; active = still open in the last 5 min.")
+left.caption(f"{incidents.height:,} incident(s) in range; active = not ended before the end of "
+             "the latest closed window" + ("" if now_ns is None else
+                                          f" ({ui.to_datetime(now_ns):%H:%M} UTC)") + ".")
 shown = ui.with_time(incidents.head(20), c.START_NS, "started (UTC)")
 left.dataframe(
     shown.select(pl.format("incident?id={}", c.INCIDENT_ID).alias("open"), "started (UTC)",
