@@ -16,7 +16,7 @@ runs for its prefill plus (output tokens - 1) x TPOT, so one instance takes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -100,9 +100,35 @@ def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
     return float("inf")
 
 
-def find_knee(pool: Pool, tpot_slo: float | None, ttft_slo: float,
+def _local(pool: Pool, tpot_slo: float | None, config: CapacityConfig) -> Pool:
+    """The windows that decide the knee: at most twice the knee's batch, refitted until the
+    range settles (three rounds at most). Windows far past the knee (a saturated engine,
+    its batch held at ``max_num_seqs``) do not bend the line where the SLO is crossed."""
+    local = pool
+    for _ in range(3):
+        line = fit_line(local.batch, local.kv, _judged(local, config),
+                        local.requests.astype(float))
+        slo = tpot_slo if tpot_slo is not None else config.tpot_ratio * line.at(
+            1.0, local.context)
+        keep = pool.batch <= 2.0 * line.batch_at(slo, local.context)
+        if keep.sum() < config.min_windows or keep.sum() == local.batch.size:
+            break
+        local = replace(pool, batch=pool.batch[keep], kv=pool.kv[keep],
+                        tpot_p50=pool.tpot_p50[keep], tpot_p99=pool.tpot_p99[keep],
+                        ttft_p99=pool.ttft_p99[keep], requests=pool.requests[keep])
+    return local
+
+
+def _judged(pool: Pool, config: CapacityConfig) -> np.ndarray:
+    return pool.tpot_p50 if config.tpot_percentile == "p50" else pool.tpot_p99
+
+
+def find_knee(whole: Pool, tpot_slo: float | None, ttft_slo: float,
               config: CapacityConfig) -> Knee:
-    """The knee of ``pool`` (module docstring); ``tpot_slo`` None: the batch-1 rule."""
+    """The knee of ``whole`` (module docstring); ``tpot_slo`` None: the batch-1 rule. The
+    TPOT curve is fitted on the windows around the knee (:func:`_local`); the TTFT and KV
+    limits look at every window."""
+    pool = _local(whole, tpot_slo, config)
     w = pool.requests.astype(float)
     p50 = fit_line(pool.batch, pool.kv, pool.tpot_p50, w)
     p99 = fit_line(pool.batch, pool.kv, pool.tpot_p99, w)
@@ -116,19 +142,19 @@ def find_knee(pool: Pool, tpot_slo: float | None, ttft_slo: float,
                                                                                  pool.context)
         return line.batch_at(slo, pool.context)
 
-    limits = {TPOT: tpot_batch(judged), TTFT: ttft_limit(pool, ttft_slo, config.bin_rel_width),
+    limits = {TPOT: tpot_batch(judged), TTFT: ttft_limit(whole, ttft_slo, config.bin_rel_width),
               KV: (pool.kv_capacity / pool.context if pool.kv_capacity and pool.context > 0
                    else float("inf"))}
     limit = min(limits, key=lambda k: limits[k])
     batch = limits[limit]
     if math.isinf(batch):
-        limit, batch = NONE, float(pool.batch.max())
+        limit, batch = NONE, float(whole.batch.max())
     others = min(limits[TTFT], limits[KV])
     spread = np.array([min(tpot_batch(line), others) for line in lines])
     spread = spread[np.isfinite(spread)]
     lo, hi = ((float(np.percentile(spread, 5)), float(np.percentile(spread, 95)))
               if spread.size else (batch, batch))
-    visited = float(pool.batch.max()) * (1 + config.bin_rel_width)
+    visited = float(whole.batch.max()) * (1 + config.bin_rel_width)
     return Knee(batch=batch, lo=min(lo, batch), hi=max(hi, batch), limit=limit,
                 extrapolated=batch > visited, rps=float(rps_at(batch, p50, pool)),
                 tpot_slo_s=tpot_slo if tpot_slo is not None else config.tpot_ratio * batch1,

@@ -69,16 +69,28 @@ def engine_windows(engine: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
     )
 
 
+def latency_window(window_s: int) -> pl.Expr:
+    """The window a request's latencies describe: the one holding the middle of its decode
+    (end - decode_s / 2; its arrival without a decode time). Its TPOT is the batch it decoded
+    in: by arrival, a request that came as the load climbed would count the next window's
+    batch against this one."""
+    step = window_s * NS
+    mid = (pl.col(c.END_NS) - (pl.col(c.DECODE_S).fill_null(0.0) * NS / 2).cast(pl.Int64))
+    return (pl.coalesce(mid, pl.col(c.ARRIVAL_NS)) // step * step).alias(c.WINDOW_START_NS)
+
+
 def request_windows(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
-    """Per (instance, window of arrival): arrivals per second, TPOT and TTFT p50/p99, and the
-    mean output tokens, context and prefill time of the window's requests."""
+    """Per (instance, window): arrivals per second (by arrival), and by
+    :func:`latency_window` the requests, their TPOT and TTFT p50/p99, and their mean output
+    tokens, context and prefill time."""
     ok = requests.filter(~pl.col(c.IS_ERROR).fill_null(False))
+    keys = [c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS]
+    arrivals = ok.with_columns(_window(c.ARRIVAL_NS, window_s)).group_by(keys).agg(
+        (pl.len() / window_s).alias(c.RPS))
     decoded = (pl.col(c.OUTPUT_TOKENS) - 1).clip(lower_bound=0).cast(pl.Float64)
-    return ok.with_columns(_window(c.ARRIVAL_NS, window_s)).group_by(
-        c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS).agg(
+    latencies = ok.with_columns(latency_window(window_s)).group_by(keys).agg(
         pl.col(c.SERVICE_NAME).drop_nulls().mode().first(),
         pl.len().cast(pl.Int64).alias(c.REQUESTS),
-        (pl.len() / window_s).alias(c.RPS),
         pl.col(c.TPOT_S).quantile(0.5, "linear").alias(_TPOT50),
         pl.col(c.TPOT_S).quantile(0.99, "linear").alias(_TPOT99),
         pl.col(c.TTFT_S).quantile(0.5, "linear").alias(_TTFT50),
@@ -91,6 +103,7 @@ def request_windows(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
         ((pl.col(c.INPUT_TOKENS) + pl.col(c.OUTPUT_TOKENS) / 2) * pl.col(c.OUTPUT_TOKENS)).sum()
         .truediv(pl.col(c.OUTPUT_TOKENS).sum()).alias(CONTEXT_PER_TOKEN),
     )
+    return latencies.join(arrivals, on=keys, how="full", coalesce=True)
 
 
 def instance_hardware(tables: Tables) -> pl.LazyFrame:

@@ -21,6 +21,7 @@ from fleetlens.analytics.capacity.points import (
     MEAN_OUTPUT,
     MEAN_PREFILL,
     NS,
+    latency_window,
 )
 from fleetlens.analytics.capacity.utilisation import verdict
 from fleetlens.analytics.config import AnalyticsConfig
@@ -70,8 +71,7 @@ def _good(points: pl.DataFrame, requests: pl.LazyFrame, slos: pl.DataFrame) -> p
     window_s = int(points[c.WINDOW_S][0])
     keys = [c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS]
     judged = (requests.filter(~pl.col(c.IS_ERROR).fill_null(False))
-              .with_columns((pl.col(c.ARRIVAL_NS) // (window_s * NS) * (window_s * NS))
-                            .alias(c.WINDOW_START_NS))
+              .with_columns(latency_window(window_s))
               .join(points.lazy().select(*keys, *POOL), on=keys)
               .join(slos.lazy(), on=POOL)
               .group_by(keys).agg(((pl.col(c.TPOT_S).is_null()
