@@ -24,21 +24,25 @@ def exporter(data_dir: str | None, config_file: str | None, address: str, port: 
              refresh_s: float) -> None:
     """Serve fleetlens' derived signals for Prometheus and Grafana at /metrics.
 
-    Per service, model and host, from the latest closed window: request rate, error ratio,
-    TTFT/TPOT/e2e percentiles, J/token, KV-cache usage; and the open incidents by top cause.
-    deploy/grafana/fleetlens.json is a dashboard over these series.
+    Per service, model and host: request, error and token counters and TTFT/TPOT/e2e
+    histograms (from the windows closed since it started); J/token, KV-cache usage and the
+    baselines of the latest closed window; the active incidents by top cause (with a link to
+    each one's page when [analytics] dashboard_url is set); the SLOs. Dashboards and rules over
+    these series: deploy/grafana/fleetlens.json, deploy/prometheus/.
     """
     from prometheus_client import CollectorRegistry, start_http_server
 
+    from fleetlens.analytics.cli import load_analytics_config
     from fleetlens.analytics.exporter import DerivedSignals
     from fleetlens.pipeline.cli import resolve_data_dir
 
     root = resolve_data_dir(data_dir, config_file, must_exist=False)
+    dashboard_url = load_analytics_config(config_file).dashboard_url
     if not is_loopback(address, resolve=True):
         click.echo(f"warning: the exporter listens on {address}, beyond this machine; it has "
                    "no authentication (put it behind your network policy or a proxy)", err=True)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DerivedSignals(root, refresh_s))
+    registry.register(DerivedSignals(root, refresh_s, dashboard_url))
     try:
         server, thread = start_http_server(port, addr=address, registry=registry)
     except OSError as exc:

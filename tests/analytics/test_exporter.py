@@ -1,132 +1,164 @@
-"""`fleetlens exporter`, scraped over HTTP as Prometheus scrapes it: the series equal the
-latest closed windows and the open incidents in the tables, and the Grafana dashboard only
-queries series the exporter serves."""
+"""`fleetlens exporter` as Prometheus users run it (issue 32, section 2): a real Prometheus
+(Debian's 2.42, started here on 127.0.0.1) scrapes a live exporter over a fleet that grows;
+the counters are `_total`, the latencies histograms that `histogram_quantile` aggregates
+across hosts, no family holds a fleet-wide row, every query of the Grafana dashboard returns
+data, and the active incidents are served (0 when none) with a link to their page."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from fleetlens.analytics.config import AnalyticsConfig
-from fleetlens.analytics.runner import read_table, run
-from fleetlens.collector.testing import free_port
+from fleetlens.analytics.exporter_counters import LATENCY_COLUMNS
+from fleetlens.analytics.open_incidents import active_incidents, closed_until_ns
+from fleetlens.analytics.runner import read_table
+from fleetlens.pipeline.schema import CAUSES
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import exported as x
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.storage import DataDir, scan, write_parquet_atomic
-from tests.analytics.synthetic import FleetSpec, Injected, generate
+from fleetlens.pipeline.storage import DataDir
+from tests.analytics.exporter_live import (
+    DASHBOARD,
+    Live,
+    expected_requests,
+    exporter,
+    families,
+    live_fleet,
+    scrape,
+)
+from tests.analytics.promservers import binary, wait_for
+from tests.analytics.synthetic import FleetSpec, generate
 from tests.analytics.synthetic_io import write_tables
 from tests.conftest import REPO
 
-H = 3600
-NS = 10**9
+BOARD = REPO / "deploy" / "grafana" / "fleetlens.json"
+#: what Grafana puts in for the dashboard's variables: every service, model and host, and a
+#: rate interval long enough to hold the one increase of the test's counters
+VARIABLES = {"$service": ".*", "$model": ".*", "$host": ".*", "$__rate_interval": "1h"}
 
 
 @pytest.fixture(scope="module")
-def analysed(tmp_path_factory: pytest.TempPathFactory) -> DataDir:
-    root = DataDir(tmp_path_factory.mktemp("exporter") / "data")
-    # an incident still going at the end of the data
-    data = generate(FleetSpec(hosts=3, gpus_per_host=2, duration_s=3 * H, seed=11), [
-        Injected("kv_cache_pressure", "host_name=h01", 3 * H - 1500, 1500)])
-    write_tables(data, root)
-    run(root, AnalyticsConfig(), notify=False)
-    # and one long over, beside it in the table (not left to the detector's judgement)
-    incidents = read_table(root, t.INCIDENTS)
-    assert incidents.height >= 1
-    closed = incidents.head(1).with_columns(
-        pl.lit("0000closed000000").alias(c.INCIDENT_ID),
-        (pl.col(c.START_NS) - 2 * H * NS).alias(c.START_NS),
-        (pl.col(c.START_NS) - 2 * H * NS + 600 * NS).alias(c.END_NS))
-    write_parquet_atomic(closed, root.table_dir(t.INCIDENTS) / "closed.parquet")
-    return root
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    binary("prometheus")
+    with live_fleet(tmp_path_factory.mktemp("exporter")) as fleet:
+        yield fleet
 
 
-def scrape(url: str, attempts: int = 100) -> dict[tuple, float]:
-    for _ in range(attempts):
-        try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                text = resp.read().decode()
-            break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        raise AssertionError(f"{url} never answered")
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
+def board_queries() -> list[str]:
+    """Every PromQL expression of the dashboard: panels, annotations, variables."""
+    board = json.loads(BOARD.read_text())
+    exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+    exprs += [a["expr"] for a in board["annotations"]["list"]]
+    exprs += [v["query"]["query"] for v in board["templating"]["list"]
+              if v["type"] == "query"]
+    return exprs
 
 
-def test_exporter_serves_the_latest_closed_windows_and_open_incidents(analysed: DataDir,
-                                                                       tmp_path: Path) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
-    log = open(tmp_path / "exporter.log", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "fleetlens", "exporter", "--data-dir",
-                             str(analysed.root), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    try:
-        got = scrape(f"http://127.0.0.1:{port}/metrics")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        log.seek(0)
-        output = log.read()
-        log.close()
-    assert "serving http://127.0.0.1:" in output and "stopped" in output
+def promql(expr: str) -> str:
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    # label_values(metric, label) is Grafana's: the series holding the label
+    return re.sub(r"label_values\((.+), (\w+)\)", r"group by (\2) (\1)", expr)
 
-    # the expectation, computed here from the table the pipeline wrote
-    windows = scan(analysed, t.WINDOWS).collect()
-    newest = windows[c.WINDOW_START_NS].max()
-    latest = (windows.filter(pl.col(c.WINDOW_START_NS) < newest)
-              .sort(c.WINDOW_START_NS).group_by(c.SERVICE_NAME, c.MODEL, c.HOST_NAME).last())
-    assert latest.height >= 4  # 3 hosts and the fleet-wide row
-    for row in latest.iter_rows(named=True):
-        labels = (("host", row[c.HOST_NAME]), ("model", row[c.MODEL]),
-                  ("service", row[c.SERVICE_NAME]))
-        assert got[("fleetlens_requests_per_second", labels)] == pytest.approx(row[c.RPS])
-        p99 = (*labels[:1], *labels[1:2], ("quantile", "0.99"), *labels[2:])
-        assert got[("fleetlens_ttft_seconds", p99)] == pytest.approx(
-            row[c.percentile_column("ttft", "p99")])
-        end = (row[c.WINDOW_START_NS] + row[c.WINDOW_S] * NS) / NS
-        assert got[("fleetlens_window_end_timestamp_seconds", labels)] == end
-    # the newest window is still filling: never reported
-    assert max(v for (n, _), v in got.items()
-               if n == "fleetlens_window_end_timestamp_seconds") == newest / NS
 
-    incidents, causes = read_table(analysed, t.INCIDENTS), read_table(analysed, t.CAUSES)
-    now_ns = newest
-    open_ids = set(incidents.filter(pl.col(c.END_NS) >= now_ns)[c.INCIDENT_ID])
-    assert open_ids, "the incident injected at the end should still be open"
-    assert "0000closed000000" not in open_ids  # the one long over is not served
-    served = sum(v for (n, _), v in got.items() if n == "fleetlens_open_incidents")
-    assert served == len(open_ids)
-    top = causes.filter(pl.col(c.RANK) == 1, pl.col(c.INCIDENT_ID).is_in(list(open_ids)))
-    served_causes = {dict(lab)["cause"] for (n, lab) in got if n == "fleetlens_open_incidents"}
-    assert served_causes == set(top[c.CAUSE])
+def test_counters_are_totals_and_latencies_histograms_without_fleet_rows(live: Live) -> None:
+    kinds = families(live.url)
+    for name in (x.REQUESTS, x.REQUEST_ERRORS, x.INPUT_TOKENS, x.OUTPUT_TOKENS, x.GPU_ENERGY):
+        assert kinds[name] == "counter"
+    for name in x.LATENCY_HISTOGRAMS.values():
+        assert kinds[name] == "histogram"
+    got = scrape(live.url)
+    assert "fleetlens_requests_per_second" not in kinds  # a rate is Prometheus' to compute
+    assert not [k for k in got if ("host", "*") in k[1]]  # sum by would count twice
+    counted = expected_requests(live)
+    hosts = counted.group_by(c.HOST_NAME).agg(pl.len(), pl.col(c.IS_ERROR).sum(),
+                                              pl.col(c.OUTPUT_TOKENS).sum())
+    assert hosts.height == 3
+    for host, n, errors, tokens in hosts.iter_rows():
+        labels = (("host", host), ("model", counted[c.MODEL][0]),
+                  ("service", counted[c.SERVICE_NAME][0]))
+        assert got[("fleetlens_requests_total", labels)] == n
+        assert got[("fleetlens_request_errors_total", labels)] == errors
+        assert got[("fleetlens_output_tokens_total", labels)] == tokens
+        assert got[("fleetlens_e2e_seconds_count", labels)] == n
+        inf = tuple(sorted((*labels, ("le", "+Inf"))))
+        assert got[("fleetlens_ttft_seconds_bucket", inf)] == n
+    # through Prometheus: one sum over the hosts is every request once
+    (total,) = wait_for(lambda: live.prom.query("sum(fleetlens_requests_total)"), "a sum",
+                        live.prom)
+    assert float(total["value"][1]) == counted.height
+
+
+def test_histogram_quantile_across_hosts_lies_in_the_bucket_of_the_true_p99(live: Live) -> None:
+    counted = expected_requests(live)
+    for metric, name in x.LATENCY_HISTOGRAMS.items():
+        exact = counted[LATENCY_COLUMNS[metric]].quantile(0.99)
+        bounds = (0.0, *x.BUCKETS[metric])
+        hi = next(i for i, le in enumerate(bounds) if le >= exact)
+        query = f"histogram_quantile(0.99, sum by (le) (rate({name}_bucket[1h])))"
+        (row,) = wait_for(lambda q=query: live.prom.query(q), query, live.prom)
+        estimate = float(row["value"][1])
+        assert bounds[hi - 1] <= estimate <= bounds[hi], (metric, exact, estimate)
+
+
+def test_every_query_of_the_grafana_dashboard_returns_data(live: Live) -> None:
+    queries = board_queries()
+    assert len(queries) >= 12
+    for expr in queries:
+        result = wait_for(lambda e=expr: live.prom.query(promql(e)), f"data for {expr}",
+                          live.prom)
+        values = [float(r["value"][1]) for r in result]
+        assert not [v for v in values if v != v], f"NaN from {expr}"
+    # and the shipped recording rules, evaluated by this Prometheus
+    for record in ("fleetlens:requests:rate5m", "fleetlens:ttft_seconds:p99_rate5m",
+                   "fleetlens:open_incidents:sum"):
+        wait_for(lambda r=record: live.prom.query(r), record, live.prom)
+
+
+def test_active_incidents_are_served_with_a_link_to_their_page(live: Live) -> None:
+    got = scrape(live.url)
+    incidents = read_table(live.root, t.INCIDENTS)
+    # the overview's "Active incidents" (dashboard/views/overview.py): one definition
+    active = active_incidents(incidents, closed_until_ns(live.data.windows))
+    assert active.height >= 1, "the incident injected at the end is still going"
+    info = {dict(labels)[c.INCIDENT_ID]: dict(labels) for (n, labels) in got
+            if n == x.INCIDENT_INFO}
+    assert set(info) == set(active[c.INCIDENT_ID])
+    for ident, labels in info.items():
+        assert labels[x.URL] == f"{DASHBOARD}/incident?id={ident}"
+    by_cause = {dict(lab)[c.CAUSE]: v for (n, lab), v in got.items() if n == x.OPEN_INCIDENTS}
+    assert set(CAUSES) <= set(by_cause) and sum(by_cause.values()) == active.height
+    assert by_cause["kv_cache_pressure"] >= 1
+    # the Grafana annotation query: one series per active incident, its link in the labels
+    (annotation,) = json.loads(BOARD.read_text())["annotations"]["list"]
+    series = wait_for(lambda: live.prom.query(promql(annotation["expr"])), "annotations",
+                      live.prom)
+    assert {s["metric"][c.INCIDENT_ID] for s in series} == set(info)
+    assert "{{url}}" in annotation["textFormat"]
+
+
+def test_no_incident_open_is_zero_for_every_cause_not_nothing(tmp_path: Path) -> None:
+    root = DataDir(tmp_path / "data")
+    write_tables(generate(FleetSpec(hosts=2, gpus_per_host=1, duration_s=1800, seed=3), []),
+                 root)  # windows, never analysed: no incident at all
+    with exporter(root, tmp_path) as url:
+        got = scrape(url)
+    by_cause = {dict(lab)[c.CAUSE]: v for (n, lab), v in got.items() if n == x.OPEN_INCIDENTS}
+    assert by_cause == dict.fromkeys(CAUSES, 0.0)
+    assert not [k for k in got if k[0] == x.INCIDENT_INFO]
 
 
 def test_the_grafana_dashboard_queries_only_served_series() -> None:
-    from fleetlens.analytics.exporter import LATENCIES, SCALARS
-
-    served = {name for name, _ in SCALARS.values()} | {
-        f"fleetlens_{m}_seconds" for m in LATENCIES} | {
-        "fleetlens_open_incidents", "fleetlens_window_end_timestamp_seconds"}
-    board = json.loads((REPO / "deploy" / "grafana" / "fleetlens.json").read_text())
-    exprs = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
-    assert len(exprs) >= 6
-    import re
-
-    used = {name for expr in exprs for name in re.findall(r"\bfleetlens_[a-z0-9_]+", expr)}
+    served = {x.J_PER_TOKEN, x.KV_CACHE_USAGE, x.WINDOW_END, x.OPEN_INCIDENTS,
+              x.INCIDENT_INFO} | {f"{n}_total" for n in (
+                  x.REQUESTS, x.REQUEST_ERRORS, x.INPUT_TOKENS, x.OUTPUT_TOKENS,
+                  x.GPU_ENERGY)} | {f"{n}_bucket" for n in x.LATENCY_HISTOGRAMS.values()}
+    used = {name for expr in board_queries()
+            for name in re.findall(r"\bfleetlens_[a-z0-9_]+", expr)}
     assert used and used <= served, used - served
-    assert {"fleetlens_ttft_seconds", "fleetlens_open_incidents"} <= used
+    assert {"fleetlens_ttft_seconds_bucket", x.INCIDENT_INFO, x.OPEN_INCIDENTS} <= used
