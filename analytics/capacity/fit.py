@@ -69,12 +69,10 @@ def _candidates(batch: np.ndarray) -> list[float]:
     return [float(q) for q in qs if q > batch.min()]
 
 
-def fit_line(batch: np.ndarray, kv: np.ndarray, tpot: np.ndarray, weight: np.ndarray) -> Line:
-    """Weighted least squares of ``tpot`` on batch and KV tokens, with the hinge (if any)
-    that fits best; slopes are never negative (module docstring)."""
-    ones = np.ones_like(batch)
-    base_cols = [ones, batch, kv] if _identifiable(batch, kv) else [ones, batch]
-    fits: list[tuple[float, np.ndarray, float]] = []  # (weighted SSE, coefficients, hinge)
+def _fits(batch: np.ndarray, tpot: np.ndarray, weight: np.ndarray,
+          base_cols: list[np.ndarray]) -> list[tuple[float, np.ndarray, float]]:
+    """(weighted SSE, coefficients, hinge) of each hinge tried whose slopes are all >= 0."""
+    fits = []
     for hinge in [float("inf"), *_candidates(batch)]:
         cols = list(base_cols)
         if np.isfinite(hinge):
@@ -83,6 +81,18 @@ def fit_line(batch: np.ndarray, kv: np.ndarray, tpot: np.ndarray, weight: np.nda
         coef = _solve(x, tpot, weight)
         if coef is not None and not np.any(coef[1:] < 0):
             fits.append((float(np.sum(weight * (x @ coef - tpot) ** 2)), coef, hinge))
+    return fits
+
+
+def fit_line(batch: np.ndarray, kv: np.ndarray, tpot: np.ndarray, weight: np.ndarray) -> Line:
+    """Weighted least squares of ``tpot`` on batch and KV tokens, with the hinge (if any)
+    that fits best; slopes are never negative (module docstring)."""
+    ones = np.ones_like(batch)
+    with_kv = _identifiable(batch, kv)
+    fits = _fits(batch, tpot, weight, [ones, batch, kv]) if with_kv else []
+    if not fits:  # the KV term not identifiable, or it came out negative: batch alone
+        with_kv = False
+        fits = _fits(batch, tpot, weight, [ones, batch])
     straight = [f for f in fits if not np.isfinite(f[2])]
     hinged = min((f for f in fits if np.isfinite(f[2])), key=lambda f: f[0], default=None)
     best = straight[0] if straight else hinged
@@ -92,7 +102,7 @@ def fit_line(batch: np.ndarray, kv: np.ndarray, tpot: np.ndarray, weight: np.nda
     if best is None:  # no line with non-negative slopes: flat at the mean
         return Line(mean, 0.0, 0.0, 0.0)
     sse, coef, hinge = best
-    per_kv = float(coef[2]) if len(base_cols) == 3 else 0.0
+    per_kv = float(coef[2]) if with_kv else 0.0
     above = float(coef[-1]) if np.isfinite(hinge) else 0.0
     total = float(np.sum(weight * (tpot - mean) ** 2))
     r2 = 1.0 - sse / total if total > 0 else 1.0
