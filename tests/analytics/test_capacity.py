@@ -19,7 +19,7 @@ from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.schema import validate
 from fleetlens.pipeline.schema.settings import ConfigError
-from tests.analytics.capacity_ramp import Ramp, ramp_tables
+from tests.analytics.capacity_ramp import T0, Ramp, ramp_tables
 
 WINDOW_S = 60
 
@@ -154,3 +154,26 @@ def test_bad_settings_name_the_field(field: str, value: object) -> None:
                                  capacity=CapacityConfig(**{field: value}))
     with pytest.raises(ConfigError, match=f"capacity.{field}"):
         config.validate()
+
+
+def test_each_configuration_fingerprint_is_a_pool_of_its_own() -> None:
+    # instance 0 runs config "aaa" throughout; instance 1 runs "aaa" for the first 20
+    # windows, then a deploy changes it to "bbb" (engine_configs, as the agent reports)
+    ramp = Ramp(batches=tuple(np.linspace(1, 140, 40)))
+    tables = ramp_tables(ramp)
+    change = T0 + 20 * 60 * 10**9
+    configs = pl.DataFrame({
+        c.HOST_NAME: ["h01"] * 3, c.INSTANCE_ID: ["chat-h01-0", "chat-h01-1", "chat-h01-1"],
+        c.MODEL: [ramp.model] * 3, c.CONFIG_FINGERPRINT: ["aaa", "aaa", "bbb"],
+        c.ENGINE_VERSION: ["0.11.0"] * 3, c.CONFIG_JSON: ["{}"] * 3,
+        c.START_NS: [T0, T0, change], c.END_NS: [T0 + 40 * 60 * 10**9, change - 1,
+                                                  T0 + 40 * 60 * 10**9]})
+    found = analyse_capacity(dataclasses.replace(tables, engine_configs=configs.lazy()),
+                             AnalyticsConfig(), WINDOW_S)
+    assert found.capacity[c.CONFIG].to_list() == ["aaa", "bbb"]
+    per_config = found.windows.group_by(c.CONFIG, c.INSTANCE_ID).len().sort(c.CONFIG,
+                                                                           c.INSTANCE_ID)
+    assert per_config.rows() == [("aaa", "chat-h01-0", 40), ("aaa", "chat-h01-1", 20),
+                                 ("bbb", "chat-h01-1", 20)]
+    aaa = found.capacity.filter(pl.col(c.CONFIG) == "aaa").row(0, named=True)
+    assert aaa[c.KNEE_BATCH] == pytest.approx(ramp.knee(), rel=0.05)
