@@ -36,6 +36,8 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "scope_hosts": queries.scope_hosts,
     "fleet_series": queries.fleet_series,
     "fleet_band": queries.fleet_band,
+    "scope_series": queries.scope_series,
+    "series_percentiles": queries.series_percentiles,
     "host_ranking": queries.host_ranking,
     "range_percentiles": queries.range_percentiles,
     "incidents": queries.incidents,

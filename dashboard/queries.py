@@ -117,6 +117,15 @@ def fleet_series(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
     return rows.drop(exact.columns[1:]).join(exact, on=c.WINDOW_START_NS, how="left")
 
 
+def scope_series(con: duckdb.DuckDBPyConnection, f: Filters) -> list[tuple[str, str, str]]:
+    """The (service, model, host) series :func:`fleet_series` combines for ``f``: host
+    ``*`` rows per service and model, or the host rows under a host filter."""
+    clause, params = _window_rows(con, f)
+    rows = run(con, f"SELECT DISTINCT {c.SERVICE_NAME}, {c.MODEL}, {c.HOST_NAME} "
+                    f"FROM {t.WINDOWS} WHERE {clause} ORDER BY 1, 2, 3", params)
+    return [tuple(r) for r in rows.iter_rows()]
+
+
 def error_series(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
     """Per window and service: requests, failed requests and the error rate (the windows'
     ``error_rate`` weighted by their requests), for the availability page."""
@@ -151,6 +160,19 @@ def window_percentiles(con: duckdb.DuckDBPyConnection, f: Filters, window_s: int
     return run(con, f"""SELECT ({c.ARRIVAL_NS} // {step}) * {step} AS {c.WINDOW_START_NS},
                    {_latency_aggs()} FROM {t.REQUESTS} WHERE {clause} GROUP BY 1 ORDER BY 1""",
                params)
+
+
+def series_percentiles(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
+    """Headline latency percentiles per window and series (``series``: ``service / model``,
+    plus ``/ host`` under a host filter), from the requests: the overview draws one line
+    per series when the scope holds several models."""
+    clause, params = where(con, f, time_col=c.ARRIVAL_NS)
+    step = _window_s(con) * 1_000_000_000
+    parts = [c.SERVICE_NAME, c.MODEL, *([c.HOST_NAME] if f.by_host else [])]
+    label = " || ' / ' || ".join(f"coalesce({p}, '?')" for p in parts)
+    return run(con, f"""SELECT ({c.ARRIVAL_NS} // {step}) * {step} AS {c.WINDOW_START_NS},
+                   {label} AS series, {_latency_aggs()} FROM {t.REQUESTS} WHERE {clause}
+                   GROUP BY 1, 2 ORDER BY 1, 2""", params)
 
 
 def range_percentiles(con: duckdb.DuckDBPyConnection, f: Filters) -> dict[str, float | None]:

@@ -45,6 +45,9 @@ class Fleet:
     #: Add the failures of :mod:`tests.dashboard.synth_failures` (engine down and restart,
     #: a silent host, a latency incident they set off) and the agent's liveness columns.
     failures: bool = False
+    #: Prefill and decode of the first model (the 70B) this many times slower: a mixed fleet
+    #: whose pooled percentiles belong to neither model.
+    slow_model: float = 1.0
 
     @property
     def end_ns(self) -> int:
@@ -82,8 +85,9 @@ def build_requests(fleet: Fleet, rng: np.random.Generator) -> pl.DataFrame:
             queue = rng.exponential(0.02, n)
             hit = (host == inc_host) & (arrival >= inc_start) & (arrival < inc_end)
             queue = np.where(hit, queue + rng.uniform(0.4, 1.2, n), queue)
-            prefill = inp * 4e-5 + rng.exponential(0.005, n)
-            decode = (out - 1) * 0.02 * rng.uniform(0.9, 1.1, n)
+            scale = fleet.slow_model if model == MODELS[0] else 1.0
+            prefill = (inp * 4e-5 + rng.exponential(0.005, n)) * scale
+            decode = (out - 1) * 0.02 * rng.uniform(0.9, 1.1, n) * scale
             overhead = rng.exponential(0.003, n)
             e2e = queue + prefill + decode + overhead
             frames.append(pl.DataFrame({

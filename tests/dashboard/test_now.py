@@ -70,3 +70,20 @@ def test_active_incidents_are_the_exporters(demo_data, tmp_path, monkeypatch) ->
     assert expected[c.INCIDENT_ID].to_list() == ["f" * 16]
     app = app_over(root, monkeypatch)
     assert f"Active incidents: {expected.height}" in [h.value for h in app.subheader]
+
+
+def test_a_calm_mixed_fleet_shows_no_red_latency_tile(tmp_path, monkeypatch) -> None:
+    """A 70B beside an 8B-class model, both calm at the end: the p99 of their pooled
+    requests against a request-weighted mean of their bands read red (+20% and more) on a
+    calm fleet. Each tile is now one series' p99 against its own band."""
+    from tests.dashboard.synth import Fleet, build_all
+
+    root = DataDir(tmp_path / "mixed")
+    build_all(root, Fleet(slow_model=4.0))
+    app = app_over(root, monkeypatch)
+    latency = [m for m in app.metric if m.label.split()[0] in ("TTFT", "TPOT", "E2E")]
+    assert len(latency) == 24  # two services x two models, six tiles each
+    # The p99s (pooled: E2E +56%, TTFT +44% on this fleet); a p50 without a band is judged
+    # against the five windows before, whose noise (240 requests) is not this defect.
+    for tile in (m for m in latency if m.label.endswith("p99")):
+        assert tile.delta is None or float(tile.delta.rstrip("%")) < 15, (tile.label, tile.delta)

@@ -57,11 +57,15 @@ def test_headline_p99_is_the_p99_of_the_recent_requests(app, demo_data) -> None:
     starts = sorted(windows[c.WINDOW_START_NS].to_list())
     recent = scan(demo_data[0], t.REQUESTS).filter(
         pl.col(c.ARRIVAL_NS).is_between(starts[-6], starts[-1], closed="left")).collect()
-    p99 = recent[c.TTFT_S].quantile(0.99, "linear")
-    shown = next(m for m in app.metric if m.label == "TTFT p99").value
-    number, unit = shown.split()
-    assert float(number.replace(",", "")) * (1e-3 if unit == "ms" else 1.0) == pytest.approx(
-        p99, rel=0.01)
+    # One tile per service and model (issue 32: no p99 pooled over two models), in order.
+    p99s = recent.group_by(c.SERVICE_NAME, c.MODEL).agg(
+        pl.col(c.TTFT_S).quantile(0.99, "linear")).sort(c.SERVICE_NAME, c.MODEL)[c.TTFT_S]
+    tiles = [m.value for m in app.metric if m.label == "TTFT p99"]
+    assert len(tiles) == len(p99s) > 1
+    for shown, p99 in zip(tiles, p99s, strict=True):
+        number, unit = shown.split()
+        assert float(number.replace(",", "")) * (1e-3 if unit == "ms" else 1.0) == \
+            pytest.approx(p99, rel=0.01)
 
 
 def test_incident_phases_and_dimensions_are_the_stored_rows(app, demo_data) -> None:
