@@ -26,6 +26,7 @@ from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.runner import run
 from fleetlens.collector.testing import free_port
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.settings import load_section
 from fleetlens.pipeline.storage import DataDir
 from tests.analytics.promservers import Server, prometheus, wait_for
 from tests.analytics.synthetic import FleetSpec, Injected, SynthData, generate
@@ -39,6 +40,19 @@ SPEC = FleetSpec(hosts=3, gpus_per_host=2, duration_s=3 * H, seed=11)
 INJECTED = Injected("kv_cache_pressure", "host_name=h01", 3 * H - 1500, 1500)
 CUT_NS = SPEC.start_ns + (3 * H - 600) * NS
 DASHBOARD = "http://dashboard.example:8501"
+#: fleetlens.toml of the analytics runs and the exporter: the incident links' base, and SLOs
+#: so that the SLO families (and the dashboard's SLO panels) have data
+CONFIG = f"""[analytics]
+dashboard_url = "{DASHBOARD}"
+
+[analytics.slos]
+period_days = 3
+
+[[analytics.slos.services]]
+service = "chat"
+availability = 0.999
+latency = [{{metric = "ttft", threshold_s = 1.0, objective = 0.99}}]
+"""
 RULES = REPO / "deploy" / "prometheus" / "fleetlens-rules.yaml"
 
 
@@ -86,7 +100,7 @@ def exporter(root: DataDir, folder: Path, *args: str) -> Iterator[str]:
     stopped by its PID; yields its /metrics URL."""
     port = free_port()
     config = folder / "fleetlens.toml"
-    config.write_text(f'[analytics]\ndashboard_url = "{DASHBOARD}"\n')
+    config.write_text(CONFIG)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
     log_path = folder / "exporter.log"
     with open(log_path, "w") as log:
@@ -95,8 +109,12 @@ def exporter(root: DataDir, folder: Path, *args: str) -> Iterator[str]:
              "--config", str(config), "--port", str(port), "--refresh", "0", *args],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}/metrics"
+    def answers() -> bool:
+        assert proc.poll() is None, f"the exporter exited: {log_path.read_text()}"
+        return bool(scrape(url))
+
     try:
-        wait_for(lambda: proc.poll() is None and scrape(url), "the exporter to answer")
+        wait_for(answers, "the exporter to answer")
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -123,8 +141,10 @@ def live_fleet(folder: Path, with_prometheus: bool = True) -> Iterator[Live]:
     docstring. Yields once the last 10 minutes were analysed and scraped."""
     data = generate(SPEC, [INJECTED])
     root = DataDir(folder / "data")
+    (folder / "slos.toml").write_text(CONFIG)
+    config = load_section(AnalyticsConfig, "analytics", folder / "slos.toml", environ={})
     write_tables(part(data, before=True), root)
-    run(root, AnalyticsConfig(), notify=False)
+    run(root, config, notify=False)
     with exporter(root, folder) as url:  # its first read: the counters start
         live = Live(root, data, url, first_newest_ns=int(
             part(data, True).windows[c.WINDOW_START_NS].max()))
@@ -134,7 +154,7 @@ def live_fleet(folder: Path, with_prometheus: bool = True) -> Iterator[Live]:
                 wait_for(lambda: prom.query("fleetlens_requests_total"), "a first scrape", prom)
             # requests before windows: a read in between counts nothing until both are there
             write_tables(part(data, before=False), root, name="later.parquet")
-            run(root, AnalyticsConfig(), notify=False)
+            run(root, config, notify=False)
             expected = expected_requests(live).height
             wait_for(lambda: sum(v for (n, _), v in scrape(url).items()
                                  if n == "fleetlens_requests_total") == expected,

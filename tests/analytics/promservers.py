@@ -83,8 +83,11 @@ def _run(args: list[str], folder: Path, port: int, ready: str) -> Iterator[Serve
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=folder)
     server = Server(f"http://127.0.0.1:{port}", proc, log)
     try:
-        wait_for(lambda: proc.poll() is None and urllib.request.urlopen(
-            f"{server.url}{ready}", timeout=5).status == 200, f"{args[0]} to be ready", server)
+        def ready_now() -> bool:
+            assert proc.poll() is None, f"{args[0]} exited: {log.read_text()[-3000:]}"
+            return urllib.request.urlopen(f"{server.url}{ready}", timeout=5).status == 200
+
+        wait_for(ready_now, f"{args[0]} to be ready", server)
         yield server
     finally:
         proc.terminate()  # this process, by its PID; the servers start no children

@@ -155,7 +155,8 @@ def test_no_incident_open_is_zero_for_every_cause_not_nothing(tmp_path: Path) ->
 
 def test_the_grafana_dashboard_queries_only_served_series() -> None:
     served = {x.J_PER_TOKEN, x.KV_CACHE_USAGE, x.WINDOW_END, x.OPEN_INCIDENTS,
-              x.INCIDENT_INFO} | {f"{n}_total" for n in (
+              x.INCIDENT_INFO, "fleetlens_slo_error_budget_remaining_ratio",
+              "fleetlens_slo_burn_rate"} | {f"{n}_total" for n in (
                   x.REQUESTS, x.REQUEST_ERRORS, x.INPUT_TOKENS, x.OUTPUT_TOKENS,
                   x.GPU_ENERGY)} | {f"{n}_bucket" for n in x.LATENCY_HISTOGRAMS.values()}
     used = {name for expr in board_queries()
