@@ -8,7 +8,10 @@ connection costs a socket, not a thread. Measured against ``http.server`` and uv
 has no deadline for reading a request; ``http.server`` costs about 20% less CPU per small
 request but holds a thread per connection. Bounds, each from the config:
 
-- ``http_max_connections`` open connections; one more is answered 503 + Retry-After.
+- ``http_max_connections`` open connections; one more is answered 503 + Retry-After, by at
+  most an eighth as many refusal slots (a refusal lingers, holding its descriptor); past
+  those a connection is closed unanswered. Both shrink when the descriptors are scarce
+  (:mod:`~fleetlens.collector.descriptors`).
 - ``http_threads`` threads run Exports (decode, WAL fsync); the loop never blocks on them.
 - ``http_request_timeout_s`` from a request's first byte to its last: a client sending one
   byte a minute is answered 408 and dropped. ``http_idle_timeout_s`` between requests.
@@ -70,10 +73,17 @@ class HttpServer:
     """The OTLP/HTTP listener of one worker, serving from its own thread."""
 
     def __init__(self, config: CollectorConfig, ingest: Ingest,
-                 tls: ssl.SSLContext | None) -> None:
+                 tls: ssl.SSLContext | None, fd_cap: int | None = None) -> None:
         self.config = config
         self.ingest = ingest
         self.tls = tls
+        #: Open connections served, and connections being refused with a 503 at once.
+        self.max_open = config.http_max_connections
+        self.max_refusing = max(1, self.max_open // 8)
+        if fd_cap is not None and fd_cap < self.max_open + self.max_refusing:
+            self.max_refusing = max(1, fd_cap // 9)
+            self.max_open = max(1, fd_cap - self.max_refusing)
+        self.refusing = 0
         self.pool = ThreadPoolExecutor(config.http_threads, thread_name_prefix="http-export")
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._loop_error)
@@ -131,8 +141,18 @@ class HttpServer:
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
-        if self.open >= self.config.http_max_connections or self.closing:
-            await self._refuse(reader, writer)
+        if self.open >= self.max_open or self.closing:
+            if self.refusing >= self.max_refusing:
+                # A refusal holds its descriptor while it lingers: past the refusal slots a
+                # flood would take them all (issue 33), so close at once, unanswered.
+                self.ingest.telemetry.add("refused_requests")
+                writer.transport.abort()
+                return
+            self.refusing += 1
+            try:
+                await self._refuse(reader, writer)
+            finally:
+                self.refusing -= 1
             return
         self.open += 1
         self._writers.add(writer)
@@ -316,13 +336,16 @@ def _listen(address: str) -> socket.socket:
     return sock
 
 
-def start_http(config: CollectorConfig, ingest: Ingest) -> HttpServer:
-    """Start the OTLP/HTTP server on ``config.http_address`` in a background thread."""
+def start_http(config: CollectorConfig, ingest: Ingest, fd_cap: int | None = None) -> HttpServer:
+    """Start the OTLP/HTTP server on ``config.http_address`` in a background thread.
+
+    ``fd_cap``: descriptors its connections (refusals included) may hold at most.
+    """
     tls = _tls_context(config)
     try:
         sock = _listen(config.http_address)
     except OSError as exc:
         raise RuntimeError(f"cannot listen for OTLP/HTTP on {config.http_address}: {exc}") from None
-    server = HttpServer(config, ingest, tls)
+    server = HttpServer(config, ingest, tls, fd_cap)
     server.start(sock)
     return server

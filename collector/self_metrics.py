@@ -12,23 +12,33 @@ worker) and ``/proc`` of the whole process tree, so every answer covers the whol
 Binding once also means a second collector on the same host gets a clear "address in use"
 instead of silently sharing the port (as SO_REUSEPORT would let it). A port in use turns
 self-metrics off with one error line; it never stops the collector from ingesting.
+
+Each worker holds at most :data:`SCRAPE_SLOTS` scrape connections and gives each
+:data:`SCRAPE_DEADLINE_S` from accept to answer (:class:`ScrapeServer`): scrapes can never
+take the descriptors that ingest, the WAL and publishing need.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.pipeline.schema.settings import is_loopback
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-#: Seconds a scrape connection may stay silent before it is dropped.
-CLIENT_TIMEOUT_S = 10.0
+_TEXT = "text/plain; charset=utf-8"
+#: Scrape connections one worker holds at once (its descriptors for this port).
+SCRAPE_SLOTS = 4
+#: Seconds from accepting a scrape to the end of its answer; a slower client is dropped.
+SCRAPE_DEADLINE_S = 5.0
+#: Largest request head read (a scraper sends a few hundred bytes).
+MAX_HEAD_BYTES = 16 * 1024
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -161,42 +171,84 @@ def render(telemetry: Telemetry, supervisor_pid: int) -> str:
     return telemetry.otelcol() + process_metrics(supervisor_pid) + telemetry.prometheus()
 
 
-def start_self_metrics(sock: socket.socket, telemetry: Telemetry, supervisor_pid: int) -> Any:
-    """Serve ``GET /metrics`` on the listening socket ``sock`` from a daemon thread.
+class ScrapeServer:
+    """``GET /metrics`` on a shared listening socket, with :data:`SCRAPE_SLOTS` connections at
+    most and :data:`SCRAPE_DEADLINE_S` for a whole request, from accept to answer.
 
-    http.server is imported here, in the workers: the supervisor only binds (it would cost
-    it about 4 MiB of RSS for nothing).
+    Not ``http.server``: its ``ThreadingHTTPServer`` accepted every connection into a thread
+    of its own with a per-``recv`` timeout, so trickling clients took the worker's descriptors
+    (issue 33). Here a connection past the slots is not accepted at all: it waits in the
+    kernel's listen backlog, which costs this worker no descriptor.
     """
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    class _Handler(BaseHTTPRequestHandler):
-        server: Any
-        timeout = CLIENT_TIMEOUT_S
-        protocol_version = "HTTP/1.1"
+    def __init__(self, sock: socket.socket, telemetry: Telemetry, supervisor_pid: int) -> None:
+        self.sock = sock
+        self.telemetry = telemetry
+        self.supervisor_pid = supervisor_pid
+        self.slots = threading.BoundedSemaphore(SCRAPE_SLOTS)
+        self._last_error = 0.0
 
-        def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
-            if self.path.split("?", 1)[0] != "/metrics":
-                self._reply(404, b"not found: the collector's metrics are at /metrics\n",
-                            "text/plain; charset=utf-8")
-                return
-            body = render(self.server.telemetry, self.server.supervisor_pid).encode()
-            self._reply(200, body, CONTENT_TYPE)
+    def serve_forever(self) -> None:
+        """Accept and answer scrapes, one thread per slot in use (runs until the process ends)."""
+        while True:
+            self.slots.acquire()
+            conn = self._accept()
+            threading.Thread(target=self._answer, args=(conn,), name="self-metrics-scrape",
+                             daemon=True).start()
 
-        def _reply(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def _accept(self) -> socket.socket:
+        poller = select.poll()  # not select(): a descriptor may be numbered past 1,024
+        poller.register(self.sock, select.POLLIN)
+        while True:
+            poller.poll()
+            try:
+                conn, _ = self.sock.accept()
+                return conn
+            except BlockingIOError:
+                continue  # another worker took this connection
+            except OSError as exc:  # EMFILE: wait rather than spin, say so once a minute
+                now = time.monotonic()
+                if now - self._last_error >= 60.0:
+                    self._last_error = now
+                    log.warning("self-metrics: cannot accept (%s)", exc.strerror or exc)
+                time.sleep(1.0)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
-            return  # one line per scrape would drown the collector's own log
+    def _answer(self, conn: socket.socket) -> None:
+        deadline = time.monotonic() + SCRAPE_DEADLINE_S
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                left = deadline - time.monotonic()
+                if left <= 0 or len(head) > MAX_HEAD_BYTES:
+                    return  # too slow or too long: dropped unanswered
+                conn.settimeout(left)
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            status, body, content_type = self._reply_to(head.split(b"\r\n", 1)[0])
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            conn.sendall(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body)
+        except OSError:  # TimeoutError included: the deadline passed
+            return
+        finally:
+            conn.close()
+            self.slots.release()
 
-    server = ThreadingHTTPServer(sock.getsockname()[:2], _Handler, bind_and_activate=False)
-    server.socket.close()
-    server.socket = sock
-    server.daemon_threads = True
-    server.telemetry = telemetry  # type: ignore[attr-defined]
-    server.supervisor_pid = supervisor_pid  # type: ignore[attr-defined]
+    def _reply_to(self, request_line: bytes) -> tuple[str, bytes, str]:
+        parts = request_line.split()
+        if len(parts) != 3 or parts[0] != b"GET":
+            return "405 Method Not Allowed", b"only GET /metrics\n", _TEXT
+        if parts[1].split(b"?", 1)[0] != b"/metrics":
+            return "404 Not Found", b"not found: the collector's metrics are at /metrics\n", _TEXT
+        return "200 OK", render(self.telemetry, self.supervisor_pid).encode(), CONTENT_TYPE
+
+
+def start_self_metrics(sock: socket.socket, telemetry: Telemetry,
+                       supervisor_pid: int) -> ScrapeServer:
+    """Serve ``GET /metrics`` on the listening socket ``sock`` from a daemon thread."""
+    server = ScrapeServer(sock, telemetry, supervisor_pid)
     threading.Thread(target=server.serve_forever, name="self-metrics", daemon=True).start()
     return server

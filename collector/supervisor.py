@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.descriptors import raise_open_files_limit
 from fleetlens.collector.preflight import check_ports_free, warn_if_exposed
 from fleetlens.collector.self_metrics import bind
 from fleetlens.collector.telemetry import log, shared_array
@@ -83,6 +84,7 @@ def run(config: CollectorConfig, root: str) -> None:
     warn_if_exposed(config)
     check_ports_free(config)  # one clear line instead of every worker failing in turn
     config.forward.check_files()  # likewise for the edge's TLS files
+    raise_open_files_limit()  # before the workers fork: they inherit it
     # Arrow's default mimalloc pool keeps freed pages; the system allocator gives them back
     # (about 70 MiB less RSS under load). Read when Arrow first allocates, so set it first.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

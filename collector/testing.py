@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import resource as rlimit
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,12 +297,19 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _exit)
 
 
+def _limit_files(nofile: tuple[int, int]) -> Callable[[], None]:
+    def limit() -> None:  # runs in the child between fork and exec
+        rlimit.setrlimit(rlimit.RLIMIT_NOFILE, nofile)
+    return limit
+
+
 @contextlib.contextmanager
 def running_collector(data_dir: str | os.PathLike[str], *, config: Mapping[str, Any] | None = None,
                       workers: int = 1, env: Mapping[str, str] | None = None,
                       grpc_port: int | None = None, http_port: int | None = None,
                       channel_credentials: grpc.ChannelCredentials | None = None,
-                      start_timeout: float = 60.0) -> Iterator[RunningCollector]:
+                      start_timeout: float = 60.0,
+                      nofile: tuple[int, int] | None = None) -> Iterator[RunningCollector]:
     """Start ``fleetlens collector`` on free loopback ports; stop it by PID on exit.
 
     Args:
@@ -312,6 +320,7 @@ def running_collector(data_dir: str | os.PathLike[str], *, config: Mapping[str, 
         grpc_port, http_port: fixed ports (e.g. to restart on the same ones); free by default.
         channel_credentials: what :meth:`RunningCollector.channel` uses when TLS is on.
         start_timeout: seconds to wait for both ports to accept connections.
+        nofile: the process's (soft, hard) ``RLIMIT_NOFILE`` (default: inherited).
     """
     data = Path(data_dir)
     data.mkdir(parents=True, exist_ok=True)
@@ -328,7 +337,8 @@ def running_collector(data_dir: str | os.PathLike[str], *, config: Mapping[str, 
     environment.update(env or {})
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                   env=environment, start_new_session=True)
+                                   env=environment, start_new_session=True,
+                                   preexec_fn=_limit_files(nofile) if nofile else None)
     tokens = settings.get("auth_tokens") or [None]
     running = RunningCollector(process, data, grpc_address, http_address, log_path,
                                token=tokens[0], channel_credentials=channel_credentials)

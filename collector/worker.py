@@ -21,11 +21,12 @@ from collections import defaultdict
 from typing import Any
 
 from fleetlens.collector.config import CollectorConfig
+from fleetlens.collector.descriptors import http_connection_cap, open_files_limit
 from fleetlens.collector.forward import ForwardSink
 from fleetlens.collector.grpc_server import start_grpc
 from fleetlens.collector.http_server import start_http
 from fleetlens.collector.ingest import Ingest
-from fleetlens.collector.self_metrics import start_self_metrics
+from fleetlens.collector.self_metrics import SCRAPE_SLOTS, start_self_metrics
 from fleetlens.collector.signals import BY_CODE
 from fleetlens.collector.sink import Segments, Sink
 from fleetlens.collector.supervisor import keep_out
@@ -168,7 +169,9 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     ingest.sink = sink  # type: ignore[assignment]  # both take accept() the same way
     sink.start()
     grpc_server = start_grpc(config, ingest)
-    http_server = start_http(config, ingest)
+    limit = open_files_limit()  # raised to the hard limit by the supervisor already
+    http_server = start_http(config, ingest, fd_cap=http_connection_cap(
+        config.http_max_connections * 9 // 8, limit, SCRAPE_SLOTS if metrics_sock else 0))
     if metrics_sock is not None:
         start_self_metrics(metrics_sock, telemetry, parent_pid or os.getpid())
     gc.freeze()  # start-up objects never become garbage: keep them out of every GC scan
