@@ -24,7 +24,8 @@ from fleetlens.collector.testing import free_port
 
 #: binary -> Debian package
 PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus",
-            "prometheus-alertmanager": "prometheus-alertmanager"}
+            "prometheus-alertmanager": "prometheus-alertmanager",
+            "amtool": "prometheus-alertmanager"}
 #: how long a server may take to answer, or a query to return data (not asserted: a bound)
 PATIENCE_S = 120.0
 

@@ -1,7 +1,9 @@
 """The Prometheus rules shipped under deploy/prometheus/ (fleetlens' own recordings and
 alerts, and the SLO rules `fleetlens slo --rules` generated) pass Prometheus' own checker,
 ``promtool check rules``, and their unit tests, ``promtool test rules``: the recordings
-aggregate the exporter's per-host series across hosts, each alert fires when it should."""
+aggregate the exporter's per-host series across hosts, each alert fires when it should. The
+example Prometheus and Alertmanager configurations pass ``promtool check config`` and
+``amtool check-config``, and the Alertmanager one routes pages to the pager."""
 
 from __future__ import annotations
 
@@ -41,3 +43,24 @@ def test_promtool_unit_tests_pass_and_cover_every_rule_file_and_alert() -> None:
     assert alerts == exercised
     out = promtool("test", "rules", *(p.name for p in TEST_FILES))
     assert "FAILED" not in out and out.count("SUCCESS") == len(TEST_FILES), out
+
+
+def test_the_example_configurations_are_valid_and_route_pages_to_the_pager() -> None:
+    out = promtool("check", "config", str(RULES / "prometheus.example.yml"))
+    assert "SUCCESS: 2 rule files found" in out
+    amtool = binary("amtool")
+    example = str(RULES / "alertmanager.example.yml")
+    check = subprocess.run([amtool, "check-config", example], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    def receiver(*labels: str) -> str:
+        out = subprocess.run([amtool, "config", "routes", "test", f"--config.file={example}",
+                              *labels], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert receiver("alertname=FleetlensIncident", "severity=critical") == "pager"
+    assert receiver("alertname=FleetlensSLOBurnRate", "severity=page") == "pager"
+    assert receiver("alertname=FleetlensIncident", "severity=minor") == "tickets"
+    assert receiver("alertname=FleetlensDataStale", "severity=ticket") == "tickets"
