@@ -28,7 +28,8 @@ def capacity_table(frame: pl.DataFrame) -> str:
 
     table = Table("service", "model", "gpu", "tp", "config", "knee batch (90%)", "limit",
                   "knee req/s", "goodput/GPU knee", "goodput/GPU now", "req/s now",
-                  "headroom", "MBU", "MFU", "bound", "batch seen")
+                  "headroom", "forecast peak crosses knee", "MBU", "MFU", "bound",
+                  "batch seen")
     for row in frame.iter_rows(named=True):
         knee = row[c.KNEE_BATCH]
         shown = "-" if knee is None else (
@@ -39,9 +40,21 @@ def capacity_table(frame: pl.DataFrame) -> str:
              _num(row[c.GOODPUT_RPS_PER_GPU], ".2f"), _num(row[c.GOODPUT_NOW_RPS_PER_GPU], ".2f"),
              _num(row[c.RPS_NOW], ".2f"),
              "-" if row[c.HEADROOM_X] is None else f"x{row[c.HEADROOM_X]:.2f}",
+             _crossing(row),
              _num(row[c.MBU], ".0%"), _num(row[c.MFU], ".1%"), row[c.BOUND] or "-",
              f"{_num(row[c.BATCH_MIN], '.0f')}-{_num(row[c.BATCH_MAX], '.0f')}")
     return _render(table) + f"{frame.height} pools\n"
+
+
+def _crossing(row: dict) -> str:
+    """``at <time>: +N GPUs``, ``no (peak x.xx req/s)``, or ``-`` without a forecast."""
+    from fleetlens.analytics.report import iso
+
+    if row.get(c.FORECAST_PEAK_RPS) is None:
+        return "-"
+    if row.get(c.CROSSING_NS) is None:
+        return f"no (peak {row[c.FORECAST_PEAK_RPS]:.2f} req/s)"
+    return f"at {iso(row[c.CROSSING_NS])}: +{row[c.GPUS_NEEDED]} GPUs"
 
 
 @click.command()

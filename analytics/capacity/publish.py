@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.capacity.analyse import analyse_capacity
+from fleetlens.analytics.capacity.forecast import with_forecast
 from fleetlens.analytics.capacity.stage import CapacityTables
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.runner import publish
@@ -20,6 +21,7 @@ def publish_capacity(root: DataDir, tables: Tables, config: AnalyticsConfig,
                      window_s: int) -> CapacityTables:
     """Compute the capacity tables of ``tables`` and publish them under ``root``."""
     found = analyse_capacity(tables, config, window_s)
+    found.capacity = with_forecast(found.capacity, tables.windows, config)
     since = (int(found.windows[c.WINDOW_START_NS].min()) if found.windows.height else None)
     publish(root, t.CAPACITY, found.capacity, c.TS_NS)
     publish(root, t.CAPACITY_CURVE, found.curve, c.TS_NS)

@@ -94,6 +94,11 @@ fig.add_vline(x=1.0, line_dash="dash", annotation_text="knee")
 fig.update_layout(height=60 + 40 * shown.height, xaxis_title="headroom (x rps now)",
                   margin={"l": 10, "r": 10, "t": 10, "b": 10})
 st.plotly_chart(fig, key="cap_headroom")
+for pool in pools.filter(pl.col(c.CROSSING_NS).is_not_null()).iter_rows(named=True):
+    when = ui.with_time(pl.DataFrame({c.TS_NS: [pool[c.CROSSING_NS]]}), c.TS_NS)["time"][0]
+    st.warning(f"{pool_label(pool)}: the demand forecast passes the knee "
+               f"({pool[c.KNEE_RPS]:.2f} req/s) at {when:%a %H:%M} UTC (peak "
+               f"{pool[c.FORECAST_PEAK_RPS]:.2f} req/s): about {pool[c.GPUS_NEEDED]} more GPUs.")
 
 st.subheader("Elasticity curves")
 for i, pool in enumerate(pools.iter_rows(named=True)):

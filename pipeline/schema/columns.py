@@ -380,3 +380,9 @@ TPOT_P99_FIT_S = "tpot_p99_fit_s"
 TPOT_BAND_LO_S = "tpot_band_lo_s"
 TPOT_BAND_HI_S = "tpot_band_hi_s"
 VISITED = "visited"
+#: capacity, with the Prophet demand forecast: the pool's forecast peak arrival rate and
+#: when, the first forecast time past the knee (null: none), and the GPUs to add for the peak.
+FORECAST_PEAK_RPS = "forecast_peak_rps"
+FORECAST_PEAK_NS = "forecast_peak_ns"
+CROSSING_NS = "crossing_ns"
+GPUS_NEEDED = "gpus_needed"
