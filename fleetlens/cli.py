@@ -54,6 +54,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "Rank model/GPU/config: latency, tok/s, J/token."),
 }
 
+#: Set (to anything but empty) to see the traceback behind a one-line error.
+DEBUG_ENV = "FLEETLENS_DEBUG"
+
 #: third-party import name -> the extra of pyproject.toml that installs it
 EXTRA_OF_MODULE: dict[str, str] = {
     "pynvml": "agent",
@@ -99,7 +102,10 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the command; a data-directory or configuration problem is one line, not a
-        traceback (each command handles its usual ones, this catches the rest)."""
+        traceback (each command handles its usual ones, this catches the rest).
+
+        With ``FLEETLENS_DEBUG=1`` they propagate with their traceback: one of them raised
+        where no user input explains it is a bug, and the line alone would hide where."""
         try:
             return super().invoke(ctx)
         except ModuleNotFoundError as exc:  # a lazy import inside the command
@@ -113,8 +119,9 @@ class LazyGroup(click.Group):
             # Only a command that loaded the storage layer can raise its error; importing it
             # here would pull PyArrow into the agent, which does not install it.
             storage = sys.modules.get("fleetlens.pipeline.storage")
-            if isinstance(exc, ConfigError) or (
-                    storage is not None and isinstance(exc, storage.StorageError)):
+            user_error = isinstance(exc, ConfigError) or (
+                storage is not None and isinstance(exc, storage.StorageError))
+            if user_error and not os.environ.get(DEBUG_ENV):
                 raise click.ClickException(str(exc)) from None
             raise
 

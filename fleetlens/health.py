@@ -50,6 +50,8 @@ def check_dashboard(url: str, timeout_s: float) -> str:
             body = resp.read(64).decode(errors="replace").strip()
     except (urllib.error.URLError, OSError) as exc:
         raise click.ClickException(f"dashboard at {target}: {exc}") from None
+    except ValueError as exc:  # urllib's word for a URL it cannot parse ("not-a-url")
+        raise click.ClickException(f"dashboard: {exc}; expected http://HOST:PORT") from None
     if body != "ok":
         raise click.ClickException(f"dashboard at {target}: answered {body!r}")
     return body
@@ -85,7 +87,8 @@ def _data_state_dir(data_dir: str | None) -> Any:
 
 
 @click.group(invoke_without_command=True)
-@click.option("--timeout", "timeout_s", type=float, default=5.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=5.0, show_default=True,
               help="Seconds each check may take.")
 @click.pass_context
 def health(ctx: click.Context, timeout_s: float) -> None:

@@ -13,7 +13,12 @@ import click
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.output import format_option
-from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
+from fleetlens.pipeline.schema.settings import (
+    DATA_DIR_HELP,
+    ConfigError,
+    load_section,
+    read_config,
+)
 from fleetlens.pipeline.storage import DataDir, StorageError, write_json_atomic
 
 if TYPE_CHECKING:
@@ -33,8 +38,13 @@ def resolve_data_dir(data_dir: str | None, config_file: str | None, *,
     """The data directory a command works on (see :meth:`DataDir.from_env`), as a clean
     command-line error when it cannot be found or, with ``must_exist``, does not exist."""
     try:
+        # The configuration is read even when --data-dir makes it unneeded: a file the user
+        # named (or $FLEETLENS_CONFIG names) that is broken must not pass in silence.
+        read_config(config_file)
         root = DataDir.from_env(data_dir, config_file)
-        return root.require() if must_exist else root
+        # A service may start before its directory exists, never on a file in its place.
+        local_file = not root.remote and root.root.exists()
+        return root.require() if must_exist or local_file else root
     except (ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 
 import click
 
@@ -87,6 +88,7 @@ def sql(query: str, data_dir: str | None, fmt: str, max_rows: int, max_result_mb
         raise click.ClickException(
             f"the result passed --max-result-mb {max_result_mb} after {got.table.num_rows} "
             "rows; nothing was written. Narrow the query or raise the limit")
+    _refuse_duplicate_names(got.table.column_names)
     frame = pl.from_arrow(got.table)
     assert isinstance(frame, pl.DataFrame)
     if fmt in ("csv", "json"):
@@ -121,3 +123,16 @@ def _print_table(frame, total: int, cut: str | None,  # noqa: ANN001 - polars Da
     elif shown < total:
         note = f", first {shown} shown"
     console.print(f"({total} row{'s' if total != 1 else ''}{note})", markup=False)
+
+
+def _refuse_duplicate_names(names: list[str]) -> None:
+    """DuckDB returns two columns of one name (``select 1 as s, 2 as s``); no table, CSV
+    reader or JSON object tells them apart, so the query is the user's to fix."""
+    twice = sorted(name for name, count in Counter(names).items() if count > 1)
+    if twice:
+        from fleetlens.pipeline.terminal import plain
+
+        listed = ", ".join(repr(plain(name)) for name in twice)
+        raise click.ClickException(
+            f"the result has more than one column named {listed}: give each its own name "
+            "(... AS another_name)")

@@ -55,6 +55,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except OSError as exc:  # a directory, no permission: still the user's file to fix
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
 
 
 def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
