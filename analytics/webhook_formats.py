@@ -34,6 +34,7 @@ import polars as pl
 
 from fleetlens.analytics.config import WEBHOOK_FORMATS
 from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
+from fleetlens.analytics.incident_facts import incident_phases
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -56,7 +57,8 @@ _ANY = "*"
 
 
 def native_body(incident: dict[str, Any], causes: pl.DataFrame) -> dict[str, Any]:
-    """The native JSON body of one incident: its row plus its top causes (evidence parsed).
+    """The native JSON body of one incident: its row, its top causes (evidence parsed) and
+    its excess latency by phase (``phases``: ``phase, excess_s, share``; empty for a failure).
 
     An SLO alert's row (``detector`` :data:`SLO_DETECTOR`) has no causes and its own type.
     """
@@ -67,7 +69,11 @@ def native_body(incident: dict[str, Any], causes: pl.DataFrame) -> dict[str, Any
     for row in mine.head(TOP_CAUSES).iter_rows(named=True):
         row[c.EVIDENCE] = json.loads(row[c.EVIDENCE])
         top.append(row)
-    return {"type": "fleetlens.incident", "incident": dict(incident), "causes": top}
+    # The `incident_phases` rows this run publishes (the same stage over the same causes),
+    # as the incident page and `fleetlens explain` show them.
+    phases = incident_phases(mine.lazy()).collect().drop(c.INCIDENT_ID).to_dicts()
+    return {"type": "fleetlens.incident", "incident": dict(incident), "causes": top,
+            "phases": phases}
 
 
 def signature_headers(secret: str, body: bytes, now_s: int | None = None) -> dict[str, str]:
