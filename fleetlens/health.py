@@ -57,33 +57,39 @@ def check_dashboard(url: str, timeout_s: float) -> str:
     return body
 
 
-def check_pipeline(state_dir: Any, max_age_s: float, now: float | None = None) -> float:
+def check_pipeline(state_dir: Any, max_age_s: float, now: float | None = None,
+                   data_dir: str = "") -> float:
     """The heartbeat's age in seconds, or raise when it is missing, unreadable or too old.
 
     ``state_dir`` is the data directory's ``state`` folder: a local path or, for an ``s3://``
-    data directory, an object path (both read the same way)."""
+    data directory, an object path (both read the same way). A failure says what to run:
+    the probe's reader is often someone wondering why the dashboard shows nothing new."""
     from fleetlens.pipeline.cli import HEARTBEAT_FILE
 
+    follow = f"fleetlens pipeline --follow --data-dir {data_dir or state_dir.parent}"
     path = state_dir / HEARTBEAT_FILE
     try:
         at = float(json.loads(path.read_text())["unix_s"])
     except FileNotFoundError:
-        raise click.ClickException(f"pipeline: no heartbeat at {path} yet") from None
+        raise click.ClickException(
+            f"pipeline: no heartbeat at {path} yet: nothing is following this data "
+            f"directory; start `{follow}` (it writes the heartbeat after every run)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise click.ClickException(f"pipeline: unreadable heartbeat {path}: {exc}") from None
     age = (time.time() if now is None else now) - at
     if age > max_age_s:
         raise click.ClickException(
-            f"pipeline: last run finished {age:.0f} s ago (more than {max_age_s:g} s)")
+            f"pipeline: last run finished {age:.0f} s ago (more than {max_age_s:g} s): if "
+            f"`{follow}` is not running, start it; if it is, it is stuck (restart it)")
     return age
 
 
-def _data_state_dir(data_dir: str | None) -> Any:
-    """DATA_DIR/state, with the data directory found as every command finds it (a local
-    folder or an ``s3://`` URL)."""
+def _data_dir(data_dir: str | None) -> Any:
+    """The data directory, found as every command finds it (a local folder or an ``s3://``
+    URL), whether or not it exists yet."""
     from fleetlens.pipeline.cli import resolve_data_dir
 
-    return resolve_data_dir(data_dir, None, must_exist=False).state
+    return resolve_data_dir(data_dir, None, must_exist=False)
 
 
 @click.group(invoke_without_command=True)
@@ -137,5 +143,6 @@ def dashboard(timeout_s: float, url: str) -> None:
 def pipeline(timeout_s: float, data_dir: str | None, max_age_s: float) -> None:
     """A `pipeline --follow` run finished less than --max-age seconds ago."""
     del timeout_s  # a file read needs no deadline
-    age = check_pipeline(_data_state_dir(data_dir), max_age_s)
+    root = _data_dir(data_dir)
+    age = check_pipeline(root.state, max_age_s, data_dir=str(root.root))
     click.echo(f"pipeline: last run finished {age:.0f} s ago")

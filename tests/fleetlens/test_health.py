@@ -108,3 +108,17 @@ def test_pipeline_health_on_an_s3_data_dir(s3, tmp_path: Path) -> None:  # noqa:
     assert run.returncode == 0, run.stderr
     out = fleetlens("health", "pipeline", "--data-dir", url, env=env)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_pipeline_probe_that_fails_says_what_to_run(tmp_path: Path) -> None:
+    """Nothing following the data directory (or a loop that stopped): the line names the
+    command that writes the heartbeat, with this data directory in it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    follow = f"fleetlens pipeline --follow --data-dir {data}"
+    out = fleetlens("health", "pipeline", "--data-dir", str(data))
+    assert out.returncode == 1 and follow in out.stderr, out.stderr
+    assert "nothing is following" in out.stderr
+    assert fleetlens("pipeline", "--data-dir", str(data), "--no-progress").returncode == 0
+    out = fleetlens("health", "pipeline", "--data-dir", str(data), "--max-age", "0")
+    assert out.returncode == 1 and follow in out.stderr, out.stderr
