@@ -114,8 +114,11 @@ class CollectorConfig:
     #: Bearer tokens accepted; empty means no authentication (fine on loopback only).
     auth_tokens: tuple[str, ...] = ()
     tls: TlsConfig = field(default_factory=TlsConfig)
-    #: Largest request accepted after decompression.
-    max_request_bytes: int = 64 * 1024 * 1024
+    #: Largest request accepted after decompression. 16 MiB, not the OTLP spec's suggested
+    #: 64: a worker may hold several at once (issue 33 saw 10 x 60 MiB take 600 MiB), and an
+    #: SDK's batch of 512 spans is well under 1 MiB (the OpenTelemetry Collector's gRPC
+    #: default is 4 MiB).
+    max_request_bytes: int = 16 * 1024 * 1024
     #: Rows buffered before a Parquet segment is published, and its maximum age.
     flush_rows: int = 25_000
     flush_interval_s: float = 5.0
@@ -154,6 +157,9 @@ class CollectorConfig:
     http_idle_timeout_s: float = 60.0
     http_max_connections: int = 256
     http_threads: int = 8
+    #: OTLP/HTTP: request body bytes one worker holds at once (being read or exported); a
+    #: body that would pass it is answered 503 + Retry-After. At least ``max_request_bytes``.
+    http_body_budget_bytes: int = 128 * 1024 * 1024
     #: The collector's own metrics (Prometheus text: otelcol_* names, process_* of the
     #: supervisor and all workers) on their own port, without the ingest token; "" turns
     #: it off. 8888 is the OpenTelemetry Collector's own default.
@@ -189,6 +195,10 @@ class CollectorConfig:
         for name in ("http_request_timeout_s", "http_idle_timeout_s", "http_max_connections",
                      "http_threads"):
             require(getattr(self, name) > 0, name, "must be positive")
+        # Smaller, a request of the largest size would be answered "retry" forever.
+        require(self.http_body_budget_bytes >= self.max_request_bytes,
+                "http_body_budget_bytes", f"must be at least max_request_bytes "
+                f"({self.max_request_bytes})")
         require(all(self.auth_tokens), "auth_tokens", "tokens must not be empty strings")
         if self.self_metrics_address:
             host, sep, port = self.self_metrics_address.rpartition(":")

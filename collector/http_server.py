@@ -17,6 +17,9 @@ request but holds a thread per connection. Bounds, each from the config:
   byte a minute is answered 408 and dropped. ``http_idle_timeout_s`` between requests.
 - Out of file descriptors (EMFILE), asyncio stops accepting for a second instead of spinning.
 - Bodies are read only up to ``max_request_bytes``; gzip is inflated with the same bound.
+- Body bytes held at once (being read or exported) stay within ``http_body_budget_bytes`` per
+  worker: the body that would pass it is answered 503 + Retry-After, unread (issue 33: ten
+  60 MiB bodies held one byte short took a worker from 84 to 684 MiB).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 import h11
 
 from fleetlens.collector.config import CollectorConfig
-from fleetlens.collector.errors import TooLarge
+from fleetlens.collector.errors import Overloaded, TooLarge
 from fleetlens.collector.http_otlp import Headers, Plan, Reply, error_reply, export, plan
 from fleetlens.collector.ingest import Ingest
 from fleetlens.collector.telemetry import log
@@ -84,6 +87,8 @@ class HttpServer:
             self.max_refusing = max(1, fd_cap // 9)
             self.max_open = max(1, fd_cap - self.max_refusing)
         self.refusing = 0
+        #: Body bytes held by requests being read or exported (the loop's thread only).
+        self.body_bytes = 0
         self.pool = ThreadPoolExecutor(config.http_threads, thread_name_prefix="http-export")
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._loop_error)
@@ -223,6 +228,14 @@ class HttpServer:
                        writer: asyncio.StreamWriter) -> Reply:
         """Read one whole request within the deadline (from its first byte, already in)
         and produce its reply."""
+        held = [0]  # this request's share of body_bytes, given back when it is answered
+        try:
+            return await self._read_and_export(conn, reader, writer, held)
+        finally:
+            self.body_bytes -= held[0]
+
+    async def _read_and_export(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter, held: list[int]) -> Reply:
         todo: Plan | Reply | None = None
         try:
             # One deadline for the whole request, head and body: a trickle cannot extend it.
@@ -236,11 +249,11 @@ class HttpServer:
                             event.target.decode("ascii", "replace"), _headers(event))
                 if isinstance(todo, Reply):
                     if not todo.close:  # a GET: its (empty) body ends the request
-                        await self._body(conn, reader)
+                        await self._body(conn, reader, held)
                     return todo
                 if conn.they_are_waiting_for_100_continue:
                     writer.write(conn.send(h11.InformationalResponse(status_code=100)))
-                body = await self._body(conn, reader)
+                body = await self._body(conn, reader, held)
         except TimeoutError:
             self.ingest.telemetry.add("invalid_requests")
             return TIMED_OUT
@@ -248,7 +261,9 @@ class HttpServer:
             self.ingest.telemetry.add("invalid_requests")
             return Reply(exc.error_status_hint, f"bad HTTP request: {exc}\n".encode(),
                          close=True)
-        except TooLarge as error:
+        except (TooLarge, Overloaded) as error:
+            if isinstance(error, Overloaded):
+                self.ingest.telemetry.add("refused_requests")
             return error_reply(error, isinstance(todo, Plan) and todo.as_json)
         self.exporting += 1
         try:
@@ -257,15 +272,30 @@ class HttpServer:
         finally:
             self.exporting -= 1
 
-    async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader) -> bytes:
+    async def _body(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                    held: list[int]) -> bytes:
         body = bytearray()
         while True:
             event = await self._next(conn, reader)
             if isinstance(event, h11.EndOfMessage):
                 return bytes(body)
             if isinstance(event, h11.Data):
+                self._hold(held, len(event.data))
                 body += event.data
                 self.ingest.check_size(len(body))  # chunked bodies have no declared length
+
+    def _hold(self, held: list[int], size: int) -> None:
+        """Count ``size`` more body bytes against the worker's budget, or refuse (retryable).
+
+        ``bytes(body)`` copies the body once more at its end: the budget counts it once,
+        so the memory it bounds is about twice the budget at worst.
+        """
+        if self.body_bytes + size > self.config.http_body_budget_bytes:
+            raise Overloaded(f"this worker holds {self.body_bytes} bytes of request bodies "
+                             f"(http_body_budget_bytes = {self.config.http_body_budget_bytes}); "
+                             "retry later")
+        self.body_bytes += size
+        held[0] += size
 
     async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter,
                     reply: Reply) -> bool:

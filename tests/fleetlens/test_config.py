@@ -19,7 +19,7 @@ def test_defaults_are_closed() -> None:
     assert isinstance(cfg, FleetlensConfig)
     assert cfg.collector.grpc_address.startswith("127.0.0.1:")
     assert cfg.collector.http_address.startswith("127.0.0.1:")
-    assert cfg.collector.max_request_bytes == 64 * 1024 * 1024
+    assert cfg.collector.max_request_bytes == 16 * 1024 * 1024
 
 
 def test_valid_file(tmp_path: Path) -> None:
