@@ -15,8 +15,10 @@ no family holds a fleet-wide row beside the per-host rows it sums, so ``sum by``
   ``fleetlens_kv_cache_usage_ratio``, ``fleetlens_window_end_timestamp_seconds``, and the
   baselines ``fleetlens_baseline_{expected,lower,upper}{metric}``
   (:mod:`analytics.exporter_gauges`);
-- ``fleetlens_open_incidents{cause}`` (0 when none) and ``fleetlens_incident_info`` (1 per
-  active incident) (:mod:`analytics.exporter_incidents`);
+- ``fleetlens_open_incidents{cause}`` (0 when none), ``fleetlens_incident_info`` (1 per
+  active incident) and each active incident's stored phase split,
+  ``fleetlens_incident_phase_{excess_seconds,share_ratio}{incident_id, phase}``
+  (:mod:`analytics.exporter_incidents`);
 - per service and SLO: the error budget left, the burn rate per alert window, firing alerts
   and event counters (:mod:`analytics.slos.exporter`).
 """
@@ -37,7 +39,11 @@ from fleetlens.analytics.exporter_gauges import (
     latest_closed,
     window_families,
 )
-from fleetlens.analytics.exporter_incidents import incident_families, open_incidents
+from fleetlens.analytics.exporter_incidents import (
+    incident_families,
+    open_incidents,
+    phase_families,
+)
 from fleetlens.analytics.open_incidents import closed_until_ns
 from fleetlens.analytics.slos.exporter import SloCounters, slo_families
 from fleetlens.pipeline.schema import columns as c
@@ -77,9 +83,11 @@ class DerivedSignals:
         closed_start = None if latest.is_empty() else int(latest[c.WINDOW_START_NS].max())
         # active: the dashboard's definition (analytics.open_incidents), at the same "now"
         now_ns = None if windows.is_empty() else closed_until_ns(windows)
+        active = open_incidents(self.root, now_ns)
         return [*self._counters.families(), *window_families(latest),
                 *baseline_families(self.root, closed_start),
-                *incident_families(open_incidents(self.root, now_ns), self.dashboard_url),
+                *incident_families(active, self.dashboard_url),
+                *phase_families(self.root, active),
                 *slo_families(self.root, self._slo_counters)]
 
 

@@ -5,7 +5,9 @@ by top cause, and one info series per active incident for Grafana annotations an
 dashboard's overview uses too ("Active incidents: N"): the incident has not ended before the
 end of the latest closed window (its end is null, or at or after that moment). The same rows
 make ``fleetlens_open_incidents`` and ``fleetlens_incident_info``, so the count and the list
-agree.
+agree. Each active incident's phase split is served as analytics stored it
+(``incident_phases``, the rows ``fleetlens explain`` and the dashboard render), never
+recomputed here.
 """
 
 from __future__ import annotations
@@ -64,4 +66,27 @@ def incident_families(incidents: pl.DataFrame, dashboard_url: str | None) -> lis
     return [by_cause, info]
 
 
-__all__ = ["incident_families", "open_incidents"]
+def phase_families(root: DataDir, incidents: pl.DataFrame) -> list[Metric]:
+    """``fleetlens_incident_phase_{excess_seconds,share_ratio}{incident_id, phase}`` of the
+    active ``incidents``, from the stored ``incident_phases`` rows."""
+    from fleetlens.analytics.runner import read_table
+
+    labels = (c.INCIDENT_ID, c.PHASE)
+    excess = GaugeMetricFamily(x.INCIDENT_PHASE_EXCESS, "Excess latency per request in the "
+                               "phase, against the incident's baseline period, s.", labels=labels)
+    share = GaugeMetricFamily(x.INCIDENT_PHASE_SHARE, "The phase's share of the incident's "
+                              "positive excess latency (0..1).", labels=labels)
+    if incidents.is_empty():
+        return [excess, share]
+    phases = read_table(root, t.INCIDENT_PHASES).filter(
+        pl.col(c.INCIDENT_ID).is_in(incidents[c.INCIDENT_ID].implode()))
+    for row in phases.sort(c.INCIDENT_ID, c.PHASE).iter_rows(named=True):
+        key = [str(row[c.INCIDENT_ID]), str(row[c.PHASE])]
+        if row[c.EXCESS_S] is not None:
+            excess.add_metric(key, float(row[c.EXCESS_S]))
+        if row[c.SHARE] is not None:
+            share.add_metric(key, float(row[c.SHARE]))
+    return [excess, share]
+
+
+__all__ = ["incident_families", "open_incidents", "phase_families"]

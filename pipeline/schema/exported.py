@@ -62,10 +62,14 @@ OPEN_INCIDENTS = "fleetlens_open_incidents"
 #: 1 per active incident, labelled with its id, scope, cause, severity (and ``url``): the
 #: Grafana annotation query and the incidents table read it.
 INCIDENT_INFO = "fleetlens_incident_info"
+#: Per active incident and phase (queue, prefill, decode, overhead): the stored
+#: ``incident_phases`` rows, the excess latency per request and its share of the excess.
+INCIDENT_PHASE_EXCESS = "fleetlens_incident_phase_excess_seconds"
+INCIDENT_PHASE_SHARE = "fleetlens_incident_phase_share_ratio"
 
 __all__ = [
     "BASELINE_EXPECTED", "BASELINE_LOWER", "BASELINE_UPPER", "BUCKETS", "GPU_ENERGY", "HOST",
-    "INCIDENT_INFO", "INPUT_TOKENS", "J_PER_TOKEN", "KV_CACHE_USAGE", "LATENCY_HISTOGRAMS",
-    "MODEL", "OPEN_INCIDENTS", "OUTPUT_TOKENS", "REQUESTS", "REQUEST_ERRORS", "SCOPE",
-    "SERVICE", "URL", "WINDOW_END",
+    "INCIDENT_INFO", "INCIDENT_PHASE_EXCESS", "INCIDENT_PHASE_SHARE", "INPUT_TOKENS",
+    "J_PER_TOKEN", "KV_CACHE_USAGE", "LATENCY_HISTOGRAMS", "MODEL", "OPEN_INCIDENTS",
+    "OUTPUT_TOKENS", "REQUESTS", "REQUEST_ERRORS", "SCOPE", "SERVICE", "URL", "WINDOW_END",
 ]

@@ -147,6 +147,25 @@ def test_active_incidents_are_served_with_a_link_to_their_page(live: Live) -> No
     assert by_cause["kv_cache_pressure"] >= 1
 
 
+def test_each_active_incident_s_phase_split_is_the_stored_rows(live: Live) -> None:
+    """The exporter renders analytics' incident_phases rows (what explain and the dashboard
+    show), for the active incidents only."""
+    got = scrape(live.url)
+    active = active_incidents(read_table(live.root, t.INCIDENTS),
+                              closed_until_ns(live.data.windows))
+    stored = read_table(live.root, t.INCIDENT_PHASES).filter(
+        pl.col(c.INCIDENT_ID).is_in(active[c.INCIDENT_ID].implode()))
+    assert stored.height >= 4, "queue, prefill, decode, overhead of the incident at the end"
+    served = {(dict(lab)[c.INCIDENT_ID], dict(lab)[c.PHASE]): v for (n, lab), v in got.items()
+              if n == x.INCIDENT_PHASE_EXCESS}
+    shares = {(dict(lab)[c.INCIDENT_ID], dict(lab)[c.PHASE]): v for (n, lab), v in got.items()
+              if n == x.INCIDENT_PHASE_SHARE}
+    assert served == {(r[c.INCIDENT_ID], r[c.PHASE]): r[c.EXCESS_S]
+                      for r in stored.iter_rows(named=True)}
+    assert shares == {(r[c.INCIDENT_ID], r[c.PHASE]): r[c.SHARE]
+                      for r in stored.iter_rows(named=True) if r[c.SHARE] is not None}
+
+
 def test_the_grafana_annotations_are_the_active_incidents_with_their_link(live: Live) -> None:
     server = prom(live)
     info = {dict(labels)[c.INCIDENT_ID]: dict(labels) for (n, labels) in scrape(live.url)
