@@ -50,19 +50,36 @@ def phase_excess_chart(phases: pl.DataFrame) -> go.Figure:
     return fig
 
 
+#: Titles with units of the incident page's correlated signals.
+SIGNAL_TITLES = {
+    "arrivals_rps": "Arrivals (req/s)", "kv_usage_max": "KV cache usage, max (0-1)",
+    c.PREEMPTIONS: "Preemptions per window", c.PREFIX_HIT_RATE: "Prefix hit rate (0-1)",
+    c.SM_CLOCK_MHZ: "SM clock (MHz)", c.POWER_W: "GPU power (W)",
+    c.POWER_LIMIT_W: "GPU power limit (W)", "temp_c_max": "GPU temperature, max (°C)",
+}
+
+
 def small_multiple(frame: pl.DataFrame, column: str, *, shade: tuple[int, int],
-                   height: int = 230) -> go.Figure:
-    """One signal over time, the incident shaded, with few unrotated time ticks."""
+                   height: int = 230, x_range: tuple[int, int] | None = None) -> go.Figure:
+    """One signal over time, the incident shaded, with few unrotated time ticks; charts
+    given the same ``x_range`` (ns) line up, so a signal's move reads against the others."""
     fig = go.Figure(go.Scatter(x=xs(frame), y=ys(frame, column), mode="lines",
                                line={"color": "#222"}, name=column))
     fig.add_vrect(x0=shade[0] / 1e6, x1=shade[1] / 1e6, fillcolor="rgba(228,87,86,0.2)",
                   line_width=0)
-    fig.update_layout(title=column, height=height, showlegend=False, xaxis=SMALL_TIME_AXIS,
+    axis = {**SMALL_TIME_AXIS, **_x_range(x_range)}
+    fig.update_layout(title=SIGNAL_TITLES.get(column, column), height=height,
+                      showlegend=False, xaxis=axis,
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
     return fig
 
 
-def throttle_chart(frame: pl.DataFrame, *, shade: tuple[int, int]) -> go.Figure:
+def _x_range(x_range: tuple[int, int] | None) -> dict:
+    return {} if x_range is None else {"range": [x_range[0] / 1e6, x_range[1] / 1e6]}
+
+
+def throttle_chart(frame: pl.DataFrame, *, shade: tuple[int, int],
+                   x_range: tuple[int, int] | None = None) -> go.Figure:
     """The throttle-reason bitmask decoded: one row per reason, a mark where it was set."""
     fig = go.Figure()
     masks = frame["throttle_reasons"].cast(pl.Int64).to_list()
@@ -77,7 +94,7 @@ def throttle_chart(frame: pl.DataFrame, *, shade: tuple[int, int]) -> go.Figure:
     rows = max(len(fig.data), 1)
     fig.update_layout(title="GPU throttle reasons (windows with the reason set)",
                       height=120 + 28 * rows, showlegend=False,
-                      xaxis={**SMALL_TIME_AXIS, "nticks": 10},
+                      xaxis={**SMALL_TIME_AXIS, "nticks": 10, **_x_range(x_range)},
                       yaxis={"type": "category", "automargin": True},
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
     return fig

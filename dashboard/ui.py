@@ -30,6 +30,17 @@ PHASE_COLOURS = {"queue": "#e45756", "prefill": "#f58518", "decode": "#4c78a8",
                  "overhead": "#bab0ac", "span": "#9ecae9"}
 
 
+def energy(joules: float | None) -> str:
+    """Energy in the unit that reads best: ``850 J``, ``12.4 kJ``, ``3.21 MJ``, ``1,050 GJ``."""
+    if joules is None:
+        return "n/a"
+    unit, size = next(((u, n) for u, n in (("GJ", 1e9), ("MJ", 1e6), ("kJ", 1e3))
+                       if abs(joules) >= n), ("J", 1.0))
+    value = joules / size
+    places = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:,.{places if unit != 'J' else 0}f} {unit}"
+
+
 def to_datetime(ns: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(ns / NS, tz=dt.UTC)
 

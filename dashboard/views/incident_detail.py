@@ -16,6 +16,12 @@ from fleetlens.dashboard.ranking import analytics_config
 from fleetlens.pipeline.schema import FLEET_WIDE
 from fleetlens.pipeline.schema import columns as c
 
+
+def _title(metric: str) -> str:
+    """The metric with its unit: ``e2e_p99_s`` -> ``e2e_p99 (s)``."""
+    return f"{metric.removesuffix('_s')} (s)" if metric.endswith("_s") else metric
+
+
 f = st.session_state["filters"]
 st.title("Incident detail")
 listed = data.load("incidents", f)
@@ -66,16 +72,26 @@ markers = data.load("failure_incidents", Filters(
     p["ctx_start"], p["ctx_end"], services=(service,) if service and service != FLEET_WIDE else ()))
 context = ui.with_time(data.load("metric_context", inc), c.TS_NS)
 band = context.select(c.TS_NS, c.EXPECTED, c.LOWER, c.UPPER).drop_nulls(c.EXPECTED)
-st.plotly_chart(charts.add_markers(ui.band_chart(
-    context.drop_nulls("value"), "value", inc[c.METRIC], band=band,
-    shade=(p["start"], p["end"]), height=320), markers), key="detail_metric")
+# Every chart of the page on one time axis: the metric and each signal line up.
+window = (p["ctx_start"], p["ctx_end"])
+metric_fig = ui.band_chart(context.drop_nulls("value"), "value", _title(inc[c.METRIC]),
+                           band=band, shade=(p["start"], p["end"]), height=320)
+metric_fig.update_xaxes(range=[window[0] / 1e6, window[1] / 1e6])
+st.plotly_chart(charts.add_markers(metric_fig, markers), key="detail_metric")
 st.caption(explain_detector(inc[c.DETECTOR], analytics_config()))
 
 left, right = st.columns(2)
 left.subheader("Ranked causes")
 if causes.height:
-    left.dataframe(causes.select(c.RANK, c.CAUSE, c.SUBJECT, c.SCORE, c.SHARE_OF_EXCESS,
-                                 c.SUMMARY), hide_index=True, key="detail_causes")
+    left.dataframe(causes.select(c.RANK, c.CAUSE, c.SCORE, c.SUMMARY, c.SHARE_OF_EXCESS,
+                                 c.SUBJECT), hide_index=True, key="detail_causes",
+                   column_config={
+                       c.SCORE: st.column_config.NumberColumn(
+                           c.SCORE, format="%.2f", help="Strength of the cause's own signal "
+                           "x (0.1 + 0.9 x its share of the excess); orders this incident's "
+                           "causes (docs/analytics.md, 'What score means')."),
+                       c.SHARE_OF_EXCESS: st.column_config.NumberColumn(
+                           "share of the excess", format="percent")})
     for row in causes.iter_rows(named=True):
         with left.expander(f"Evidence: {row[c.CAUSE]} ({row[c.SUBJECT]})"):
             try:
@@ -124,19 +140,21 @@ for i in range(0, len(names), 2):
     cols = st.columns(2)
     for slot, name in zip(cols, names[i:i + 2], strict=False):
         slot.plotly_chart(charts.add_markers(charts.small_multiple(
-            signals.drop_nulls(name), name, shade=(p["start"], p["end"])), markers),
-            key=f"signal_{name}")
+            signals.drop_nulls(name), name, shade=(p["start"], p["end"]),
+            x_range=window), markers), key=f"signal_{name}")
 if "throttle_reasons" in signals.columns and signals["throttle_reasons"].drop_nulls().len():
     st.plotly_chart(charts.add_markers(charts.throttle_chart(
-        signals.drop_nulls("throttle_reasons"), shade=(p["start"], p["end"])), markers),
-        key="signal_throttle")
+        signals.drop_nulls("throttle_reasons"), shade=(p["start"], p["end"]),
+        x_range=window), markers), key="signal_throttle")
 
 st.subheader("Slowest requests")
 slow = data.load("slowest_requests", inc)
+order = c.request_latency_column(str(inc[c.METRIC])) or c.E2E_S
+first = list(dict.fromkeys(["trace", order, c.E2E_S, c.HOST_NAME]))
 st.dataframe(
-    ui.readable(slow.with_columns(  # the link column first: visible without scrolling
+    ui.readable(slow.with_columns(  # the link and the latencies first: seen without scrolling
         pl.format("trace?id={}&t={}", c.TRACE_ID, c.ARRIVAL_NS).alias("trace"))
-        .select("trace", pl.exclude("trace"))),
+        .select(*first, pl.exclude(first))),
     hide_index=True, key="detail_slowest",
     column_config={"trace": st.column_config.LinkColumn("trace", display_text="waterfall")},
 )

@@ -32,10 +32,11 @@ table = ui.with_time(incidents, c.START_NS, "started (UTC)").with_columns(
     pl.concat_str([c.SERVICE_NAME, c.MODEL, c.HOST_NAME], separator=" / ").alias("scope"),
     pl.format("incident?id={}", c.INCIDENT_ID).alias("open"),
 )
-st.caption(f"{table.height} incident(s)")
+st.caption(f"{table.height:,} incident(s)")
 st.dataframe(
-    ui.readable(table.select("open", "started (UTC)", "minutes", c.SEVERITY, c.METRIC,
-                             "scope", c.PEAK, c.EXPECTED, c.CAUSE, c.SUBJECT, c.SUMMARY,
+    # What happened first (the top cause and its summary), then where and how much.
+    ui.readable(table.select("open", "started (UTC)", c.SEVERITY, c.CAUSE, c.SUMMARY,
+                             "minutes", c.METRIC, "scope", c.PEAK, c.EXPECTED, c.SUBJECT,
                              c.INCIDENT_ID)),
     hide_index=True, key="incidents_table",
     column_config={"open": st.column_config.LinkColumn("open", display_text="details")},

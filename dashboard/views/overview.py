@@ -112,7 +112,7 @@ left.caption(f"{incidents.height:,} incident(s) in range; active = not ended bef
 shown = ui.with_time(incidents.head(20), c.START_NS, "started (UTC)")
 left.dataframe(
     shown.select(pl.format("incident?id={}", c.INCIDENT_ID).alias("open"), "started (UTC)",
-                 c.SEVERITY, c.CAUSE, c.HOST_NAME, c.METRIC, c.SUMMARY),
+                 c.SEVERITY, c.CAUSE, c.SUMMARY, c.HOST_NAME, c.METRIC),
     hide_index=True, key="overview_incidents",
     column_config={"open": st.column_config.LinkColumn("open", display_text="open")},
 )
@@ -125,7 +125,8 @@ right.dataframe(ui.readable(hosts), hide_index=True, key="overview_hosts", colum
 charts = [(c.RPS, "Requests/s"), (c.OUTPUT_TOK_S, "Output tokens/s"),
           (c.percentile_column("ttft", "p99"), "TTFT p99 (s)"),
           (c.percentile_column("e2e", "p99"), "E2E p99 (s)"),
-          (c.percentile_column("tpot", "p99"), "TPOT p99 (s)"), (c.J_PER_TOKEN, "J/token")]
+          (c.percentile_column("tpot", "p99"), "TPOT p99 (s)"),
+          (c.J_PER_TOKEN, "Energy per token (J/token)")]
 markers = data.load("failure_incidents", f)  # failures and restarts on every chart
 latency = {col for _, col in HEADLINE}
 per_series = None
