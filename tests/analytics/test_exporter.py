@@ -198,3 +198,15 @@ def test_the_grafana_dashboard_queries_only_served_series() -> None:
             for name in re.findall(r"\bfleetlens_[a-z0-9_]+", expr)}
     assert used and used <= served, used - served
     assert {"fleetlens_ttft_seconds_bucket", x.INCIDENT_INFO, x.OPEN_INCIDENTS} <= used
+
+
+def test_the_grafana_panels_have_unique_ids_units_in_titles_and_do_not_overlap() -> None:
+    panels = json.loads(BOARD.read_text())["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells = [(x0, y0) for p in panels for x0 in range(p["gridPos"]["x"],
+                                                       p["gridPos"]["x"] + p["gridPos"]["w"])
+             for y0 in range(p["gridPos"]["y"], p["gridPos"]["y"] + p["gridPos"]["h"])]
+    assert len(cells) == len(set(cells)), "two panels share grid cells"
+    assert all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in panels)
+    # the unit of every chart is in its title (issue 32: units in every chart title)
+    assert all(re.search(r"\(.+\)", p["title"]) for p in panels), [p["title"] for p in panels]
