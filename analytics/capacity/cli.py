@@ -20,30 +20,33 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def capacity_table(frame: pl.DataFrame) -> str:
-    """One line per pool: knee (its interval and what set it), rates, goodput, headroom,
-    utilisation and the visited batch range."""
-    from rich.table import Table
+    """Per pool, a few lines of at most about 80 columns (a terminal's width): the knee (its
+    interval and what set it), goodput at the knee and now, headroom, the forecast, MBU/MFU
+    and the batches visited. Telemetry strings go through :func:`pipeline.terminal.plain`."""
+    from fleetlens.pipeline.terminal import plain
 
-    from fleetlens.analytics.cli_table import _render, _row
-
-    table = Table("service", "model", "gpu", "tp", "config", "knee batch (90%)", "limit",
-                  "knee req/s", "goodput/GPU knee", "goodput/GPU now", "req/s now",
-                  "headroom", "forecast peak crosses knee", "MBU", "MFU", "bound",
-                  "batch seen")
+    lines = []
     for row in frame.iter_rows(named=True):
+        lines.append(plain(f"{row[c.SERVICE_NAME]} / {row[c.MODEL]} on {row[c.GPU_MODEL]} "
+                           f"tp{row[c.TP]} [{row[c.CONFIG]}]"))
         knee = row[c.KNEE_BATCH]
-        shown = "-" if knee is None else (
-            f"{knee:.0f} ({row[c.KNEE_BATCH_LO]:.0f}-{row[c.KNEE_BATCH_HI]:.0f})"
-            + (" extrapolated" if row[c.EXTRAPOLATED] else ""))
-        _row(table, row[c.SERVICE_NAME], row[c.MODEL], row[c.GPU_MODEL], row[c.TP],
-             row[c.CONFIG], shown, row[c.KNEE_LIMIT] or "-", _num(row[c.KNEE_RPS], ".2f"),
-             _num(row[c.GOODPUT_RPS_PER_GPU], ".2f"), _num(row[c.GOODPUT_NOW_RPS_PER_GPU], ".2f"),
-             _num(row[c.RPS_NOW], ".2f"),
-             "-" if row[c.HEADROOM_X] is None else f"x{row[c.HEADROOM_X]:.2f}",
-             _crossing(row),
-             _num(row[c.MBU], ".0%"), _num(row[c.MFU], ".1%"), row[c.BOUND] or "-",
-             f"{_num(row[c.BATCH_MIN], '.0f')}-{_num(row[c.BATCH_MAX], '.0f')}")
-    return _render(table) + f"{frame.height} pools\n"
+        if knee is None:
+            lines.append(f"  knee: {row[c.KNEE_LIMIT]} ({row[c.WINDOWS_USED]} usable windows)")
+        else:
+            lines.append(
+                f"  knee: batch {knee:.0f} ({row[c.KNEE_BATCH_LO]:.0f}-"
+                f"{row[c.KNEE_BATCH_HI]:.0f}), limited by {row[c.KNEE_LIMIT]}"
+                + (", extrapolated" if row[c.EXTRAPOLATED] else "")
+                + f"; {_num(row[c.KNEE_RPS], '.2f')} req/s")
+        headroom = "-" if row[c.HEADROOM_X] is None else f"x{row[c.HEADROOM_X]:.2f}"
+        lines.append(f"  goodput/GPU: {_num(row[c.GOODPUT_RPS_PER_GPU], '.2f')} at the knee, "
+                     f"{_num(row[c.GOODPUT_NOW_RPS_PER_GPU], '.2f')} now; "
+                     f"{_num(row[c.RPS_NOW], '.2f')} req/s now, headroom {headroom}")
+        lines.append(f"  forecast: {_crossing(row)}")
+        lines.append(f"  now: MBU {_num(row[c.MBU], '.0%')}, MFU {_num(row[c.MFU], '.1%')}"
+                     f" ({row[c.BOUND] or '-'}-bound); batches seen "
+                     f"{_num(row[c.BATCH_MIN], '.0f')}-{_num(row[c.BATCH_MAX], '.0f')}")
+    return "\n".join(lines) + f"\n{frame.height} pools\n"
 
 
 def _crossing(row: dict) -> str:
@@ -53,8 +56,9 @@ def _crossing(row: dict) -> str:
     if row.get(c.FORECAST_PEAK_RPS) is None:
         return "-"
     if row.get(c.CROSSING_NS) is None:
-        return f"no (peak {row[c.FORECAST_PEAK_RPS]:.2f} req/s)"
-    return f"at {iso(row[c.CROSSING_NS])}: +{row[c.GPUS_NEEDED]} GPUs"
+        return f"the peak ({row[c.FORECAST_PEAK_RPS]:.2f} req/s) stays under the knee"
+    return (f"the peak ({row[c.FORECAST_PEAK_RPS]:.2f} req/s) passes the knee at "
+            f"{iso(row[c.CROSSING_NS])}: about {row[c.GPUS_NEEDED]} more GPUs")
 
 
 @click.command()

@@ -108,8 +108,9 @@ def _local(pool: Pool, tpot_slo: float | None, config: CapacityConfig) -> Pool:
     for _ in range(3):
         line = fit_line(local.batch, local.kv, _judged(local, config),
                         local.requests.astype(float))
-        slo = tpot_slo if tpot_slo is not None else config.tpot_ratio * line.at(
-            1.0, local.context)
+        one = batch1_measured(pool, config)
+        slo = tpot_slo if tpot_slo is not None else config.tpot_ratio * (
+            one if one is not None else line.at(1.0, local.context))
         keep = pool.batch <= 2.0 * line.batch_at(slo, local.context)
         if keep.sum() < config.min_windows or keep.sum() == local.batch.size:
             break
@@ -117,6 +118,21 @@ def _local(pool: Pool, tpot_slo: float | None, config: CapacityConfig) -> Pool:
                         tpot_p50=pool.tpot_p50[keep], tpot_p99=pool.tpot_p99[keep],
                         ttft_p99=pool.ttft_p99[keep], requests=pool.requests[keep])
     return local
+
+
+def batch1_measured(pool: Pool, config: CapacityConfig) -> float | None:
+    """The judged TPOT percentile at batch 1 as measured: the request-weighted median over
+    the windows whose batch was 0.5-1.5 (at least 4 of them, 100 requests), else None (the
+    fit's value is used: the p99 of two windows is noise).
+    A line through the whole range misses the flat start of the curve by a few percent,
+    which moves the knee by ten or more (a random simulated fleet: +18%)."""
+    near = np.abs(pool.batch - 1.0) <= 0.5
+    if near.sum() < 4 or pool.requests[near].sum() < 100:
+        return None
+    values, weights = _judged(pool, config)[near], pool.requests[near].astype(float)
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
 
 
 def _judged(pool: Pool, config: CapacityConfig) -> np.ndarray:
@@ -135,11 +151,12 @@ def find_knee(whole: Pool, tpot_slo: float | None, ttft_slo: float,
     judged, judged_y = (p50, pool.tpot_p50) if config.tpot_percentile == "p50" else (
         p99, pool.tpot_p99)
     lines = bootstrap(pool.batch, pool.kv, judged_y, w, config.bootstrap_samples)
-    batch1 = float(judged.at(1.0, pool.context))
+    measured = batch1_measured(whole, config)
+    batch1 = measured if measured is not None else float(judged.at(1.0, pool.context))
 
     def tpot_batch(line: Line) -> float:
-        slo = tpot_slo if tpot_slo is not None else config.tpot_ratio * line.at(1.0,
-                                                                                 pool.context)
+        one = measured if measured is not None else line.at(1.0, pool.context)
+        slo = tpot_slo if tpot_slo is not None else config.tpot_ratio * one
         return line.batch_at(slo, pool.context)
 
     limits = {TPOT: tpot_batch(judged), TTFT: ttft_limit(whole, ttft_slo, config.bin_rel_width),

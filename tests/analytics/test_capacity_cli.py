@@ -59,7 +59,8 @@ def test_capacity_as_csv_and_table(root: str) -> None:
     assert as_csv[0][c.KNEE_LIMIT] == "tpot"
     table = invoke("capacity", "--data-dir", root)
     assert "chat" in table and "tpot" in table and "1 pools" in table
-    assert f"{as_json[0][c.KNEE_BATCH]:.0f} (" in table
+    assert f"knee: batch {as_json[0][c.KNEE_BATCH]:.0f} (" in table
+    assert max(len(line) for line in table.splitlines()) <= 100
 
 
 def test_capacity_on_a_directory_without_engines_says_so(tmp_path) -> None:  # noqa: ANN001
