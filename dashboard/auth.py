@@ -4,7 +4,8 @@ Passwords are never stored: the config holds an scrypt hash (``fleetlens dashboa
 --hash-password``), or the operator passes the password in ``FLEETLENS_DASHBOARD_PASSWORD``.
 OIDC uses Streamlit's native ``st.login`` with the provider configured in the ``[auth]``
 section of ``.streamlit/secrets.toml`` (redirect_uri, cookie_secret, client_id,
-client_secret, server_metadata_url).
+client_secret, server_metadata_url). Signing in only authenticates: the account must then be
+on the ``oidc_allowed_*`` lists (:func:`oidc_refusal`), and nobody is when they are empty.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import hmac
 import math
 import os
 import secrets
+from collections.abc import Callable
+from typing import Any
 
 import streamlit as st
 
@@ -56,6 +59,12 @@ def require_login(cfg: DashboardConfig) -> None:
             else:
                 st.button("Log in", on_click=st.login, key="login")
             st.stop()
+        refusal = oidc_refusal(st.user.get, cfg)
+        if refusal is not None:
+            st.title("fleetlens")
+            st.error(refusal)
+            st.button("Log out", on_click=st.logout, key="logout")
+            st.stop()
         st.sidebar.button("Log out", on_click=st.logout, key="logout")
         return
     if st.session_state.get("_authenticated"):
@@ -67,6 +76,33 @@ def require_login(cfg: DashboardConfig) -> None:
     if submitted:
         _check(password, cfg)
     st.stop()
+
+
+def oidc_refusal(claim: Callable[[str], Any], cfg: DashboardConfig) -> str | None:
+    """Why the signed-in account may not see the dashboard, or None when it may.
+
+    Args:
+        claim: the account's claims by name (``st.user.get``).
+        cfg: the allow-lists; all empty lets nobody in.
+    """
+    email = str(claim("email") or "").strip().lower()
+    # Only a provider-verified address names a person: Entra ID, for one, lets a user set an
+    # unverified email claim to any address.
+    verified = claim("email_verified") in (True, "true")
+    if verified and "@" in email:
+        if email in {e.strip().lower() for e in cfg.oidc_allowed_emails}:
+            return None
+        domain = email.rpartition("@")[2]
+        if domain in {d.strip().lower().lstrip("@") for d in cfg.oidc_allowed_domains}:
+            return None
+    groups = claim("groups") or ()
+    groups = {groups} if isinstance(groups, str) else {str(g) for g in groups}
+    if groups & set(cfg.oidc_allowed_groups):
+        return None
+    who = email or str(claim("sub") or "this account")
+    hint = "" if verified or not email else " (the provider did not verify its e-mail address)"
+    return (f"{who}{hint} is signed in but not allowed to see this dashboard; ask its operator "
+            "to add the address, its domain or a group to oidc_allowed_* in [dashboard].")
 
 
 @st.cache_resource(show_spinner=False)

@@ -34,6 +34,13 @@ class DashboardConfig:
     password_hash: str | None = None
     #: Serve without login on a non-loopback address (only behind an authenticating proxy).
     allow_unauthenticated: bool = False
+    #: auth = "oidc": who may see the dashboard once the provider signed them in (any match
+    #: lets in): exact e-mail addresses and e-mail domains (both only with the provider's
+    #: ``email_verified`` = true) and groups (the ``groups`` claim). One is required: a public
+    #: provider (Google, Microsoft "common") signs in anyone (issue 33).
+    oidc_allowed_emails: tuple[str, ...] = ()
+    oidc_allowed_domains: tuple[str, ...] = ()
+    oidc_allowed_groups: tuple[str, ...] = ()
     #: Most rows the SQL console returns.
     sql_row_cap: int = 1000
     #: Seconds a loaded frame is reused before it is read again from the data directory.
@@ -53,6 +60,13 @@ class DashboardConfig:
             self.auth != "none" or is_loopback(self.address) or self.allow_unauthenticated,
             "auth", f"address {self.address} is not loopback: set auth to \"password\" or "
             "\"oidc\" (or allow_unauthenticated = true behind an authenticating proxy)",
+        )
+        require(
+            self.auth != "oidc" or bool(self.oidc_allowed_emails or self.oidc_allowed_domains
+                                        or self.oidc_allowed_groups),
+            "oidc_allowed_emails", "auth = \"oidc\" needs oidc_allowed_emails, "
+            "oidc_allowed_domains or oidc_allowed_groups: the provider signs in accounts, it "
+            "does not say which may see this dashboard",
         )
         require(
             self.password_hash is None or self.password_hash.startswith("scrypt$"),

@@ -61,7 +61,8 @@ class Provider:
         now = int(time.time())
         claims = {"iss": self.issuer, "sub": grant["user"], "aud": self.client_id,
                   "iat": now, "exp": now + 600, "nonce": grant["nonce"],
-                  "email": f"{grant['user']}@example.test", "name": grant["user"]}
+                  "email": f"{grant['user']}@example.test", "email_verified": True,
+                  "name": grant["user"]}
         header = {"alg": "RS256", "kid": "test-key"}
         return jwt.encode(header, claims, self.key)
 

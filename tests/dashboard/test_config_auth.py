@@ -29,8 +29,42 @@ def test_public_address_requires_auth(tmp_path) -> None:
     path.write_text('[dashboard]\naddress = "0.0.0.0"\n')
     with pytest.raises(ConfigError, match="dashboard.auth"):
         load_dashboard_config(path, environ={})
-    ok = load_dashboard_config(path, environ={"FLEETLENS_DASHBOARD__AUTH": "oidc"})
-    assert ok.auth == "oidc"
+    ok = load_dashboard_config(path, environ={
+        "FLEETLENS_DASHBOARD__AUTH": "oidc",
+        "FLEETLENS_DASHBOARD__OIDC_ALLOWED_DOMAINS": '["example.com"]'})
+    assert ok.auth == "oidc" and ok.oidc_allowed_domains == ("example.com",)
+
+
+def test_oidc_without_an_allow_list_does_not_start(tmp_path) -> None:
+    """Issue 33: signing in with a public provider (Google, Microsoft "common") only says
+    who someone is; with no allow-list every such account got the dashboard and its SQL."""
+    path = tmp_path / "fleetlens.toml"
+    path.write_text('[dashboard]\naddress = "0.0.0.0"\nauth = "oidc"\n')
+    with pytest.raises(ConfigError, match="dashboard.oidc_allowed_emails"):
+        load_dashboard_config(path, environ={})
+
+
+@pytest.mark.parametrize("claims,allowed", [
+    ({"email": "Oncall@Example.com", "email_verified": True}, True),  # case-insensitive
+    ({"email": "oncall@example.com", "email_verified": "true"}, True),
+    ({"email": "oncall@example.com"}, False),  # not verified: anyone can claim it
+    ({"email": "oncall@example.com", "email_verified": False}, False),
+    ({"email": "eve@example.com.evil.test", "email_verified": True}, False),
+    ({"email": "eve@sub.example.com", "email_verified": True}, False),  # exact domain only
+    ({"email": "ann@partner.test", "email_verified": True}, True),  # by domain
+    ({"email": "bob@other.test", "email_verified": True, "groups": ["sre"]}, True),
+    ({"email": "bob@other.test", "email_verified": True, "groups": "sre"}, True),
+    ({"sub": "x", "groups": ["SRE", "dev"]}, False),  # groups match exactly
+    ({}, False),
+])
+def test_oidc_accounts_are_authorized_by_the_allow_lists(claims: dict, allowed: bool) -> None:
+    from fleetlens.dashboard.auth import oidc_refusal
+
+    cfg = DashboardConfig(auth="oidc", oidc_allowed_emails=("oncall@example.com",),
+                          oidc_allowed_domains=("@partner.test",), oidc_allowed_groups=("sre",))
+    assert (oidc_refusal(claims.get, cfg) is None) is allowed
+    empty = DashboardConfig()  # no list: nobody, whatever the claims
+    assert oidc_refusal(claims.get, empty) is not None
 
 
 @pytest.mark.parametrize("text,field", [
@@ -145,6 +179,7 @@ def test_oidc_login_gates_every_page(demo_data, monkeypatch) -> None:
     monkeypatch.setenv("FLEETLENS_DATA", str(demo_data[0].root))
     monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
     monkeypatch.setenv("FLEETLENS_DASHBOARD__AUTH", "oidc")
+    monkeypatch.setenv("FLEETLENS_DASHBOARD__OIDC_ALLOWED_GROUPS", '["sre"]')
     data.config.clear()
     try:
         at = AppTest.from_file(str(APP), default_timeout=60)

@@ -21,21 +21,51 @@ pytestmark = [
 ]
 
 
+ALLOWED = {"FLEETLENS_DASHBOARD__AUTH": '"oidc"',
+           "FLEETLENS_DASHBOARD__OIDC_ALLOWED_EMAILS": '["oncall@example.test"]'}
+
+
+def _secrets(tmp_path, port: int, provider: Provider) -> None:  # noqa: ANN001
+    streamlit_dir = tmp_path / ".streamlit"
+    streamlit_dir.mkdir()
+    (streamlit_dir / "secrets.toml").write_text(
+        "[auth]\n"
+        f'redirect_uri = "http://127.0.0.1:{port}/oauth2callback"\n'
+        f'cookie_secret = "{secrets.token_hex(32)}"\n'
+        f'client_id = "{provider.client_id}"\n'
+        f'client_secret = "{provider.client_secret}"\n'
+        f'server_metadata_url = "{provider.metadata_url}"\n')
+
+
+def test_an_account_the_provider_signs_in_but_not_allowed_sees_nothing(
+        demo_data, browser, tmp_path) -> None:  # noqa: F811
+    """Issue 33: authentication is not authorization."""
+    port = free_port()
+    with Provider("fleetlens-dashboard", secrets.token_urlsafe(24)) as provider:
+        _secrets(tmp_path, port, provider)
+        with dashboard(demo_data[0].root, tmp_path / "dashboard.log", ALLOWED, cwd=tmp_path,
+                       port=port) as url:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{url}/sql", wait_until="domcontentloaded")
+            page.get_by_role("button", name="Log in").click()
+            page.wait_for_url(f"{provider.issuer}/authorize*", timeout=60_000)
+            page.locator("input[name='user']").fill("intruder")
+            page.get_by_role("button", name="Sign in").click()
+            page.get_by_text("not allowed to see this dashboard").wait_for(state="visible",
+                                                                           timeout=60_000)
+            assert "intruder@example.test" in page.locator('[data-testid="stAlert"]').inner_text()
+            assert provider.tokens_issued == 1  # signed in, then refused
+            for widget in ("stMetric", "stDataFrame", "stTextArea", "stSidebarNav"):
+                assert page.locator(f'[data-testid="{widget}"]').count() == 0, widget
+            assert page.get_by_role("button", name="Log out").is_visible()
+
+
 def test_oidc_login_in_the_browser(demo_data, browser, tmp_path) -> None:  # noqa: F811
     port = free_port()
     with Provider("fleetlens-dashboard", secrets.token_urlsafe(24)) as provider:
-        streamlit_dir = tmp_path / ".streamlit"
-        streamlit_dir.mkdir()
-        (streamlit_dir / "secrets.toml").write_text(
-            "[auth]\n"
-            f'redirect_uri = "http://127.0.0.1:{port}/oauth2callback"\n'
-            f'cookie_secret = "{secrets.token_hex(32)}"\n'
-            f'client_id = "{provider.client_id}"\n'
-            f'client_secret = "{provider.client_secret}"\n'
-            f'server_metadata_url = "{provider.metadata_url}"\n')
+        _secrets(tmp_path, port, provider)
         log = tmp_path / "dashboard.log"
-        with dashboard(demo_data[0].root, log, {"FLEETLENS_DASHBOARD__AUTH": '"oidc"'},
-                       cwd=tmp_path, port=port) as url:
+        with dashboard(demo_data[0].root, log, ALLOWED, cwd=tmp_path, port=port) as url:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{url}/incidents", wait_until="domcontentloaded")
             login = page.get_by_role("button", name="Log in")
