@@ -165,10 +165,13 @@ def explain(ident: str, data_dir: str | None, fmt: str, output: str | None) -> N
 @_CONFIG
 @click.option("--refit", is_flag=True, help="Recompute now and refit Prophet (if enabled).")
 @click.option("--series", "pattern", default=None, help="Only series containing this text.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Table: also the series within their band (json and csv print every one).")
 @format_option()
 def baselines(data_dir: str | None, config_file: str | None, refit: bool, pattern: str | None,
-              fmt: str) -> None:
-    """Show each series' latest value against its baseline band (rolling and Prophet)."""
+              show_all: bool, fmt: str) -> None:
+    """Show each series' latest value against its baseline band (rolling and Prophet):
+    those out of their band, farthest first; --all adds the rest."""
     import polars as pl
 
     from fleetlens.analytics.runner import read_table, run
@@ -190,7 +193,7 @@ def baselines(data_dir: str | None, config_file: str | None, refit: bool, patter
         return
     from fleetlens.analytics.cli_table import baselines_table
 
-    click.echo(baselines_table(latest), nl=False)
+    click.echo(baselines_table(latest, show_all), nl=False)
 
 
 @click.command()

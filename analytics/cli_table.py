@@ -10,13 +10,14 @@ from __future__ import annotations
 import io
 
 import polars as pl
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
 from fleetlens.analytics.report import iso
 from fleetlens.pipeline.schema import columns as c
-from fleetlens.pipeline.terminal import cell, plain
+from fleetlens.pipeline.terminal import cell, plain, table_width
 
 NS = 1_000_000_000
 
@@ -25,16 +26,37 @@ def _row(table: Table, *values: object) -> None:
     table.add_row(*(cell(v) for v in values))
 
 
+def _table() -> Table:
+    """A table for narrow terminals: no vertical rules, long cells folded (never cut: a
+    subject or a series is read whole), key columns kept on one line by :func:`_key_column`."""
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+
+
+def _column(table: Table, name: str, **kwargs: object) -> None:
+    table.add_column(name, overflow="fold", **kwargs)  # type: ignore[arg-type]
+
+
 def _render(table: Table) -> str:
+    # The terminal's width, so a table wraps its long cells instead of running past the
+    # right edge of an 80-column terminal; whole lines into a pipe (table_width).
     buffer = io.StringIO()
-    Console(file=buffer, width=200, color_system=None).print(table)
+    Console(file=buffer, width=table_width(), color_system=None).print(table)
     return buffer.getvalue()
+
+
+def _key_column(table: Table, name: str) -> None:
+    """A column whose cells are copied into the next command (ids, times): never wrapped."""
+    table.add_column(name, no_wrap=True)
 
 
 def incidents_table(frame: pl.DataFrame) -> str:
     """One row per incident: id, start, duration, scope, metric, peak/expected, top cause."""
-    table = Table("id", "start (UTC)", "min", "severity", "scope", "metric", "peak/expected",
-                  "top cause", "subject")
+    table = _table()
+    _key_column(table, "id")
+    # The rest wrap when the terminal is narrow, at their spaces first: the start's date
+    # above its time, the metric above its rise, the top cause above its subject.
+    for name in ("start (UTC)", "min", "severity", "metric", "scope", "top cause"):
+        _column(table, name)
     for row in frame.iter_rows(named=True):
         scope = "/".join(v for v in (row[c.SERVICE_NAME], row[c.HOST_NAME]) if v != "*")
         ratio = row[c.PEAK] / row[c.EXPECTED] if row[c.EXPECTED] else float("nan")
@@ -45,24 +67,53 @@ def incidents_table(frame: pl.DataFrame) -> str:
             table,
             row[c.INCIDENT_ID], iso(row[c.START_NS]),
             f"{(row[c.END_NS] - row[c.START_NS]) / NS / 60:.0f}", row[c.SEVERITY],
-            scope or "fleet", row[c.METRIC], shown, row.get(c.CAUSE) or "-",
-            row.get(c.SUBJECT) or "-",
+            f"{row[c.METRIC]} {shown}", scope or "fleet",
+            f"{row.get(c.CAUSE) or '-'} {row.get(c.SUBJECT) or ''}".rstrip(),
         )
     return _render(table) + f"{frame.height} incidents\n"
 
 
-def baselines_table(frame: pl.DataFrame) -> str:
-    """Latest point per series and method with its band."""
-    table = Table("series", "method", "at (UTC)", "value", "expected", "band")
-    for row in frame.iter_rows(named=True):
+def _outside(frame: pl.DataFrame) -> pl.Expr:
+    """How far the latest value lies outside its band, in band widths (0 inside it or
+    without a value): the order in which the series deserve a look."""
+    width = pl.max_horizontal(pl.col(c.UPPER) - pl.col(c.LOWER), pl.lit(1e-12))
+    beyond = pl.max_horizontal(pl.col(c.VALUE) - pl.col(c.UPPER),
+                               pl.col(c.LOWER) - pl.col(c.VALUE), pl.lit(0.0))
+    return (beyond / width).fill_null(0.0)
+
+
+def baselines_table(frame: pl.DataFrame, show_all: bool = False) -> str:
+    """Latest point per series and method with its band: the series out of their band first
+    (farthest first), the others only with ``show_all`` (most of a calm fleet is in band,
+    and a hundred calm rows would hide the two that are not)."""
+    ranked = (frame.with_columns(_outside(frame).alias("_outside"))
+              .sort(["_outside", c.SERIES, c.METHOD], descending=[True, False, False]))
+    out = ranked.filter(pl.col("_outside") > 0)
+    shown = ranked if show_all else out
+    table = _table()
+    _column(table, "series", min_width=16)
+    for name in ("state", "value", "expected", "band", "method"):
+        _column(table, name)
+    # One time for all (the usual case) is said once, under the table, not on every row.
+    times = shown[c.TS_NS].unique()
+    if times.len() > 1:
+        _key_column(table, "at (UTC)")
+    for row in shown.iter_rows(named=True):
         value = row.get(c.VALUE)
+        state = ("no value" if value is None else "in band" if row["_outside"] == 0
+                 else "ABOVE" if value > row[c.UPPER] else "BELOW")
         _row(
             table,
-            row[c.SERIES], row[c.METHOD], iso(row[c.TS_NS]),
-            "-" if value is None else f"{value:.4g}", f"{row[c.EXPECTED]:.4g}",
-            f"{row[c.LOWER]:.4g} .. {row[c.UPPER]:.4g}",
+            row[c.SERIES], state, "-" if value is None else f"{value:.4g}",
+            f"{row[c.EXPECTED]:.4g}", f"{row[c.LOWER]:.4g} .. {row[c.UPPER]:.4g}",
+            row[c.METHOD], *([iso(row[c.TS_NS])] if times.len() > 1 else []),
         )
-    return _render(table) + f"{frame.height} series\n"
+    summary = f"{out.height} of {frame.height} series out of their band"
+    if times.len() == 1:
+        summary += f" at {iso(times[0])}"
+    if not show_all and out.height < frame.height:
+        summary += f"; --all lists the other {frame.height - out.height} too"
+    return (_render(table) if shown.height else "") + summary + "\n"
 
 
 def leaderboard_table(board: pl.DataFrame, best: dict | None, sla: dict[str, float]) -> str:

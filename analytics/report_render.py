@@ -99,9 +99,14 @@ def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
         ev.get("signals", {}).items())]
     roll = _rolling(report)
     plot = [sparkline(roll[c.VALUE].to_list())] if roll.height else ["(no baseline data)"]
-    slow = [f"{bullet}{r[c.REQUEST_ID]} trace {r[c.TRACE_ID]} on {r[c.HOST_NAME]}: e2e "
-            f"{_s(r[c.E2E_S])} s (queue {_s(r[c.QUEUE_S])}, prefill {_s(r[c.PREFILL_S])}, "
-            f"decode {_s(r[c.DECODE_S])}; {r[c.INPUT_TOKENS]}->{r[c.OUTPUT_TOKENS]} tokens)"
+    # Each line leads with what the list is sorted by (the incident's own latency): e2e
+    # first made a TTFT incident's list look unsorted.
+    key = c.request_latency_column(str(inc[c.METRIC])) or c.E2E_S
+    label = key.removesuffix("_s")
+    slow = [f"{bullet}{label} {_s(r.get(key))} s: {r[c.REQUEST_ID]} trace {r[c.TRACE_ID]} on "
+            f"{r[c.HOST_NAME]} (e2e {_s(r[c.E2E_S])} s: queue {_s(r[c.QUEUE_S])}, prefill "
+            f"{_s(r[c.PREFILL_S])}, decode {_s(r[c.DECODE_S])}; "
+            f"{r[c.INPUT_TOKENS]}->{r[c.OUTPUT_TOKENS]} tokens)"
             for r in report.slowest.iter_rows(named=True)]
     prov = report.provenance
     rng = prov.get("data_range", {})
@@ -118,7 +123,7 @@ def _lines(report: Report, bullet: str) -> list[tuple[str, list[str]]]:
             ("Dimensions over-represented among slow requests", dims or [f"{bullet}(none)"]),
             ("Signals behind the top cause", signals),
             (f"{inc[c.METRIC]} over time (1 h before to 30 min after)", plot),
-            ("Slowest requests", slow or [f"{bullet}(none)"]),
+            (f"Slowest requests (by {label}, longest first)", slow or [f"{bullet}(none)"]),
             ("Provenance", provenance)]
 
 

@@ -107,14 +107,14 @@ def _print_table(frame, total: int, cut: str | None,  # noqa: ANN001 - polars Da
     from rich.console import Console
     from rich.table import Table
 
-    from fleetlens.pipeline.terminal import cell
+    from fleetlens.pipeline.terminal import cell, table_width
 
     table = Table(show_edge=False, header_style="bold")
     for name in frame.columns:  # column names come from the query (and its data): plain too
         table.add_column(cell(name), overflow="fold")
     for row in frame.iter_rows():
         table.add_row(*(cell(v) for v in row))
-    console = Console()
+    console = Console(width=table_width())
     console.print(table)
     shown = frame.height
     note = ""

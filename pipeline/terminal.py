@@ -10,7 +10,9 @@ markup) with control characters shown as escapes (``\\x1b``).
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Any
 
 from rich.text import Text
@@ -44,3 +46,19 @@ def cell(value: Any, style: str = "", limit: int = CELL_CHARS) -> Text:
 
 
 __all__ = ["cell", "plain"]
+
+
+#: Width of a table that goes to a pipe or a file: its whole lines (one row, one line).
+PIPED_WIDTH = 1000
+
+
+def table_width() -> int | None:
+    """The width a table is laid out for: ``None`` (Rich's own: ``$COLUMNS``, else the
+    terminal's) on a terminal or when ``$COLUMNS`` says it, else :data:`PIPED_WIDTH`.
+
+    Rich would lay a piped table out for 80 columns and fold its cells, so ``fleetlens
+    incidents | grep kv_cache_pressure`` would miss a cause folded in two; a terminal gets
+    a table that fits it instead of lines that run past its edge."""
+    if os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty():
+        return None
+    return PIPED_WIDTH
