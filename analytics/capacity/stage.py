@@ -160,8 +160,8 @@ def capacity(points: pl.LazyFrame, requests: pl.LazyFrame, config: AnalyticsConf
         row[c.BOUND], row[c.ROOFLINE_GAP] = verdict(row[c.MBU], row[c.MFU],
                                                     cap.compute_bound_ratio)
         found = knees.get(key)
-        if found is None:
-            out.append({**row, c.KNEE_LIMIT: INSUFFICIENT})
+        if found is None:  # no TPOT SLO without a batch-1 value: no request judged good
+            out.append({**row, c.KNEE_LIMIT: INSUFFICIENT, c.GOODPUT_NOW_RPS_PER_GPU: None})
             continue
         knee, pool = found
         tp = int(named[c.TP] or 1)

@@ -114,6 +114,7 @@ def test_too_few_windows_give_counts_not_a_knee() -> None:
     row = _row(Ramp(batches=(4.0, 8.0, 12.0)))
     assert row[c.KNEE_LIMIT] == "insufficient"
     assert row[c.KNEE_BATCH] is None and row[c.GOODPUT_RPS_PER_GPU] is None
+    assert row[c.GOODPUT_NOW_RPS_PER_GPU] is None and row[c.HEADROOM_X] is None
     assert row[c.WINDOWS_USED] == 6 and row[c.BATCH_MAX] == pytest.approx(12.0)
 
 
