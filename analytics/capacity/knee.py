@@ -25,6 +25,11 @@ from fleetlens.analytics.capacity.fit import Line, bootstrap, fit_line
 from fleetlens.analytics.slos.config import SloConfig
 
 TPOT, TTFT, KV, NONE = "tpot", "ttft", "kv", "none"
+#: The TPOT curve is fitted on at most this many windows (a fixed random sample beyond):
+#: a fit costs about 2 us per window and the interval takes 100 of them, so two days of 32
+#: instances (92k windows) would take seconds per pool; 2,000 windows pin a two-piece line
+#: (the interval is then that of 2,000 windows: wider, never narrower).
+MAX_FIT_WINDOWS = 2000
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,22 @@ def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
     return float("inf")
 
 
+def _subset(pool: Pool, keep: np.ndarray) -> Pool:
+    return replace(pool, batch=pool.batch[keep], kv=pool.kv[keep],
+                   tpot_p50=pool.tpot_p50[keep], tpot_p99=pool.tpot_p99[keep],
+                   ttft_p99=pool.ttft_p99[keep], requests=pool.requests[keep])
+
+
+def _sampled(pool: Pool) -> Pool:
+    """At most :data:`MAX_FIT_WINDOWS` of the pool's windows (seeded: the same data give
+    the same sample)."""
+    n = pool.batch.size
+    if n <= MAX_FIT_WINDOWS:
+        return pool
+    keep = np.sort(np.random.default_rng(0).choice(n, MAX_FIT_WINDOWS, replace=False))
+    return _subset(pool, keep)
+
+
 def _local(pool: Pool, tpot_slo: float | None, config: CapacityConfig) -> Pool:
     """The windows that decide the knee: at most twice the knee's batch, refitted until the
     range settles (three rounds at most). Windows far past the knee (a saturated engine,
@@ -114,9 +135,7 @@ def _local(pool: Pool, tpot_slo: float | None, config: CapacityConfig) -> Pool:
         keep = pool.batch <= 2.0 * line.batch_at(slo, local.context)
         if keep.sum() < config.min_windows or keep.sum() == local.batch.size:
             break
-        local = replace(pool, batch=pool.batch[keep], kv=pool.kv[keep],
-                        tpot_p50=pool.tpot_p50[keep], tpot_p99=pool.tpot_p99[keep],
-                        ttft_p99=pool.ttft_p99[keep], requests=pool.requests[keep])
+        local = _subset(pool, keep)
     return local
 
 
@@ -144,7 +163,7 @@ def find_knee(whole: Pool, tpot_slo: float | None, ttft_slo: float,
     """The knee of ``whole`` (module docstring); ``tpot_slo`` None: the batch-1 rule. The
     TPOT curve is fitted on the windows around the knee (:func:`_local`); the TTFT and KV
     limits look at every window."""
-    pool = _local(whole, tpot_slo, config)
+    pool = _local(_sampled(whole), tpot_slo, config)
     w = pool.requests.astype(float)
     p50 = fit_line(pool.batch, pool.kv, pool.tpot_p50, w)
     p99 = fit_line(pool.batch, pool.kv, pool.tpot_p99, w)
