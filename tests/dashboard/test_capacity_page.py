@@ -4,14 +4,16 @@ what the `capacity` tables hold (the page fits nothing)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
+import polars as pl
 import pytest
 
-from fleetlens.analytics.runner import read_table, run
+from fleetlens.analytics.runner import publish, read_table, run
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.storage import DataDir
+from fleetlens.pipeline.storage import DataDir, parquet_files
 from tests.analytics.capacity_ramp import Ramp, write_ramp
 from tests.dashboard.conftest import app_over
 from tests.dashboard.test_availability import _values
@@ -61,3 +63,22 @@ def test_the_page_without_capacity_rows_says_so(analysed, tmp_path, monkeypatch)
     write_ramp(Ramp(batches=(1.0, 2.0)), empty)  # data, but no analytics run
     at = open_page(app_over(empty, monkeypatch), "capacity")
     assert any("No capacity rows" in i.value for i in at.info)
+
+
+def test_the_page_warns_when_the_stored_forecast_crosses_the_knee(analysed, tmp_path,
+                                                                   monkeypatch) -> None:
+    # the forecast columns as analytics stores them with prophet = true (the page reads them)
+    root = DataDir(tmp_path / "data")
+    shutil.copytree(analysed.root, root.root)
+    table = read_table(root, t.CAPACITY)
+    crossing = int(table[c.TS_NS][0]) + 10 * 3600 * 10**9
+    table = table.with_columns(pl.lit(crossing).alias(c.CROSSING_NS),
+                               pl.lit(123.4).alias(c.FORECAST_PEAK_RPS),
+                               pl.lit(4).alias(c.GPUS_NEEDED))
+    for path in parquet_files(root.table_dir(t.CAPACITY)):
+        path.unlink()
+    publish(root, t.CAPACITY, table, c.TS_NS)
+    at = open_page(app_over(root, monkeypatch), "capacity")
+    (warning,) = [w.value for w in at.warning if "forecast" in w.value]
+    assert "peak 123.40 req/s" in warning and "about 4 more GPUs" in warning
+    assert f"{(crossing // 10**9) % 86400 // 3600:02d}:" in warning
