@@ -24,7 +24,13 @@ from fleetlens.analytics.baselines import (
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.confirm import withhold_unsupported
 from fleetlens.analytics.detect import detect, incident_windows
-from fleetlens.analytics.failures.detect import detect_failures, link_cascades, to_tables
+from fleetlens.analytics.failures.detect import (
+    Finding,
+    detect_failures,
+    link_cascades,
+    outage_periods,
+    to_tables,
+)
 from fleetlens.analytics.gpu_signals import GPU_CLOCK_MIN, gpu_clock_series
 from fleetlens.analytics.incident_facts import incident_tables
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
@@ -205,11 +211,23 @@ def detect_unpoisoned(series: pl.DataFrame, config: AnalyticsConfig,
     return banded, anomalies
 
 
+def with_outages(tables: Tables, config: AnalyticsConfig, window_s: int
+                 ) -> tuple[Tables, list[Finding]]:
+    """The failure findings of ``tables``, and ``tables`` with their outages set (periods no
+    attribution baseline may include)."""
+    findings = (detect_failures(tables, config.failures, window_s) if config.failures.enabled
+                else [])
+    return dataclasses.replace(tables, outages=outage_periods(findings)), findings
+
+
 def with_failures(tables: Tables, incidents: pl.DataFrame, causes: pl.DataFrame,
-                  config: AnalyticsConfig, window_s: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+                  config: AnalyticsConfig, window_s: int,
+                  findings: list[Finding] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The latency incidents and causes plus the failure incidents
-    (:mod:`analytics.failures`), latency incidents a failure set off naming it first."""
-    findings = detect_failures(tables, config.failures, window_s)
+    (:mod:`analytics.failures`; ``findings`` when they were already detected), latency
+    incidents a failure set off naming it first."""
+    if findings is None:
+        findings = detect_failures(tables, config.failures, window_s)
     if not findings:
         return incidents, causes
     causes = link_cascades(incidents, causes, findings, config.failures, window_s)
@@ -234,6 +252,9 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
     banded, anomalies = detect_unpoisoned(all_series(tables, config, window_s), config,
                                           window_s)
     incidents = merge_anomalies(anomalies, hosts_by_service(banded), config)
+    findings: list[Finding] = []
+    if attribute:  # failures first: their outages are no attribution baseline
+        tables, findings = with_outages(tables, config, window_s)
     if attribute:  # an incident whose dominant cause changes is split (issue 15)
         incidents = split_by_cause(tables, incidents, anomalies, config, window_s)
         incidents = split_local_faults(tables, incidents, anomalies, config, window_s)
@@ -244,6 +265,7 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
                                            window_s)
     incidents, causes = withhold_unsupported(incidents, causes, config, anomalies)
     if attribute and config.failures.enabled:
-        incidents, causes = with_failures(tables, incidents, causes, config, window_s)
+        incidents, causes = with_failures(tables, incidents, causes, config, window_s,
+                                          findings)
     return Analysis(window_s, banded, to_baselines_table(banded), anomalies, incidents,
                     causes)

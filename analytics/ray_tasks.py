@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 import ray
 
-from fleetlens.analytics.analyse import Analysis, analyse, with_failures
+from fleetlens.analytics.analyse import Analysis, analyse, with_failures, with_outages
 from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.attribution.context import load_context
 from fleetlens.analytics.attribution.rank import attribute, clean_baseline
@@ -47,8 +47,9 @@ _TASK = {"max_retries": MAX_RETRIES, "retry_exceptions": False, "scheduling_stra
 
 @ray.remote(**_TASK)
 def _attribute_task(root: DataDir, config: AnalyticsConfig, window_s: int,
-                    incidents: pl.DataFrame, rows: list[dict[str, Any]]) -> list[pl.DataFrame]:
-    tables = tables_for(root, config)
+                    incidents: pl.DataFrame, outages: pl.DataFrame | None,
+                    rows: list[dict[str, Any]]) -> list[pl.DataFrame]:
+    tables = dataclasses.replace(tables_for(root, config), outages=outages)
     return [attribute(clean_baseline(
         load_context(tables, row, window_s, config.attribution_lookback_s),
         incidents, tables, config), config) for row in rows]
@@ -77,11 +78,12 @@ class RayAnalytics:
         found = analyse(tables, config, attribute=False)
         if found.window_s is None:
             return found
+        tables, findings = with_outages(tables, config, found.window_s)
         incidents = split_by_cause(tables, found.incidents, found.anomalies, config,
                                    found.window_s)
         rows = list(incidents.iter_rows(named=True))
-        refs = [_attribute_task.remote(root, config, found.window_s, incidents, chunk)
-                for chunk in _chunks(rows)]
+        refs = [_attribute_task.remote(root, config, found.window_s, incidents, tables.outages,
+                                       chunk) for chunk in _chunks(rows)]
         parts = [frame for chunk in ray.get(refs) for frame in chunk]
         causes = pl.concat([t.table(t.CAUSES).empty(), *parts])
         # the rest of analyse's attributed pass, here as there: the few incidents an
@@ -90,7 +92,7 @@ class RayAnalytics:
                                            found.window_s)
         if config.failures.enabled:
             incidents, causes = with_failures(tables, incidents, causes, config,
-                                              found.window_s)
+                                              found.window_s, findings)
         return dataclasses.replace(found, incidents=incidents, causes=causes)
 
     def map_chunks(self, fn: Callable[..., Any], chunks: list[Any],

@@ -37,6 +37,9 @@ class Tables:
     #: engines' configurations and GPU health readings (analytics.failures); optional
     engine_configs: pl.LazyFrame | None = None
     gpu_health: pl.LazyFrame | None = None
+    #: incidents-shaped periods of failures (an engine down, hung or restarting, a host
+    #: down, a GPU fault: analytics.failures.outage_periods) that no baseline may include
+    outages: pl.DataFrame | None = None
 
     @classmethod
     def from_frames(cls, requests: pl.DataFrame, engine_samples: pl.DataFrame,

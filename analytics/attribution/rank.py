@@ -149,6 +149,10 @@ MIN_CLEAN_BASELINE = 0.2
 _MAX_STEPS = 3
 
 
+#: the columns of an incident :func:`clean_baseline` reads
+_PERIOD = [c.INCIDENT_ID, c.SERVICE_NAME, c.MODEL, c.START_NS, c.END_NS]
+
+
 def _overlapping(ctx: IncidentContext, incidents: pl.DataFrame, lo: int, hi: int
                  ) -> pl.DataFrame:
     inc = ctx.incident
@@ -177,7 +181,14 @@ def clean_baseline(ctx: IncidentContext, incidents: pl.DataFrame, tables: Tables
 
     The baseline starts after the last earlier incident ending in it when at least
     ``MIN_CLEAN_BASELINE`` of the lookback is left; otherwise it is the lookback before
-    that incident (stepping back over at most ``_MAX_STEPS`` incidents)."""
+    that incident (stepping back over at most ``_MAX_STEPS`` incidents).
+
+    The failures of ``tables.outages`` count as incidents here: while an engine was down or
+    restarting, its service received and served less, and the same demand after it read as
+    a surge (a real vLLM restarted with a smaller KV cache ranked traffic_surge x0.98 above
+    kv_cache_pressure against a baseline holding two outages)."""
+    if tables.outages is not None and not tables.outages.is_empty():
+        incidents = pl.concat([incidents.select(_PERIOD), tables.outages.select(_PERIOD)])
     earlier = _overlapping(ctx, incidents, ctx.base_start_ns, ctx.base_end_ns)
     if earlier.is_empty():
         return ctx

@@ -22,13 +22,25 @@ from fleetlens.pipeline.schema import columns as c
 if TYPE_CHECKING:  # analytics.config imports this package's config: no import cycle at run time
     from fleetlens.analytics.attribution import Tables
 
-__all__ = ["FailureConfig", "Finding", "detect_failures", "link_cascades", "to_tables"]
+__all__ = ["FailureConfig", "Finding", "detect_failures", "link_cascades", "outage_periods",
+           "to_tables"]
 
 NS = 1_000_000_000
 #: Failures whose effect on latency is their own (the failure, not the load, slowed things).
 _CASCADING = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.ENGINE_RESTART,
                         Cause.HOST_DOWN, Cause.REQUEST_ERRORS, Cause.GPU_FAULT,
                         Cause.CONFIG_CHANGE})
+
+
+#: Failures during which a service served less than its demand: no baseline period.
+_OUTAGES = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.ENGINE_RESTART,
+                      Cause.HOST_DOWN, Cause.GPU_FAULT})
+
+
+def outage_periods(findings: list[Finding]) -> pl.DataFrame:
+    """The `incidents` rows of the outages among ``findings`` (for
+    :attr:`analytics.attribution.Tables.outages`)."""
+    return to_tables([f for f in findings if f.cause in _OUTAGES])[0]
 
 
 def _services(requests: pl.LazyFrame, key: str) -> dict[str, str]:
