@@ -30,29 +30,35 @@ def data_dir(tmp_path: Path):
     return DataDir(tmp_path / "data")
 
 
-#: Test files that share one real vLLM server's machine time. ``make test`` runs the suite on
-#: two pytest-xdist workers: these files run one after the other on one worker (two CPU
-#: vLLM servers at once would each serve half of what their calibration measured), first,
-#: while the other worker runs the rest of the suite.
-SERIAL_VLLM_FILES = ("tests/agent/test_vllm_incidents.py", "tests/agent/test_vllm_e2e.py")
+#: Test files that must not run at the same time as each other, by unit. ``make test`` runs
+#: the suite on two pytest-xdist workers; each unit's files run one after the other on one
+#: worker. Two CPU vLLM servers at once would each serve half of what their calibration
+#: measured; two Ray clusters on one machine at once found each other's nodes ("No node info
+#: found matching attributes").
+SERIAL_UNITS = {
+    "real-vllm": ("tests/agent/test_vllm_incidents.py", "tests/agent/test_vllm_e2e.py"),
+    "ray": ("tests/analytics/test_ray_analyze.py", "tests/pipeline/test_ray_runner.py",
+            "tests/pipeline/test_object_store_e2e.py"),
+}
+_UNIT_OF = {path: unit for unit, paths in SERIAL_UNITS.items() for path in paths}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The real-vLLM files first: the longest unit of work starts first (xdist hands out
     work in collection order), so the suite's wall time is about the longer of the two."""
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in SERIAL_VLLM_FILES)
+    items.sort(key=lambda item: _UNIT_OF.get(item.nodeid.split("::", 1)[0]) != "real-vllm")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Whole files per worker (module fixtures, such as a simulated fleet or a started
-    collector, are built once), and the real-vLLM files as one unit."""
+    collector, are built once), and each of :data:`SERIAL_UNITS` as one unit of work."""
     from xdist.scheduler import LoadFileScheduling
 
-    class VllmSerialScheduling(LoadFileScheduling):
+    class SerialUnitsScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return "real-vllm" if path in SERIAL_VLLM_FILES else path
+            return _UNIT_OF.get(path, path)
 
     config.option.loadscopereorder = False  # keep the collection order set above
-    return VllmSerialScheduling(config, log)
+    return SerialUnitsScheduling(config, log)
