@@ -100,7 +100,7 @@ def test_password_from_environment_and_closed_without_one() -> None:
 
 
 PAGES = ("incidents", "incident_detail", "baselines", "kv_cache", "energy", "leaderboard",
-         "trace", "sql")
+         "capacity", "trace", "sql")
 
 
 def _nothing_on_any_page(at) -> None:  # noqa: ANN001 - an AppTest
