@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import json
+import shlex
 import shutil
 import signal
 import socket
@@ -21,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import click
+
+from fleetlens.demo_summary import dashboard_lines, first_incident, summary_lines
 
 MARKER = ".fleetlens-demo"
 DONE = "demo-complete.json"
@@ -150,9 +153,10 @@ def build(root: Path, minutes: int, speed: float | None, missing: list[str],
         click.echo("skipping the pipeline: not available in this build")
     else:
         click.echo("[3/4] pipeline: raw telemetry to requests, windows and energy")
-        click.echo("      (the fleet was simulated faster than real time, so its spans arrive "
-                   "long after they end: the export-delay lines below read it as a replay)")
-        pipe = children.start("pipeline", ["pipeline", "--data-dir", str(root), "--progress"])
+        # The fleet was simulated faster than real time, so its spans arrive long after they
+        # end: --replay, or the pipeline would warn about every host's export delay.
+        pipe = children.start("pipeline", ["pipeline", "--data-dir", str(root), "--progress",
+                                           "--replay"])
         if pipe.wait() != 0:
             raise click.ClickException(f"pipeline failed with status {pipe.returncode}")
     if "analytics" in missing:
@@ -161,39 +165,8 @@ def build(root: Path, minutes: int, speed: float | None, missing: list[str],
         click.echo("[4/4] analytics: baselines, incidents and causes")
         from fleetlens.analytics.runner import run
 
-        result = run(str(root))
-        summarize(root, result.analysis)
+        run(str(root))
     (root / DONE).write_text(json.dumps({"minutes": minutes, "skipped": missing}) + "\n")
-
-
-def summarize(root: Path, analysis) -> None:  # noqa: ANN001 - analytics.Analysis
-    """Print what was injected next to what was found."""
-    from fleetlens.pipeline.schema import columns as c
-
-    truth_path = root / "ground-truth.json"
-    injected = []
-    if truth_path.exists():
-        injected = json.loads(truth_path.read_text()).get("incidents", [])
-        for item in injected:
-            click.echo(f"      injected: {item['cause']:<20} {item['subject']}")
-    incidents = getattr(analysis, "incidents", None)
-    causes = getattr(analysis, "causes", None)
-    if incidents is None:
-        return
-    click.echo(f"      found {incidents.height} incident(s)")
-    top = {}
-    if causes is not None and causes.height:
-        for row in causes.sort(c.RANK).iter_rows(named=True):
-            top.setdefault(row[c.INCIDENT_ID], row)
-    for row in incidents.iter_rows(named=True):
-        cause = top.get(row[c.INCIDENT_ID])
-        what = f"{cause[c.CAUSE]} {cause[c.SUBJECT]}" if cause else "(no cause)"
-        click.echo(f"      found:    {row[c.METRIC]:<12} {row[c.HOST_NAME]:<6} -> {what}")
-    if injected:
-        found = {(row[c.CAUSE], row[c.SUBJECT]) for row in top.values()}
-        hits = sum((item["cause"], item["subject"]) in found for item in injected)
-        click.echo(f"      {hits} of {len(injected)} injected incidents found with the right "
-                   "top cause and subject")
 
 
 @click.command()
@@ -227,7 +200,11 @@ def demo(data_dir: str, fresh: bool, minutes: int, speed: float | None, port: in
     try:
         if not prepare(root, fresh):
             build(root, minutes, speed, missing, children)
+        if "analytics" not in missing:
+            # From the stored tables, after a build or a reuse alike: a rerun says the same.
+            click.echo("\n".join(["", *summary_lines(root, data_dir)]))
         if no_dashboard:
+            click.echo(f"  fleetlens dashboard --data-dir {shlex.quote(data_dir)}")
             click.echo(f"demo data ready in {root}")
             return
         if "dashboard" in missing:
@@ -240,6 +217,9 @@ def demo(data_dir: str, fresh: bool, minutes: int, speed: float | None, port: in
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _healthy(url), "dashboard", dash, timeout_s=90)
         click.echo(f"\nfleetlens dashboard: {url}   (pid {dash.pid}; Ctrl-C stops the demo)")
+        for line in dashboard_lines(url, None if "analytics" in missing
+                                    else first_incident(root)):
+            click.echo(line)
         while dash.poll() is None:
             time.sleep(0.5)
         raise click.ClickException(f"dashboard exited with status {dash.returncode}")

@@ -105,10 +105,13 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
     @click.option("--ray-address", default=None, metavar="HOST:PORT",
                   help="With --runner ray: the head of the Ray cluster to join [default: "
                        "$RAY_ADDRESS, else start Ray on this machine].")
+    @click.option("--replay", is_flag=True,
+                  help="The telemetry is a replay of the past (e.g. `fleetlens simulate` "
+                       "faster than real time): its export delays are not reported.")
     def pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
                  full: bool, follow: bool, interval: float | None, progress: bool | None,
                  fmt: str, as_json: bool, analyze: bool | None, runner: str,
-                 ray_address: str | None) -> None:
+                 ray_address: str | None, replay: bool) -> None:
         """Turn raw telemetry into requests, samples, windows and per-request energy.
 
         Processes only raw segments that are new since the last run (state in
@@ -119,7 +122,7 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
         hook = after_run if (follow if analyze is None else analyze) else None
         job = make_job(runner, ray_address)
         _run_pipeline(data_dir, config_file, window_s, full, follow, interval, progress,
-                      as_json or fmt == "json", hook, job)
+                      as_json or fmt == "json", hook, job, replay=replay)
 
     return pipeline
 
@@ -151,7 +154,7 @@ def make_job(runner: str, ray_address: str | None) -> JobFactory:
 def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int | None,
                   full: bool, follow: bool, interval: float | None, progress: bool | None,
                   as_json: bool, after_run: AfterRun | None,
-                  job_factory: JobFactory | None = None) -> None:
+                  job_factory: JobFactory | None = None, *, replay: bool = False) -> None:
     if job_factory is None:
         from fleetlens.pipeline.runner import Pipeline
 
@@ -183,7 +186,7 @@ def _run_pipeline(data_dir: str | None, config_file: str | None, window_s: int |
             click.echo(f"pipeline run failed, retrying in {pause:g} s: {exc!r}", err=True)
         else:
             write_heartbeat(root)
-            _print_summary(summary, as_json)
+            _print_summary(summary, as_json, replay=replay)
             if after_run is not None and (first or summary.new_rows):
                 _after(after_run, root, config_file, summary, follow)
             first = False
@@ -235,7 +238,8 @@ class _StopFlag:
         return self.stopped
 
 
-def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
+def _print_summary(summary, as_json: bool,  # noqa: ANN001 - RunSummary
+                   replay: bool = False) -> None:
     if as_json:
         click.echo(json.dumps(summary.as_dict(), sort_keys=True))
         return
@@ -244,19 +248,36 @@ def _print_summary(summary, as_json: bool) -> None:  # noqa: ANN001 - RunSummary
                f"{summary.too_late_rows} too late), {summary.dirty_hours} hours recomputed "
                f"in {summary.seconds:.2f} s; rows written: {written or 'none'}")
     delays = summary.export_delay_s
-    if not delays:
+    if not delays or replay:  # a replay's spans all arrive late: that is no news
         return
     low, high = min(delays.values()), max(delays.values())
     click.echo(f"  export delay (span end to receipt, median per host): {low:.1f} to "
                f"{high:.1f} s over {len(delays)} hosts")
-    # One line per host only where the delay says something is off: a fleet prints one line.
-    for host, delay in sorted(delays.items()):
-        if delay < EXPORT_DELAY_OK_S[0]:
-            click.echo(f"  host {host}: median export delay {delay:.1f} s: its clock runs "
-                       "ahead of the collector's")
-        elif delay > EXPORT_DELAY_OK_S[1]:
-            click.echo(f"  host {host}: median export delay {delay:.1f} s: its clock runs "
-                       "behind the collector's, its exporter stalls, or this is a replay")
+    # Only where the delay says something is off, and each verdict once: a replayed fleet
+    # of 50 hosts is one line, not 50 saying the same.
+    ahead = {h: d for h, d in delays.items() if d < EXPORT_DELAY_OK_S[0]}
+    behind = {h: d for h, d in delays.items() if d > EXPORT_DELAY_OK_S[1]}
+    if ahead:
+        click.echo(_delay_line(ahead, "runs ahead of the collector's",
+                               "run ahead of the collector's"))
+    if behind:
+        click.echo(_delay_line(
+            behind, "runs behind the collector's, its exporter stalls, or this is a replay",
+            "run behind the collector's, their exporters stall, or this is a replay "
+            "(`pipeline --replay` says so)"))
+
+
+def _delay_line(hosts: dict[str, float], one: str, many: str) -> str:
+    """``host h: median export delay D s: its clock ...`` for one host, the hosts and the
+    range of their delays with ``many`` for several."""
+    if len(hosts) == 1:
+        [(host, delay)] = hosts.items()
+        return f"  host {host}: median export delay {delay:.1f} s: its clock {one}"
+    names = sorted(hosts)
+    listed = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    low, high = min(hosts.values()), max(hosts.values())
+    return (f"  {len(names)} hosts ({listed}): median export delay {low:.1f} to {high:.1f} s: "
+            f"their clocks {many}")
 
 
 @click.command()
