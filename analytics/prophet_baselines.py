@@ -151,7 +151,7 @@ def refresh_prophet(data_dir: DataDir, banded: pl.DataFrame, config: AnalyticsCo
     """Refit Prophet baselines when ``prophet_refit_s`` has passed (in data time) since the
     last fit, or when ``force``; publish them. Returns the number of series fitted (0 when
     not due). ``map_chunks``: see :func:`fit_prophet`."""
-    from fleetlens.analytics.runner import publish, state_dir
+    from fleetlens.analytics.published import publish, state_dir
 
     state_path = state_dir(data_dir) / STATE_FILE
     state = read_json(state_path, {})

@@ -13,7 +13,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import polars as pl
@@ -22,6 +21,7 @@ from fleetlens.analytics.analyse import Analysis, analyse
 from fleetlens.analytics.attribution import Tables
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.provenance import provenance, write_json_atomic
+from fleetlens.analytics.published import publish, read_table, state_dir
 from fleetlens.analytics.slos.report import SloReport, alert_rows, slo_report
 from fleetlens.analytics.webhook import notify_new
 from fleetlens.pipeline.joblock import exclusive
@@ -30,15 +30,10 @@ from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import (
     DataDir,
     has_parquet,
-    hour_partition,
-    parquet_files,
     scan,
-    write_parquet_atomic,
 )
 
 NS = 1_000_000_000
-FILE_NAME = "analytics.parquet"
-PROPHET_FILE = "prophet.parquet"
 
 
 @dataclass
@@ -53,11 +48,6 @@ class RunResult:
     seconds: float = 0.0
     #: The SLOs' status, burn rates and firing alerts (analytics.slos).
     slos: SloReport = field(default_factory=SloReport)
-
-
-def state_dir(data_dir: DataDir) -> Path:
-    """Where analytics keeps its state (webhook deliveries, provenance, Prophet schedule)."""
-    return data_dir.state / "analytics"
 
 
 class Remote(Protocol):
@@ -94,29 +84,6 @@ def _limit(tables: Tables, history_s: int) -> Tables:
         gpu_health=(None if tables.gpu_health is None
                     else tables.gpu_health.filter(pl.col(c.TS_NS) >= lo)),
     )
-
-
-def _date(ts_col: str) -> pl.Expr:
-    return pl.from_epoch(pl.col(ts_col), time_unit="ns").dt.strftime("%Y-%m-%d").alias(c.DATE)
-
-
-def publish(data_dir: DataDir, table: str, frame: pl.DataFrame, ts_col: str,
-            name: str = FILE_NAME, since_ns: int | None = None) -> int:
-    """Write ``frame`` as one file per UTC date; remove our stale files of dates it no
-    longer covers (at or after ``since_ns``). Returns the number of files written."""
-    written = set()
-    if frame.height:
-        for (day,), part in frame.with_columns(_date(ts_col)).group_by(c.DATE):
-            path = data_dir.partition_path(table, date=day) / name
-            write_parquet_atomic(part.drop(c.DATE).sort(ts_col), path)
-            written.add(path)
-    oldest_day = hour_partition(since_ns)[0] if since_ns is not None else None
-    for path in parquet_files(data_dir.table_dir(table)):
-        day = path.parent.name.partition("=")[2]
-        if path.name == name and path not in written and (
-                oldest_day is None or day >= oldest_day):
-            path.unlink()
-    return len(written)
 
 
 def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
@@ -190,14 +157,6 @@ def publish_slos(root: DataDir, config: AnalyticsConfig, window_s: int | None) -
     for table, (frame, ts_col) in report.tables().items():
         publish(root, table, frame, ts_col)
     return report
-
-
-def read_table(data_dir: DataDir, table: str) -> pl.DataFrame:
-    """A derived analytics table as written by :func:`run` (empty contract frame if none)."""
-    files = [str(p) for p in parquet_files(data_dir.table_dir(table))]
-    if not files:
-        return t.table(table).empty()
-    return pl.read_parquet(files, missing_columns="insert")
 
 
 __all__ = ["Remote", "RunResult", "publish", "publish_slos", "read_table", "run", "state_dir",

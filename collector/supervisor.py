@@ -12,17 +12,15 @@ process is needed (spawn starts one: about 12 MiB of RSS for nothing).
 
 from __future__ import annotations
 
-import importlib.abc
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
-from typing import Any
 
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.descriptors import raise_open_files_limit
+from fleetlens.collector.import_guard import keep_out
 from fleetlens.collector.preflight import check_ports_free, warn_if_exposed
 from fleetlens.collector.self_metrics import bind
 from fleetlens.collector.telemetry import log, shared_array
@@ -35,27 +33,6 @@ UNUSED_ARROW_MODULES = ("pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "
 #: A worker that dies this soon after starting, this many times in a row, stops the collector.
 QUICK_FAILURE_S = 10.0
 MAX_QUICK_FAILURES = 3
-
-
-class KeepOut(importlib.abc.MetaPathFinder):
-    """Refuses to import the named modules (and their submodules)."""
-
-    def __init__(self, *names: str) -> None:
-        self.names = names
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
-            raise ModuleNotFoundError(f"{fullname} is kept out of collector workers",
-                                      name=fullname)
-        return None
-
-
-def keep_out(*names: str) -> None:
-    """Make importing any of ``names`` fail in this process from now on."""
-    missing = [n for n in names
-               if not any(isinstance(f, KeepOut) and n in f.names for f in sys.meta_path)]
-    if missing:
-        sys.meta_path.insert(0, KeepOut(*missing))
 
 
 def _worker_main(*args: object) -> None:

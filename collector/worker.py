@@ -25,11 +25,11 @@ from fleetlens.collector.descriptors import http_connection_cap, open_files_limi
 from fleetlens.collector.forward import ForwardSink
 from fleetlens.collector.grpc_server import start_grpc
 from fleetlens.collector.http_server import start_http
+from fleetlens.collector.import_guard import keep_out
 from fleetlens.collector.ingest import Ingest
 from fleetlens.collector.self_metrics import SCRAPE_SLOTS, start_self_metrics
 from fleetlens.collector.signals import BY_CODE
 from fleetlens.collector.sink import Segments, Sink
-from fleetlens.collector.supervisor import keep_out
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import Wal, orphan_dirs, read_segment, remove_dir, segments
 from fleetlens.pipeline.schema.logsetup import configure_logging

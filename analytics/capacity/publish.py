@@ -11,7 +11,7 @@ from fleetlens.analytics.capacity.analyse import analyse_capacity
 from fleetlens.analytics.capacity.forecast import with_forecast
 from fleetlens.analytics.capacity.stage import CapacityTables
 from fleetlens.analytics.config import AnalyticsConfig
-from fleetlens.analytics.runner import publish
+from fleetlens.analytics.published import publish
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir
