@@ -52,7 +52,9 @@ def forecast_crossing(capacity: pl.DataFrame, forecast: pl.DataFrame) -> pl.Data
         ahead = forecast.filter((pl.col(c.SERIES) == demand_key(row[c.SERVICE_NAME],
                                                                 row[c.MODEL]))
                                 & (pl.col(c.TS_NS) >= row[c.TS_NS]))
-        share = (row[c.RPS_NOW] / row["_service_now"]) if row["_service_now"] else None
+        # a pool with no rate now (an insufficient one) has no share of the forecast
+        share = (row[c.RPS_NOW] / row["_service_now"]
+                 if row[c.RPS_NOW] is not None and row["_service_now"] else None)
         if not ahead.is_empty() and share is not None:
             demand = ahead.with_columns((pl.col(c.EXPECTED) * share).alias("_pool"))
             peak = demand.sort("_pool", descending=True).row(0, named=True)

@@ -73,3 +73,19 @@ def test_without_prophet_the_forecast_columns_stay_empty() -> None:
     assert out.select(c.FORECAST_PEAK_RPS, c.CROSSING_NS, c.GPUS_NEEDED).row(0) == (
         None, None, None)
     assert out.columns == list(t.table(t.CAPACITY).columns)
+
+
+def test_a_pool_with_no_rate_now_gets_no_share_of_the_forecast() -> None:
+    # An insufficient pool (no rate measured now) beside one that has it: the run crashed
+    # with a TypeError (None / float) before the share was guarded.
+    end = T0 + 3 * DAY * NS
+    grid = np.arange(end, end + DAY * NS, 300 * NS)
+    forecast = pl.DataFrame({c.SERIES: "rps{service_name=chat,model=m}", c.TS_NS: grid,
+                             c.EXPECTED: np.full(len(grid), 30.0)})
+    pools = pl.concat([_capacity(end, knee_rps=25.0),
+                       _capacity(end, knee_rps=25.0).with_columns(
+                           pl.lit(None, pl.Float64).alias(c.RPS_NOW),
+                           pl.lit("other").alias(c.CONFIG))])
+    measured, idle = forecast_crossing(pools, forecast).iter_rows(named=True)
+    assert measured[c.FORECAST_PEAK_RPS] == pytest.approx(30.0)
+    assert idle[c.FORECAST_PEAK_RPS] is None and idle[c.CROSSING_NS] is None
