@@ -37,6 +37,7 @@ import h11
 
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.errors import Overloaded, TooLarge
+from fleetlens.collector.http_body import MAX_HEAD_LINES, TooManyHeaders, check_head_lines
 from fleetlens.collector.http_otlp import Headers, Plan, Reply, error_reply, export, plan
 from fleetlens.collector.ingest import Ingest
 from fleetlens.collector.telemetry import log
@@ -53,6 +54,8 @@ TLS_HANDSHAKE_S = 10.0
 LOG_EVERY_S = 60.0
 BUSY = Reply(503, b"too many connections; retry\n", headers=(("Retry-After", "1"),), close=True)
 TIMED_OUT = Reply(408, b"request not received in time\n", close=True)
+TOO_MANY_HEADERS = Reply(431, f"more than {MAX_HEAD_LINES} header lines\n".encode(), close=True)
+
 HEAD_REFUSED = Reply(405, b"", headers=(("Allow", "GET, POST"),), close=True)
 
 
@@ -106,8 +109,7 @@ class HttpServer:
     def start(self, sock: socket.socket) -> None:
         """Serve connections accepted on the listening ``sock`` (in a background thread)."""
         self._server = self.loop.run_until_complete(asyncio.start_server(
-            self._connection, sock=sock, ssl=self.tls, limit=MAX_HEAD_BYTES,
-            ssl_handshake_timeout=TLS_HANDSHAKE_S if self.tls else None))
+            self._connection, sock=sock, limit=MAX_HEAD_BYTES))
         self._thread.start()
 
     def shutdown(self, grace_s: float = 10.0) -> None:
@@ -155,20 +157,36 @@ class HttpServer:
                 return
             self.refusing += 1
             try:
-                await self._refuse(reader, writer)
+                if await self._handshake(writer):
+                    await self._refuse(reader, writer)
             finally:
                 self.refusing -= 1
+                writer.close()
             return
         self.open += 1
         self._writers.add(writer)
         try:
-            await self._serve(reader, writer)
+            if await self._handshake(writer):
+                await self._serve(reader, writer)
         except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
             pass  # the client went away; nothing was acknowledged on this request
         finally:
             self.open -= 1
             self._writers.discard(writer)
             writer.close()
+
+    async def _handshake(self, writer: asyncio.StreamWriter) -> bool:
+        """With TLS on, the handshake, made here so that it counts against the connection caps
+        like the connection it opens (made by asyncio before the callback, handshakes in
+        progress held descriptors that nothing counted: issue 33). False when it failed."""
+        if self.tls is None:
+            return True
+        try:
+            await writer.start_tls(self.tls, ssl_handshake_timeout=TLS_HANDSHAKE_S)
+        except (OSError, ssl.SSLError) as exc:  # TimeoutError included
+            self._loop_error(self.loop, {"message": "TLS handshake failed", "exception": exc})
+            return False
+        return True
 
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer 503 + Retry-After before any request is read, then close (lingering, so
@@ -219,6 +237,8 @@ class HttpServer:
     async def _next(conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
         """The next h11 event, reading as needed (the caller bounds the time)."""
         while True:
+            if conn.their_state is h11.IDLE:  # a head not parsed yet: count its lines first
+                check_head_lines(conn.trailing_data[0])
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
@@ -257,6 +277,9 @@ class HttpServer:
         except TimeoutError:
             self.ingest.telemetry.add("invalid_requests")
             return TIMED_OUT
+        except TooManyHeaders:
+            self.ingest.telemetry.add("invalid_requests")
+            return TOO_MANY_HEADERS
         except h11.RemoteProtocolError as exc:
             self.ingest.telemetry.add("invalid_requests")
             return Reply(exc.error_status_hint, f"bad HTTP request: {exc}\n".encode(),
