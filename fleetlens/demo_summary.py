@@ -50,7 +50,7 @@ def summary_lines(root: Path, data_dir: str) -> list[str]:
         cause = top.get(row[c.INCIDENT_ID])
         scope = "/".join(v for v in (row[c.SERVICE_NAME], row[c.HOST_NAME]) if v != "*")
         what = f"{cause[c.CAUSE]} {cause[c.SUBJECT]}" if cause else "(no cause)"
-        # Hosts and subjects come from telemetry: printed as text, never as escapes.
+        # Hosts and subjects come from telemetry: control characters shown escaped, not sent.
         lines.append(plain(f"  {row[c.INCIDENT_ID]}  {row[c.SEVERITY]:<8} "
                            f"{row[c.METRIC]:<12} {scope or 'fleet':<14} -> {what}"))
     where = shlex.quote(data_dir)
