@@ -256,9 +256,15 @@ class NameLimiter:
         self._lock = threading.Lock()
         self.overflowed = 0
 
-    def for_request(self, peer: str | None = None) -> RequestNames:
-        """The names view of one request (from connection ``peer`` when known)."""
-        return RequestNames(self, peer)
+    def for_request(self, peer: str | None = None,
+                    models: NameLimiter | None = None) -> RequestNames:
+        """The names view of one request (from connection ``peer`` when known); ``models``
+        caps ``gen_ai.request.model`` values apart (default: this limiter)."""
+        return RequestNames(self, peer, models)
+
+    def admit_model(self, name: str) -> str:
+        """A model name against this same budget (callers without a model limiter)."""
+        return self.admit(name)
 
     def admit(self, name: str, request: RequestNames | None = None) -> str:
         """``name`` itself, or :data:`OVERFLOW_NAME` when the window, the request's or the
@@ -299,14 +305,23 @@ class NameLimiter:
 class RequestNames:
     """What decoders call ``names``: :meth:`NameLimiter.admit` with one request's budget."""
 
-    def __init__(self, limiter: NameLimiter, peer: str | None) -> None:
+    def __init__(self, limiter: NameLimiter, peer: str | None,
+                 models: NameLimiter | None = None) -> None:
         self.limiter = limiter
         self.peer = peer
         self.added = 0
+        # Models have their own budget: a flood of model names must not push service and
+        # host names into the overflow bucket, nor the other way round.
+        self._models = RequestNames(models, peer) if models is not None else self
 
     def admit(self, name: str) -> str:
         """``name`` or :data:`OVERFLOW_NAME` (see :meth:`NameLimiter.admit`)."""
         return self.limiter.admit(name, self)
+
+    def admit_model(self, name: str) -> str:
+        """A ``gen_ai.request.model`` value or :data:`OVERFLOW_NAME`, on the model budget
+        (issue 33: every model name ever sent became a series the exporter served)."""
+        return self._models.admit(name)
 
 
 @dataclass

@@ -310,7 +310,7 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
     Args:
         request: the parsed (hence validated) request.
         limits: validation limits (``now_ns`` is the receive time).
-        names: the service/host cardinality cap.
+        names: the service/host cardinality cap, and the model names' (``admit_model``).
         received_ns: the value of ``received_ns`` for every row.
         payload: the protobuf bytes ``request`` was parsed from, when the caller has them
             (saves re-encoding it for the attribute-bytes view).
@@ -355,6 +355,10 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
                 continue
             for column, values in zip(own_columns, zip(*rows, strict=True), strict=True):
                 column.extend(values)
+            models = cols[c.GEN_AI_REQUEST_MODEL]
+            for i in range(len(models) - len(rows), len(models)):
+                if models[i] is not None:
+                    models[i] = names.admit_model(models[i])
             shared = {
                 c.SERVICE_NAME: resource.service_name, c.HOST_NAME: resource.host_name,
                 c.RESOURCE_ATTRIBUTES: resource.json,

@@ -39,6 +39,10 @@ class Ingest:
         self.names = NameLimiter(config.max_names_per_window,
                                  per_request=config.max_new_names_per_request,
                                  per_connection=config.max_new_names_per_connection)
+        #: The same budget, apart, for gen_ai.request.model values.
+        self.models = NameLimiter(config.max_names_per_window,
+                                  per_request=config.max_new_names_per_request,
+                                  per_connection=config.max_new_names_per_connection)
         self._tokens = [token.encode() for token in config.auth_tokens]
         self._inflight = 0
         self._idle = threading.Condition()
@@ -113,16 +117,17 @@ class Ingest:
                         max_list_items=cfg.max_attribute_list_items,
                         max_name_bytes=cfg.max_name_bytes,
                         max_resource_bytes=cfg.max_resource_bytes)
-        before = self.names.overflowed
-        names = self.names.for_request(peer)
+        before = self.names.overflowed + self.models.overflowed
+        names = self.names.for_request(peer, self.models)
         if payload is not None and signal.reads_payload:
             outcome = signal.decode(request, limits, names, received_ns, payload)
         else:
             outcome = signal.decode(request, limits, names, received_ns)
         if outcome.truncated:
             self.telemetry.add("truncated_values", outcome.truncated)
-        if self.names.overflowed != before:
-            self.telemetry.add("overflow_names", self.names.overflowed - before)
+        after = self.names.overflowed + self.models.overflowed
+        if after != before:
+            self.telemetry.add("overflow_names", after - before)
         return outcome
 
     def export(self, signal: Signal, payload: bytes, request: Any = None,

@@ -27,7 +27,7 @@ SERIES: dict[str, tuple[str, str]] = {
     "refused_requests": ("counter", "Requests refused by backpressure (UNAVAILABLE/503)."),
     "storage_failures": ("counter", "Requests refused because the WAL failed (UNAVAILABLE)."),
     "truncated_values": ("counter", "Attribute values cut or maps shortened by the limits."),
-    "overflow_names": ("counter", "Service/host names sent to the overflow bucket."),
+    "overflow_names": ("counter", "Service/host/model names sent to the overflow bucket."),
     "unknown_field_requests": ("counter", "Requests whose unknown protobuf fields were "
                                "dropped before the WAL."),
     "flushed_rows": ("counter", "Rows published in Parquet segments."),
