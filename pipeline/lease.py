@@ -15,6 +15,7 @@ them in sync to well under the time to live (NTP does).
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import socket
@@ -28,6 +29,8 @@ from fleetlens.pipeline.storage import ObjectPath, VersionConflict
 
 ENV_LEASE_S = "FLEETLENS_LEASE_S"
 DEFAULT_LEASE_S = 60.0
+#: No holder renews its lease further ahead than this: a later expiry is garbage (issue 33).
+MAX_AHEAD_S = 24 * 3600.0
 
 
 def lease_seconds() -> float:
@@ -118,7 +121,9 @@ def acquire(path: ObjectPath, job: str, on_wait: Callable[[str], None] | None,
             continue
         data, version = current
         expires = data.get("expires_unix")
-        if not isinstance(expires, int | float) or expires < time.time():
+        # NaN compares false and 1e308 never comes: either would hold every job off for good.
+        if not isinstance(expires, int | float) or not math.isfinite(expires) \
+                or not time.time() <= expires <= time.time() + MAX_AHEAD_S:
             if lease.take(version):  # expired (or unreadable): take it over
                 return lease
             continue

@@ -221,6 +221,22 @@ def test_the_job_lease_excludes_renews_and_expires(s3: S3Server,
     took.release()
 
 
+@pytest.mark.parametrize("expires", [float("nan"), 1e308, "soon"])
+def test_a_lease_that_would_never_expire_is_taken_over(s3: S3Server, expires: object) -> None:
+    """Issue 33: NaN compares false and 1e308 never comes; a waiter waited for good."""
+    path = joblock.lock_path(DataDir(_url(s3)))
+    path.write_bytes(json.dumps({"holder": "1 pipeline", "token": "x",
+                                 "expires_unix": expires}).encode())
+    taken: list[lease.Lease] = []
+    waiter = threading.Thread(target=lambda: taken.append(
+        lease.acquire(path, "compact", None, ttl_s=5, poll_s=0.1)), daemon=True)
+    waiter.start()
+    waiter.join(20)
+    assert taken, f"still waiting on a lease expiring at {expires!r}"
+    assert lease.read(path)[0]["token"] == taken[0].token
+    taken[0].release()
+
+
 def test_readers_tolerate_an_object_listed_then_deleted(s3: S3Server) -> None:
     dd = DataDir(_url(s3))
     paths = [dd.raw_segment_path("spans", T0, "w", i) for i in range(3)]
