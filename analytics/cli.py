@@ -36,6 +36,16 @@ def _root(data_dir: str | None, config_file: str | None = None, *,  # noqa: ANN2
     return resolve_data_dir(data_dir, config_file, must_exist=must_exist)
 
 
+def write_output(path: str, text: str) -> None:
+    """``--output``: write ``text`` to ``path``; a folder that does not exist or may not be
+    written is the user's to fix, so it is one line, not a traceback."""
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {path}", err=True)
+
+
 def parse_since(text: str, now_ns: int | None = None) -> int:
     """``2h`` / ``30m`` / ``1d`` ago, ``now-2h``, an ISO-8601 time (UTC if no zone), or a
     Unix time in s, ms, µs or ns: the one time grammar (:mod:`pipeline.schema.timegrammar`)."""
@@ -151,8 +161,7 @@ def explain(ident: str, data_dir: str | None, fmt: str, output: str | None) -> N
         raise click.ClickException(str(exc)) from None
     text = RENDERERS[fmt](report)
     if output:
-        Path(output).write_text(text)
-        click.echo(f"wrote {output}", err=True)
+        write_output(output, text)
     else:
         from fleetlens.pipeline.terminal import plain
 

@@ -208,8 +208,13 @@ def fetch(con: duckdb.DuckDBPyConnection, query: str, limits: SandboxLimits, *,
     import pyarrow as pa
 
     byte_cap = limits.result_mb * MB
-    timer = (threading.Timer(limits.timeout_s, con.interrupt)
-             if limits.timeout_s is not None else None)
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        con.interrupt()
+
+    timer = threading.Timer(limits.timeout_s, stop) if limits.timeout_s is not None else None
 
     def read() -> Fetched:
         reader = con.sql(query, params=params or None).to_arrow_reader(BATCH_ROWS)
@@ -242,6 +247,12 @@ def fetch(con: duckdb.DuckDBPyConnection, query: str, limits: SandboxLimits, *,
                             f"{str(exc).splitlines()[0]}") from None
     except duckdb.Error as exc:
         raise QueryRejected(f"query failed: {exc}") from None
+    except OSError:
+        # An interrupt while Arrow pulls the result's batches comes back from its stream
+        # reader as a bare OSError ("INTERRUPT Error: Interrupted!"), not as DuckDB's own.
+        if fired.is_set():
+            raise QueryRejected(f"query stopped after {limits.timeout_s:g} s") from None
+        raise
     finally:
         if timer is not None:
             timer.cancel()

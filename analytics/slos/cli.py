@@ -4,12 +4,17 @@ firing alerts, as the last analytics run stored them; ``--rules`` prints Prometh
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 import polars as pl
 
-from fleetlens.analytics.cli import _CONFIG, _DATA_DIR, _root, load_analytics_config
+from fleetlens.analytics.cli import (
+    _CONFIG,
+    _DATA_DIR,
+    _root,
+    load_analytics_config,
+    write_output,
+)
 from fleetlens.analytics.slos.config import window_label
 from fleetlens.pipeline.output import format_option, render_rows
 from fleetlens.pipeline.schema import columns as c
@@ -88,8 +93,7 @@ def slo(data_dir: str | None, config_file: str | None, fmt: str, refresh: bool |
             raise click.ClickException(_NONE.strip())
         text = rules_yaml(config.slos)
         if output:
-            Path(output).write_text(text)
-            click.echo(f"wrote {output}", err=True)
+            write_output(output, text)
         else:
             click.echo(text, nl=False)
         return

@@ -137,3 +137,44 @@ def test_debug_shows_the_traceback_of_an_error_the_handler_turns_into_one_line(
     assert "cannot take the job lock" in quiet.output
     loud = CliRunner().invoke(cli, argv, env={"FLEETLENS_DEBUG": "1"})
     assert type(loud.exception).__name__ == "StorageError", repr(loud.exception)
+
+
+def test_an_output_file_in_a_folder_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
+    """explain -o and slo --rules -o into a folder that is not there."""
+    import polars as pl
+
+    from fleetlens.analytics.runner import publish
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import DataDir
+
+    root = DataDir(tmp_path / "data")
+    start = 1_760_000_000 * 10**9
+    incident = pl.DataFrame({
+        c.INCIDENT_ID: ["abc123"], c.METRIC: ["e2e_p99_s"], c.SERVICE_NAME: ["chat"],
+        c.MODEL: ["m"], c.HOST_NAME: ["h01"], c.START_NS: [start],
+        c.END_NS: [start + 600 * 10**9], c.PEAK: [2.0], c.EXPECTED: [1.0],
+        c.SEVERITY: ["major"], c.DETECTOR: ["rolling"],
+    }).cast(t.table(t.INCIDENTS).empty().schema)
+    publish(root, t.INCIDENTS, incident, c.START_NS)
+    nowhere = str(tmp_path / "no" / "such" / "folder" / "out.txt")
+    _fails_in_one_line(["explain", "abc123", "--data-dir", str(root.root), "-o", nowhere])
+    config = tmp_path / "slo.toml"
+    config.write_text('[[analytics.slos.services]]\nservice = "chat"\navailability = 0.99\n')
+    _fails_in_one_line(["slo", "--config", str(config), "--rules", "-o", nowhere])
+
+
+def test_a_sql_timeout_while_the_result_streams_is_one_line(tmp_path: Path) -> None:
+    """--timeout fires while Arrow reads the result's batches (a cross join of a real
+    table): DuckDB's interrupt comes back as a bare OSError there."""
+    import polars as pl
+
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+
+    root = DataDir(tmp_path / "data")
+    frame = pl.DataFrame({c.NAME: [f"span-{i}" for i in range(20_000)]})
+    write_parquet_atomic(frame, root.raw_segment_path("spans", 10**18, "w", 1))
+    for fmt in ("csv", "table"):
+        _fails_in_one_line(["sql", "--data-dir", str(root.root), "--timeout", "0.3",
+                            "--format", fmt, "select * from spans a, spans b, spans c"])
