@@ -76,7 +76,8 @@ def _remote(runner: str, ray_address: str | None):  # noqa: ANN202 - RayAnalytic
 @_DATA_DIR
 @_CONFIG
 @click.option("--follow", is_flag=True, help="Keep running; post new incidents as they come.")
-@click.option("--interval", type=float, default=10.0, show_default=True,
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True,
               help="Seconds between runs with --follow.")
 @click.option("--refit", is_flag=True, help="Refit Prophet baselines now (if enabled).")
 @click.option("--runner", type=click.Choice(("local", "ray")), default="local",

@@ -90,7 +90,7 @@ def make_pipeline_command(after_run: AfterRun | None = None) -> click.Command:
     @click.option("--window-s", type=int, default=None, help="Window length (10, 60, 300, ...).")
     @click.option("--full", is_flag=True, help="Recompute everything instead of only new data.")
     @click.option("--follow", is_flag=True, help="Keep running, processing new data as it comes.")
-    @click.option("--interval", type=float, default=None,
+    @click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="Seconds between runs with --follow [default: pipeline.follow_interval_s].")
     @click.option("--progress/--no-progress", default=None,
                   help="Show a progress bar [default: when stderr is a terminal].")

@@ -40,7 +40,9 @@ SPECIFIC: dict[str, list[list[str]]] = {
                ["collector", "--address", "127.0.0.1:99999"], ["nosuch"]],
     "demo": [["--minutes", "5", "--no-dashboard", "--data-dir", "{data}"]],
     "collector": [["--data-dir", "{data}", "--grpc-address", "nohost:abc"]],
-    "pipeline": [["--data-dir", "{data}", "--window-s", "7"]],
+    "pipeline": [["--data-dir", "{data}", "--window-s", "7"],
+                 ["--data-dir", "{data}", "--follow", "--interval", "-1"]],
+    "analyze": [["--data-dir", "{data}", "--follow", "--interval", "-1"]],
 }
 
 
