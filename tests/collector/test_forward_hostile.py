@@ -45,6 +45,11 @@ class ScriptedCentral(grpc.GenericRpcHandler):
         parsed = trace_service_pb2.ExportTraceServiceRequest.FromString(request)
         with self._lock:
             self.stored |= sent_span_keys(parsed)
+        if mode == "partial":  # stored but for one span, with a hostile message
+            partial = trace_service_pb2.ExportTracePartialSuccess(
+                rejected_spans=1, error_message="\x1b[2J" + "x" * 1_000_000)
+            return trace_service_pb2.ExportTraceServiceResponse(
+                partial_success=partial).SerializeToString()
         # "huge": stored, then an answer over the edge's 4 MiB receive limit
         return b"\x00" * (5 << 20) if mode == "huge" else b""
 
@@ -154,3 +159,13 @@ def test_a_request_larger_than_the_whole_edge_bound_is_refused_for_good(
         assert all(key != RETRY_INFO_KEY for key, _ in refused.value.trailing_metadata() or ())
         central.mode = "ok"
         edge.export(vllm_trace_request(5, seed=2))  # a small one still goes through
+
+
+def test_a_central_partial_success_message_is_logged_cut_and_escaped(tmp_path: Path) -> None:
+    with scripted_edge(tmp_path) as (central, edge):
+        central.mode = "partial"
+        edge.export(vllm_trace_request(3, seed=4))
+        wait_until(lambda: "rejected 1 spans items" in edge.logs(), 30, "the warning")
+        line = next(x for x in edge.logs().splitlines() if "rejected 1 spans" in x)
+        assert "\x1b" not in line and "\\x1b[2J" in line
+        assert len(line) < 1000 and "(1000004 characters)" in line
