@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
+from fleetlens.analytics.capacity.exporter import capacity_families
 from fleetlens.analytics.exporter_counters import RequestCounters, per_host
 from fleetlens.analytics.exporter_gauges import (
     all_windows,
@@ -88,7 +89,8 @@ class DerivedSignals:
                 *baseline_families(self.root, closed_start),
                 *incident_families(active, self.dashboard_url),
                 *phase_families(self.root, active),
-                *slo_families(self.root, self._slo_counters)]
+                *slo_families(self.root, self._slo_counters),
+                *capacity_families(self.root)]
 
 
 __all__ = ["DerivedSignals"]

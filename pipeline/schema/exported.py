@@ -67,7 +67,26 @@ INCIDENT_INFO = "fleetlens_incident_info"
 INCIDENT_PHASE_EXCESS = "fleetlens_incident_phase_excess_seconds"
 INCIDENT_PHASE_SHARE = "fleetlens_incident_phase_share_ratio"
 
+# --- capacity (analytics.capacity): one series per pool, the last run's snapshot -----------
+#: Pool labels: a pool is a service and model on one GPU model, TP and configuration.
+GPU_MODEL, TP, CONFIG = "gpu_model", "tp", "config"
+POOL = (SERVICE, MODEL, GPU_MODEL, TP, CONFIG)
+#: The arrival-rate multiplier left before the knee (``knee_rps / rps_now``).
+CAPACITY_HEADROOM = "fleetlens_capacity_headroom_ratio"
+#: Requests per second the pool serves at its knee, all GPUs together.
+CAPACITY_KNEE_RPS = "fleetlens_capacity_knee_requests_per_second"
+#: Requests per second per GPU that meet every SLO (DistServe's goodput), ``at`` the knee or
+#: ``now``.
+CAPACITY_GOODPUT = "fleetlens_capacity_goodput_requests_per_second_per_gpu"
+GOODPUT_AT = "at"
+#: Memory-bandwidth and (prefill) compute utilisation, 0..1, over the pool's recent windows.
+CAPACITY_MBU = "fleetlens_capacity_mbu_ratio"
+CAPACITY_MFU = "fleetlens_capacity_mfu_ratio"
+
 __all__ = [
+    "CAPACITY_GOODPUT", "CAPACITY_HEADROOM", "CAPACITY_KNEE_RPS", "CAPACITY_MBU",
+    "CAPACITY_MFU", "CONFIG", "GOODPUT_AT", "GPU_MODEL", "POOL", "TP",
+
     "BASELINE_EXPECTED", "BASELINE_LOWER", "BASELINE_UPPER", "BUCKETS", "GPU_ENERGY", "HOST",
     "INCIDENT_INFO", "INCIDENT_PHASE_EXCESS", "INCIDENT_PHASE_SHARE", "INPUT_TOKENS",
     "J_PER_TOKEN", "KV_CACHE_USAGE", "LATENCY_HISTOGRAMS", "MODEL", "OPEN_INCIDENTS",
