@@ -13,11 +13,12 @@ import polars as pl
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
 from fleetlens.analytics.report import iso
 from fleetlens.pipeline.schema import columns as c
-from fleetlens.pipeline.terminal import cell, plain, table_width
+from fleetlens.pipeline.terminal import PIPED_WIDTH, cell, plain, table_width
 
 NS = 1_000_000_000
 
@@ -36,12 +37,41 @@ def _column(table: Table, name: str, **kwargs: object) -> None:
     table.add_column(name, overflow="fold", **kwargs)  # type: ignore[arg-type]
 
 
+#: Fewer columns than this per terminal column and a table is shown as one block per row:
+#: squeezed further, Rich would cut every cell to a letter and a dot.
+MIN_COLUMN_CHARS = 10
+
+
 def _render(table: Table) -> str:
     # The terminal's width, so a table wraps its long cells instead of running past the
     # right edge of an 80-column terminal; whole lines into a pipe (table_width).
     buffer = io.StringIO()
-    Console(file=buffer, width=table_width(), color_system=None).print(table)
+    console = Console(file=buffer, width=table_width(), color_system=None)
+    natural = console.measure(table, options=console.options.update_width(PIPED_WIDTH)).maximum
+    if natural > console.width and len(table.columns) * MIN_COLUMN_CHARS > console.width:
+        _print_blocks(console, table)
+    else:
+        console.print(table)
     return buffer.getvalue()
+
+
+def _print_blocks(console: Console, table: Table) -> None:
+    """Each row as its first cell, then ``header: value`` pairs wrapped to the width: every
+    value whole, however many columns the table has."""
+    headers = [str(column.header) for column in table.columns]
+    columns = [[c.plain if isinstance(c, Text) else str(c) for c in column.cells]
+               for column in table.columns]
+    for values in zip(*columns, strict=True):
+        pairs = [f"{h}: {v}" for h, v in zip(headers[1:], values[1:], strict=True) if v]
+        console.print(f"{headers[0]} {values[0]}", markup=False, highlight=False)
+        line = ""
+        for pair in pairs:  # a line holds whole pairs: "config:" never ends one
+            if line and len(line) + 2 + len(pair) > console.width - 2:
+                console.print(f"  {line}", markup=False, highlight=False, overflow="fold")
+                line = ""
+            line = f"{line}  {pair}" if line else pair
+        if line:
+            console.print(f"  {line}", markup=False, highlight=False, overflow="fold")
 
 
 def _key_column(table: Table, name: str) -> None:

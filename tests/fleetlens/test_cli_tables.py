@@ -102,3 +102,25 @@ def test_explain_lists_the_slowest_requests_by_what_they_are_sorted_on(root: Dat
     shown = [float(re.match(r"\s+ttft (\S+) s: ", line).group(1))  # type: ignore[union-attr]
              for line in section[1:]]
     assert shown == sorted(shown, reverse=True) == [0.9, 0.7, 0.5, 0.2], section
+
+
+def test_a_leaderboard_too_wide_for_the_terminal_is_a_block_per_row(tmp_path: Path) -> None:
+    """Thirteen columns do not fit 80: each configuration is a block of whole values, not a
+    table of cells cut to a letter and a dot; a wide terminal still gets the table."""
+    from tests.analytics.synthetic import FleetSpec, generate
+    from tests.analytics.synthetic_io import write_tables
+
+    data = DataDir(tmp_path / "data")
+    write_tables(generate(FleetSpec(hosts=2, gpus_per_host=1, duration_s=3600, seed=3), []),
+                 data)
+    models = pl.read_parquet(list(data.table_dir(t.REQUESTS).rglob("*.parquet")))[c.MODEL]
+    args = ("leaderboard", "--data-dir", str(data.root), "--samples", "10")
+    narrow = invoke(*args, columns=80)
+    table_part = narrow.split("best under SLA")[0].split("no configuration meets")[0]
+    assert max(len(line) for line in table_part.splitlines()) <= 80, narrow
+    assert "…" not in narrow, narrow
+    for model in models.unique():
+        assert f"model: {model}" in narrow, narrow
+    assert "tok/s/GPU: " in narrow and "J/token: " in narrow
+    wide = invoke(*args, columns=250)
+    assert "model: " not in wide and "tok/s/GPU" in wide, wide
