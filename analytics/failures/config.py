@@ -15,6 +15,10 @@ class FailureConfig:
     enabled: bool = True
     #: An engine is down once every scrape of it failed (``up`` = 0) for this long, s.
     down_after_s: float = 10.0
+    #: An engine whose every scrape failed since the agent first scraped it is starting (a
+    #: vLLM loads its model for 30-90 s, a 70B from remote storage for minutes), until this
+    #: long: then it never came up (a wrong URL, a crash at start), s.
+    never_up_after_s: float = 600.0
     #: An engine hangs once it has running requests and computed no new token for this long
     #: while its ``/metrics`` still answers, s.
     hang_after_s: float = 30.0
@@ -33,7 +37,8 @@ class FailureConfig:
 
     def validate(self) -> None:
         """Refuse settings no detector can work with."""
-        for name in ("down_after_s", "hang_after_s", "silent_after_s", "aftermath_s"):
+        for name in ("down_after_s", "never_up_after_s", "hang_after_s", "silent_after_s",
+                     "aftermath_s"):
             require(getattr(self, name) > 0, name, "must be positive")
         require(self.error_min_count >= 1, "error_min_count", "must be at least 1")
         require(0 < self.error_min_rate <= 1, "error_min_rate", "must be in (0, 1]")

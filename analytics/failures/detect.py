@@ -10,7 +10,14 @@ import polars as pl
 
 from fleetlens.analytics.failures.changes import absorb_restarts, config_changes
 from fleetlens.analytics.failures.config import FailureConfig
-from fleetlens.analytics.failures.engines import down, engine_frame, hangs, per_host, restarts
+from fleetlens.analytics.failures.engines import (
+    down,
+    engine_frame,
+    hangs,
+    never_up,
+    per_host,
+    restarts,
+)
 from fleetlens.analytics.failures.errors import error_windows, request_errors
 from fleetlens.analytics.failures.findings import Finding, cause_rows, to_tables
 from fleetlens.analytics.failures.gpus import absorb_engines, gpu_faults
@@ -65,7 +72,8 @@ def detect_failures(tables: Tables, cfg: FailureConfig, window_s: int) -> list[F
         gpus_of.setdefault(inst, set()).add(gpu)
     faults = _gpu_faults(tables, instances, gpus_of, together, engine)
     found = [*faults, *absorb_engines(faults, per_host(
-        [*down(engine, instances, cfg), *hangs(engine, instances, cfg)], together), gpus_of,
+        [*down(engine, instances, cfg), *never_up(engine, instances, cfg),
+         *hangs(engine, instances, cfg)], together), gpus_of,
         together)]
     found += silences(presence(tables.gpu_samples, tables.engine_samples), tables.requests,
                       _services(tables.requests, c.HOST_NAME), cfg)

@@ -5,7 +5,8 @@
   (``unresponsive``: the port took the connection and the process never answered, as a
   stopped or stuck process does) it is a hang, not a crash (a refused connection). Failed
   scrapes before the engine's first good one are an engine starting (a vLLM answers 30-90 s
-  after its process starts, and an agent may start first), not a failure.
+  after its process starts, and an agent may start first), not a failure, until
+  ``never_up_after_s``: then it never came up (:func:`never_up`).
 * hang: ``/metrics`` answers, requests are running, and neither a prompt nor a generated
   token was computed for ``hang_after_s``; it starts at the last progress.
 * restart: the process start time changed; it starts at the new process' start.
@@ -81,6 +82,35 @@ def down(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig) -> l
             f"engine {row[c.INSTANCE_ID]} {what}" + (" (still)" if ongoing else ""),
             evidence={"failed_scrapes": row["_scrapes"], "down_s": seconds, "ongoing": ongoing,
                       "timed_out_share": row["_timeouts"], c.INSTANCE_ID: row[c.INSTANCE_ID]}))
+    return out
+
+
+def never_up(frame: pl.DataFrame, services: dict[str, str], cfg: FailureConfig
+             ) -> list[Finding]:
+    """Engines no scrape ever reached, from the agent's first scrape of them for
+    ``never_up_after_s`` or more: not starting any more, never up (:func:`down` leaves
+    failed scrapes before the first good one out). It starts at the first scrape."""
+    spans = (frame.group_by(c.INSTANCE_ID)
+             .agg(pl.col(c.HOST_NAME).first(), pl.col(c.MODEL).max(),
+                  pl.col(c.TS_NS).min().alias("_start"), pl.col(c.TS_NS).max().alias("_last"),
+                  pl.len().alias("_scrapes"), (pl.col(c.UP) == 1).any().alias("_was_up"),
+                  pl.col(c.UP).is_not_null().any().alias("_known"))
+             .filter(~pl.col("_was_up") & pl.col("_known")
+                     & (pl.col("_last") - pl.col("_start") >= int(cfg.never_up_after_s * NS)))
+             .sort("_start", c.INSTANCE_ID))
+    out = []
+    for row in spans.iter_rows(named=True):
+        label = _label(row, services)
+        seconds = (row["_last"] - row["_start"]) / NS
+        out.append(Finding(
+            Cause.ENGINE_DOWN, label["subject"], label["service"], label["model"],
+            label["host"], row["_start"], row["_last"],
+            row["_start"] + int(cfg.never_up_after_s * NS), c.UP, 0.0, 1.0,
+            f"engine {row[c.INSTANCE_ID]} never came up: none of {row['_scrapes']} scrapes "
+            f"over {seconds:.0f} s answered, from its first in the data analysed (a wrong "
+            "URL, a crash at start, or down since before that data)",
+            evidence={"never_up": True, "failed_scrapes": row["_scrapes"], "down_s": seconds,
+                      "ongoing": True, c.INSTANCE_ID: row[c.INSTANCE_ID]}))
     return out
 
 

@@ -342,3 +342,23 @@ def test_a_webhook_says_what_failed_not_a_ratio_of_a_band() -> None:
     latency = summary({"incident": {**incident, c.DETECTOR: "band", c.METRIC: "ttft_p99_s",
                                     c.PEAK: 2.0}, "causes": [cause]})
     assert "x2.0 the expected value" in latency
+
+
+def test_an_engine_that_never_answered_is_down_once_it_is_too_long_to_be_starting() -> None:
+    # issue 30: "starting" hid an engine the agent never reached (a wrong URL) for ever
+    from fleetlens.analytics.failures.engines import engine_frame, never_up
+
+    def scraped(seconds: int, up: float = 0.0):
+        return engine_frame(pl.DataFrame({
+            c.TS_NS: [T + i * 10 * NS for i in range(seconds // 10 + 1)], c.HOST_NAME: "h1",
+            c.INSTANCE_ID: "h1/e", c.MODEL: "m", c.UP: up}).lazy())
+
+    cfg = FailureConfig()
+    assert never_up(scraped(300), {}, cfg) == []  # five minutes: still loading, maybe
+    assert never_up(scraped(1200, up=1.0), {}, cfg) == []
+    (lost,) = never_up(scraped(1200), {"h1/e": "chat"}, cfg)
+    assert (lost.cause, lost.subject, lost.service) == ("engine_down", "instance_id=h1/e",
+                                                        "chat")
+    assert (lost.start_ns, lost.end_ns) == (T, T + 1200 * NS)
+    assert lost.detected_ns == T + int(cfg.never_up_after_s * NS)
+    assert "never came up" in lost.summary and lost.evidence["never_up"]
