@@ -14,7 +14,8 @@ def test_contract_names_are_exact() -> None:
     assert list(TABLES) == [
         "spans", "metric_points", "log_records", "requests", "gpu_samples", "engine_samples",
         "windows", "request_energy", "baselines", "incidents", "causes", "incident_phases",
-        "incident_dimensions", "incident_periods", "gpu_window_energy", "instance_gpus", "gpu_slot_energy", "engine_configs", "gpu_health",
+        "incident_dimensions", "incident_periods", "gpu_window_energy", "instance_gpus",
+        "gpu_slot_energy", "engine_configs", "gpu_health",
         "slo_windows", "slo_status", "slo_burn_rates", "slo_alerts",
         "capacity", "capacity_windows", "capacity_curve",
     ]
