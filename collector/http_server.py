@@ -38,6 +38,7 @@ import h11
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.errors import Overloaded, TooLarge
 from fleetlens.collector.http_body import MAX_HEAD_LINES, TooManyHeaders, check_head_lines
+from fleetlens.collector.http_listen import listen, tls_context
 from fleetlens.collector.http_otlp import Headers, Plan, Reply, error_reply, export, plan
 from fleetlens.collector.ingest import Ingest
 from fleetlens.collector.telemetry import log
@@ -355,48 +356,14 @@ class HttpServer:
             return
 
 
-def _tls_context(config: CollectorConfig) -> ssl.SSLContext | None:
-    tls = config.tls
-    if not tls.enabled:
-        return None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
-        if tls.client_ca_file:
-            context.load_verify_locations(tls.client_ca_file)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise RuntimeError(f"cannot load TLS certificates for OTLP/HTTP: {exc}") from None
-    return context
-
-
-def _listen(address: str) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    family, kind, proto, _, where = socket.getaddrinfo(host, int(port),
-                                                      type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(where)
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
 def start_http(config: CollectorConfig, ingest: Ingest, fd_cap: int | None = None) -> HttpServer:
     """Start the OTLP/HTTP server on ``config.http_address`` in a background thread.
 
     ``fd_cap``: descriptors its connections (refusals included) may hold at most.
     """
-    tls = _tls_context(config)
+    tls = tls_context(config)
     try:
-        sock = _listen(config.http_address)
+        sock = listen(config.http_address)
     except OSError as exc:
         raise RuntimeError(f"cannot listen for OTLP/HTTP on {config.http_address}: {exc}") from None
     server = HttpServer(config, ingest, tls, fd_cap)
