@@ -127,7 +127,9 @@ def capacity(points: pl.LazyFrame, requests: pl.LazyFrame, config: AnalyticsConf
              ) -> CapacityTables:
     """Stage: capacity_windows (+ requests) -> capacity, capacity_curve, capacity_windows."""
     cap = config.capacity
-    frame = points.collect()
+    # One order whatever order the files were read in (an s3:// and a local copy of the same
+    # data listed them differently): the fits' sums and the bootstrap's draws follow it.
+    frame = points.collect().sort(c.WINDOW_START_NS, c.HOST_NAME, c.INSTANCE_ID)
     if frame.is_empty():
         return CapacityTables(t.table(t.CAPACITY).empty(), t.table(t.CAPACITY_CURVE).empty(),
                               t.table(t.CAPACITY_WINDOWS).empty())
