@@ -22,6 +22,14 @@ def shared_file(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-xdist's workers run with ``COLUMNS=80`` where a plain run has none, and the
+    CLI lays tables out for ``$COLUMNS`` (pipeline.terminal.table_width): each test starts
+    without it, as under a plain run; a test that wants a width sets it."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path):
     """An empty fleetlens data directory."""
