@@ -4,6 +4,11 @@ Always on and cheap: one vectorised pass over all series with ``.over(series)``.
 window is excluded from its own baseline (``shift(1)``) so a spike cannot raise the bar it is
 judged against. The band is ``expected +- max(k x 1.4826 x MAD, min_rel x |expected|)``
 (the IQR / 1.349 stands in for the MAD's sigma in the first windows, before it exists).
+
+No blind warm-up (issue 30): a series with fewer than ``rolling_min_windows`` clean windows
+but at least ``warmup_min_windows`` is judged against a warm-up band, the same statistics
+over the few windows it has with a wider floor (``warmup_band_min_rel``): a fresh install or
+a new service detects a surge in its first minutes, not after 20 of them.
 """
 
 from __future__ import annotations
@@ -40,11 +45,15 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
     :func:`analytics.detect.incident_windows`). Output grain: unchanged (one row per series
     and window), with ``expected, lower, upper, method`` and :data:`EXCLUDED` added.
     Invariants: row count unchanged; ``lower <= expected <= upper`` where ``expected`` is
-    not null; ``expected`` is null until a series has ``rolling_min_windows`` earlier (not
-    excluded) windows; an excluded window is still judged against the band of the clean
-    windows before it.
+    not null; ``expected`` is null until a series has ``warmup_min_windows`` earlier (not
+    excluded) windows (``rolling_min_windows`` without a warm-up), and until it has
+    ``rolling_min_windows`` the band is the warm-up band (its floor
+    ``warmup_band_min_rel``); an excluded window is still judged against the band of the
+    clean windows before it.
     """
     n, m = config.rolling_windows, config.rolling_min_windows
+    # Warm-up statistics from w windows on (w = m: none), used only until a series has m.
+    w = min(m, config.warmup_min_windows or m)
     # Row order is restored at the end (joins need not keep it).
     frame = series.lazy().sort(c.SERIES, c.TS_NS).with_row_index("_row")
     if exclude is not None and exclude.height:
@@ -76,7 +85,13 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
         (value.rolling_quantile(config.band_quantile, "linear", n, min_samples=m)
          if config.band_quantile is not None else pl.lit(None, pl.Float64))
         .over(c.SERIES).alias("_high"),
-    ).sort("_stats_ts")
+    )
+    if w < m:
+        stats = stats.join(_warmup_stats(clean, w, m), on=[c.SERIES, "_stats_ts"], how="left")
+    else:
+        stats = stats.with_columns(pl.lit(None, pl.Float64).alias("_warm_median"),
+                                   pl.lit(None, pl.Float64).alias("_warm_sigma"))
+    stats = stats.sort("_stats_ts")
     joined = frame.sort(c.TS_NS).join_asof(
         stats, left_on=c.TS_NS, right_on="_stats_ts", by=c.SERIES, strategy="backward",
         allow_exact_matches=False, check_sortedness=False,  # both sorted by ts just above
@@ -84,8 +99,22 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
     sigma = pl.coalesce("_mad_sigma", "_iqr_sigma")
     # No sigma yet (too little history): no band, so no judgement, rather than a floor-only
     # band that would flag ordinary noise.
-    half = pl.when(sigma.is_not_null() & pl.col("_median").is_not_null()).then(
-        pl.max_horizontal(sigma * config.band_k, pl.col("_median").abs() * config.band_min_rel))
+    mature = sigma.is_not_null() & pl.col("_median").is_not_null()
+    # Before m windows, the warm-up statistics: the same band over fewer windows, its floor
+    # wider (a few windows' median is a rougher estimate, and a fresh engine's caches warm).
+    warm = ~mature & pl.col("_warm_median").is_not_null() & pl.col("_warm_sigma").is_not_null()
+    joined = joined.with_columns(
+        pl.when(warm).then("_warm_median").otherwise("_median").alias("_median"),
+        # no usual high yet: a few windows cannot say what the series reaches regularly
+        pl.when(~warm).then("_high").alias("_high"),
+        pl.when(mature).then(pl.max_horizontal(
+            sigma * config.band_k, pl.col("_median").abs() * config.band_min_rel))
+        .when(warm).then(pl.max_horizontal(
+            pl.col("_warm_sigma") * config.band_k,
+            pl.col("_warm_median").abs() * config.warmup_band_min_rel))
+        .alias("_half"),
+    )
+    half = pl.col("_half")
     # A value the series reached often in its look-back is no breach, however far from the
     # median: bursty (bimodal) series, e.g. a replayed trace's micro-bursts lifting a p99
     # every few minutes, get an upper bound above their own usual highs.
@@ -100,7 +129,34 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
         .alias(c.UPPER),
         pl.lit(METHOD_ROLLING).alias(c.METHOD),
         (pl.col(c.EXPECTED) + pl.col("_half")).alias(UPPER_SPREAD),
-    ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma", "_high")
+    ).drop("_half", "_row", "_stats_ts", "_median", "_mad_sigma", "_iqr_sigma", "_high",
+           "_warm_median", "_warm_sigma")
+
+
+def _warmup_stats(clean: pl.LazyFrame, w: int, m: int) -> pl.LazyFrame:
+    """The warm-up statistics of each clean window of a series with fewer than ``m`` (and at
+    least ``w``) clean windows up to it: the median of them and its MAD as a sigma,
+    ``(series, _stats_ts, _warm_median, _warm_sigma)``.
+
+    The MAD about the windows' own median, not the IQR: over eight windows of which three
+    are a surge the IQR already spans the surge and the band swallows it from its third
+    window (no incident: three windows in a row are needed), the MAD does not until half
+    are. Few rows a series (under ``m``), so each young window meets its earlier ones in a
+    self-join rather than a rolling MAD.
+    """
+    young = (clean.select(c.SERIES, c.TS_NS, c.VALUE)
+             .with_columns(pl.int_range(pl.len()).over(c.SERIES).alias("_i"))
+             .filter(pl.col("_i") < m - 1))
+    pairs = (young.select(c.SERIES, "_i", pl.col(c.TS_NS).alias("_stats_ts"))
+             .join(young.select(c.SERIES, pl.col("_i").alias("_j"), c.VALUE), on=c.SERIES)
+             .filter(pl.col("_j") <= pl.col("_i")))
+    median = pl.col(c.VALUE).median().over(c.SERIES, "_i")
+    return (pairs.with_columns(median.alias("_warm_median"))
+            .group_by(c.SERIES, "_stats_ts")
+            .agg(pl.col("_warm_median").first(),
+                 ((pl.col(c.VALUE) - pl.col("_warm_median")).abs().median() * MAD_TO_SIGMA)
+                 .alias("_warm_sigma"), pl.len().alias("_n"))
+            .filter(pl.col("_n") >= w).drop("_n"))
 
 
 def to_baselines_table(frame: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:

@@ -115,6 +115,13 @@ class AnalyticsConfig:
     rolling_windows: int = 60
     #: Fewest earlier windows before a series gets a band (no band, no breach).
     rolling_min_windows: int = 20
+    #: No blind warm-up: from this many earlier windows (until ``rolling_min_windows``) a
+    #: series is judged against a warm-up band over the windows it has (None: not before
+    #: ``rolling_min_windows``; analytics.baselines).
+    warmup_min_windows: int | None = 5
+    #: ... whose half-width is at least this share of its expected value (a few windows'
+    #: median is rough, and a fresh engine's caches are still warming).
+    warmup_band_min_rel: float = 0.3
     #: Band half-width in robust standard deviations (1.4826 x MAD).
     band_k: float = 4.0
     #: Band half-width at least this share of the expected value (flat series stay quiet).
@@ -223,6 +230,10 @@ class AnalyticsConfig:
         require(self.rolling_windows >= 3, "rolling_windows", "must be at least 3")
         require(1 <= self.rolling_min_windows <= self.rolling_windows, "rolling_min_windows",
                 "must be between 1 and rolling_windows")
+        require(self.warmup_min_windows is None
+                or 2 <= self.warmup_min_windows <= self.rolling_min_windows,
+                "warmup_min_windows", "must be between 2 and rolling_min_windows (or unset)")
+        require(self.warmup_band_min_rel >= 0, "warmup_band_min_rel", "must not be negative")
         require(self.band_k > 0, "band_k", "must be positive")
         require(self.band_min_rel >= 0, "band_min_rel", "must not be negative")
         require(self.demand_ratio is None or self.demand_ratio > 1, "demand_ratio",

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from fleetlens.analytics.baselines import rolling_baseline, to_baselines_table
+from fleetlens.analytics.detect import band_breaches
 from fleetlens.analytics.series import request_series, window_series
 from fleetlens.pipeline.schema import FLEET_WIDE, validate
 from fleetlens.pipeline.schema import columns as c
@@ -106,8 +107,12 @@ def test_a_level_the_series_reaches_regularly_is_not_a_breach(config) -> None:
     cfg = dataclasses.replace(config, rolling_windows=30, rolling_min_windows=10)
     values = [0.045 if i % 6 == 0 else 0.011 for i in range(60)]
     out = rolling_baseline(_frame(values), cfg).collect()
-    judged = out.filter(pl.col(c.UPPER).is_not_null())
+    judged = out.filter(pl.col(c.UPPER).is_not_null()).slice(cfg.rolling_min_windows
+                                                             - cfg.warmup_min_windows)
     assert (judged[c.VALUE] <= judged[c.UPPER]).all()
+    # the warm-up band (windows 5-9) cannot know the level is usual yet: a lone burst
+    # crosses it, never the `consecutive` windows an anomaly needs
+    assert band_breaches(out, cfg, 60).collect().is_empty()
     # without the quantile floor the MAD band flags every burst
     mad_only = rolling_baseline(_frame(values), dataclasses.replace(cfg, band_quantile=None))
     mad_only = mad_only.collect().filter(pl.col(c.UPPER).is_not_null())
@@ -115,3 +120,38 @@ def test_a_level_the_series_reaches_regularly_is_not_a_breach(config) -> None:
     # and a real step far above the usual highs still breaches
     stepped = rolling_baseline(_frame([*values, 0.2]), cfg).collect().row(-1, named=True)
     assert stepped[c.VALUE] > stepped[c.UPPER]
+
+
+def test_a_young_series_is_judged_from_its_warmup_windows(config) -> None:
+    """Issue 30, no blind warm-up: with the defaults (20 windows for the band) a series
+    five windows old had no band, so a surge in a fresh install's 6th minute was never
+    judged; now it is judged against the warm-up band (floor ``warmup_band_min_rel``)."""
+    values = [1.0, 1.02, 0.98, 1.01, 0.99, 2.0, 2.1, 2.0] + [1.0] * 30
+    out = rolling_baseline(_frame(values), config).collect()
+    assert out[c.UPPER][:5].is_null().all()
+    assert out[c.EXPECTED][5] == pytest.approx(1.0, abs=0.02)
+    assert out[c.UPPER][5] == pytest.approx(1.0 * 1.3, abs=0.05)
+    assert (out[c.VALUE][5:8] > out[c.UPPER][5:8]).all()
+    no_warmup = rolling_baseline(_frame(values),
+                                 dataclasses.replace(config, warmup_min_windows=None)).collect()
+    assert no_warmup[c.UPPER][:config.rolling_min_windows].is_null().all()
+
+
+def test_the_warmup_band_leaves_a_mature_band_as_it_was(config) -> None:
+    rng = np.random.default_rng(3)
+    values = list(1.0 + rng.normal(0, 0.05, 90))
+    warm = rolling_baseline(_frame(values), config).collect()
+    cold = rolling_baseline(_frame(values),
+                            dataclasses.replace(config, warmup_min_windows=None)).collect()
+    m = config.rolling_min_windows
+    assert warm[c.UPPER][m:].to_list() == cold[c.UPPER][m:].to_list()
+    # the warm-up band's floor is wider than the mature band's
+    assert (warm[c.UPPER][5:m] - warm[c.EXPECTED][5:m]
+            >= config.warmup_band_min_rel * warm[c.EXPECTED][5:m] - 1e-9).all()
+
+
+def test_warmup_settings_are_validated(config) -> None:
+    with pytest.raises(ValueError, match="warmup_min_windows"):
+        dataclasses.replace(config, warmup_min_windows=1).validate()
+    with pytest.raises(ValueError, match="warmup_min_windows"):
+        dataclasses.replace(config, warmup_min_windows=config.rolling_min_windows + 1).validate()
