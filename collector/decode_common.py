@@ -25,7 +25,7 @@ MAX_DEPTH = 16
 MAX_MESSAGES = 5
 #: Bucket that takes new service/host names once the per-window cap is reached.
 OVERFLOW_NAME = "__overflow__"
-BYTES_KEY = "bytes_b64"
+BYTES_KEY = a.ANY_VALUE_BYTES_KEY
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 # The C encoder built once: JSONEncoder.encode builds it anew on every call (about 0.8 us, a

@@ -52,6 +52,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Serve derived signals (latency, J/token, incidents) for Prometheus."),
     "leaderboard": ("fleetlens.analytics.cli:leaderboard",
                     "Rank model/GPU/config: latency, tok/s, J/token."),
+    "traces": ("fleetlens.analytics.traces.cli:traces",
+               "Search requests and traces (filters, sort, pages); export one as OTLP/JSON."),
 }
 
 #: Set (to anything but empty) to see the traceback behind a one-line error.

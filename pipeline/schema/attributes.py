@@ -61,6 +61,10 @@ FLEETLENS_INSTANCE_ID = "fleetlens.instance_id"
 FLEETLENS_GPU_UUIDS = "fleetlens.gpu_uuids"  # comma-separated GPUs serving an instance
 SERVER_ADDRESS = "server.address"  # gateway span: the host the request was routed to
 
+#: How a stored attribute map writes an OTLP ``bytesValue``: ``{"bytes_b64": base64}`` (the
+#: collector writes it, the OTLP/JSON export reads it back).
+ANY_VALUE_BYTES_KEY = "bytes_b64"
+
 #: gen_ai.* span attributes promoted to typed columns of ``spans``: key -> (column, dtype
 #: name, see ``tables.I64``). The collector stores them in these columns and leaves them out of
 #: the JSON attribute map. ``PROMOTED_SPAN_ATTRIBUTES`` is the same with Polars dtypes.

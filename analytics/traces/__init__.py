@@ -1,0 +1,13 @@
+"""Post-incident trace analysis (issue 35): find the requests worth opening and hand their
+traces to other tools.
+
+- :mod:`~analytics.traces.query`: what a search asks for (:class:`TraceQuery`) and the
+  parsers of its command-line forms.
+- :mod:`~analytics.traces.search`: the search over ``requests`` (and ``spans`` for attribute
+  filters), sorted and paged.
+- :mod:`~analytics.traces.lookup`: one trace's spans by trace or request id.
+- :mod:`~analytics.traces.otlp_export`: spans as OTLP/JSON (Jaeger, Tempo, any collector).
+- :mod:`~analytics.traces.cli`: ``fleetlens traces`` and ``fleetlens traces export``.
+
+Everything here reads; nothing is stored. The dashboard renders what these functions return.
+"""
