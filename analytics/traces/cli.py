@@ -75,6 +75,16 @@ def page_note(total: int, offset: int, shown: int) -> str:
     return note
 
 
+def _time(text: str | None, flag: str) -> int | None:
+    """``--since``/``--until`` in the one time grammar, a bad one as a one-line error."""
+    if not text:
+        return None
+    try:
+        return parse_since(text)
+    except click.BadParameter as exc:
+        raise SearchError(f"{flag} {text!r}: {exc.message}") from None
+
+
 def _many(help_text: str, *names: str) -> click.Option:  # type: ignore[valid-type]
     return click.option(*names, multiple=True, help=help_text + " (repeat for any of several).")
 
@@ -133,8 +143,7 @@ def traces(ctx: click.Context, data_dir: str | None, config_file: str | None,
     try:
         column, descending = parse_sort(sort)
         query = TraceQuery(
-            start_ns=parse_since(since) if since else None,
-            end_ns=parse_since(until) if until else None,
+            start_ns=_time(since, "--since"), end_ns=_time(until, "--until"),
             services=services, models=models, hosts=hosts, instances=instances, gpus=gpus,
             gpu_models=gpu_models, regions=regions, finish_reasons=finish_reasons,
             error=error,
