@@ -43,6 +43,8 @@ SPECIFIC: dict[str, list[list[str]]] = {
     "pipeline": [["--data-dir", "{data}", "--window-s", "7"],
                  ["--data-dir", "{data}", "--follow", "--interval", "-1"]],
     "analyze": [["--data-dir", "{data}", "--follow", "--interval", "-1"]],
+    "traces": [["--data-dir", "{data}", "--min", "e2e_s"], ["--data-dir", "{data}", "--region",
+               "eu"], ["export", "no-such-request", "--data-dir", "{data}"]],
 }
 
 
