@@ -26,6 +26,7 @@ from fleetlens.analytics.confirm import withhold_unsupported
 from fleetlens.analytics.detect import detect, incident_windows
 from fleetlens.analytics.failures.detect import (
     Finding,
+    absorb_throttles,
     detect_failures,
     link_cascades,
     outage_periods,
@@ -231,6 +232,8 @@ def with_failures(tables: Tables, incidents: pl.DataFrame, causes: pl.DataFrame,
     if not findings:
         return incidents, causes
     causes = link_cascades(incidents, causes, findings, config.failures, window_s)
+    # a GPU's thermal warning an incident already names as its throttle is part of it
+    findings, causes = absorb_throttles(incidents, causes, findings, window_s)
     failed, failed_causes = to_tables(findings)
     return (pl.concat([incidents, failed], how="vertical_relaxed").sort(c.START_NS,
                                                                         c.INCIDENT_ID),

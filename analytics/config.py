@@ -16,7 +16,8 @@ from fleetlens.pipeline.schema.settings import ConfigError, require
 _WINDOW_METRICS = (
     "ttft", "tpot", "e2e", "queue", "prefill", "decode", "network",
 )
-_SEVERITIES = ("minor", "major", "critical")
+#: Incident severities, least first (a failure detector's "warning": no latency moved yet).
+_SEVERITIES = ("warning", "minor", "major", "critical")
 
 
 def _default_weights() -> dict[str, float]:

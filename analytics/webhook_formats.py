@@ -51,7 +51,9 @@ SLO_ALERT_NAME = "FleetlensSLOBurnRate"
 #: ``detector`` of an SLO alert's incident-shaped row, and its snapshot's ``type``.
 SLO_DETECTOR = "slo_burn_rate"
 SLO_ALERT_TYPE = "fleetlens.slo_alert"
-_PD_SEVERITY = {"minor": "warning", "major": "error", "critical": "critical",
+#: PagerDuty's four severities for ours; a warning (a hot GPU, nothing failed) is "info",
+#: below a minor incident's "warning".
+_PD_SEVERITY = {"warning": "info", "minor": "warning", "major": "error", "critical": "critical",
                 "page": "critical", "ticket": "warning"}
 _ANY = "*"
 

@@ -27,7 +27,8 @@ NS = 1_000_000_000
 TITLES = {Cause.ENGINE_DOWN: "Engine down", Cause.ENGINE_HANG: "Engine hung",
           Cause.ENGINE_RESTART: "Engine restarted", Cause.HOST_DOWN: "Host down",
           Cause.TELEMETRY_GAP: "Telemetry gap", Cause.REQUEST_ERRORS: "Requests failing",
-          Cause.GPU_FAULT: "GPU fault", Cause.CONFIG_CHANGE: "Configuration changed"}
+          Cause.GPU_FAULT: "GPU fault", Cause.CONFIG_CHANGE: "Configuration changed",
+          Cause.THERMAL_THROTTLE: "GPU throttling by heat"}
 #: Evidence keys analytics writes, as a reader says them (unknown keys are shown as named).
 LABELS = {"failed_scrapes": "scrapes failed in a row", "down_s": "down for",
           "ongoing": "still going at the newest data", c.INSTANCE_ID: "engine",
@@ -37,7 +38,11 @@ LABELS = {"failed_scrapes": "scrapes failed in a row", "down_s": "down for",
           "silent_s": "silent for", "requests_served_meanwhile": "requests served meanwhile",
           "last_report_ns": "last report (UTC)", "previous_start_s": "previous process start",
           "start_s": "new process start", "running": "running requests",
-          "stalled_s": "no new token for"}
+          "stalled_s": "no new token for", "throttled_s": "throttled for",
+          "peak_temp_c": "peak temperature (C)", c.SM_CLOCK_MHZ: "SM clock while hot (MHz)",
+          "sm_clock_before_mhz": "SM clock before (MHz)", "clock_drop": "clock lost",
+          "thermal_share": "share of samples throttled", "reasons": "clock-event reasons",
+          c.GPU_UUID: "GPU", "gpus": "GPUs"}
 #: Evidence values in seconds since the epoch (the rest of ``*_s`` are durations).
 EPOCH_KEYS = frozenset({"previous_start_s", "start_s"})
 

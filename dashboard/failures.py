@@ -14,16 +14,18 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from fleetlens.analytics.failures.findings import DETECTOR_PREFIX, FINDING_CAUSES
 from fleetlens.dashboard.filters import Filters, table_columns, where
 from fleetlens.dashboard.queries import run
-from fleetlens.pipeline.schema import FAILURE_CAUSES
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
 NS = 1_000_000_000
-#: How analytics names its failure detectors in `incidents` (``failure:<cause>``).
-FAILURE_DETECTOR_PREFIX = "failure:"
-FAILURE_DETECTORS = sorted(FAILURE_DETECTOR_PREFIX + cause for cause in FAILURE_CAUSES)
+#: How analytics names its failure detectors in `incidents` (``failure:<cause>``): the
+#: failures and the hardware warnings (a GPU throttling by heat), which have no latency
+#: analysis either.
+FAILURE_DETECTOR_PREFIX = DETECTOR_PREFIX
+FAILURE_DETECTORS = sorted(FAILURE_DETECTOR_PREFIX + cause for cause in FINDING_CAUSES)
 #: The key of a cause row's evidence that names the failure incident it stands for.
 FAILURE_KEY = "failure_incident_id"
 #: A gap between two scrapes of an engine longer than this many usual gaps (and at least

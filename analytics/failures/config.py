@@ -9,7 +9,7 @@ from fleetlens.pipeline.schema.settings import require
 
 @dataclass(frozen=True)
 class FailureConfig:
-    """When an absence, a stall, a restart or failing requests become an incident."""
+    """When an absence, a stall, a restart, failing requests or a hot GPU become an incident."""
 
     #: Run the failure detectors at all.
     enabled: bool = True
@@ -34,11 +34,17 @@ class FailureConfig:
     #: (or service) that starts within this long after it names it as its first cause, s.
     #: Other failures are suspects while they last and two windows after.
     aftermath_s: float = 300.0
+    #: A GPU whose thermal clock-event reasons (NVML/DCGM SW or HW thermal slowdown, HW
+    #: slowdown) stayed set for this long is a hardware warning, whatever the latency did, s.
+    #: One hot sample is the driver doing its job; a minute of them is cooling that cannot
+    #: keep up (a failed fan, a hot aisle) and a slowdown waiting for load. The power cap
+    #: (0x4), set at full load on a healthy GPU, never counts.
+    throttle_after_s: float = 60.0
 
     def validate(self) -> None:
         """Refuse settings no detector can work with."""
         for name in ("down_after_s", "never_up_after_s", "hang_after_s", "silent_after_s",
-                     "aftermath_s"):
+                     "aftermath_s", "throttle_after_s"):
             require(getattr(self, name) > 0, name, "must be positive")
         require(self.error_min_count >= 1, "error_min_count", "must be at least 1")
         require(0 < self.error_min_rate <= 1, "error_min_rate", "must be in (0, 1]")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from fleetlens.analytics.failures.absorb import absorb_throttles
 from fleetlens.analytics.failures.changes import absorb_restarts, config_changes
 from fleetlens.analytics.failures.config import FailureConfig
 from fleetlens.analytics.failures.engines import (
@@ -22,6 +23,7 @@ from fleetlens.analytics.failures.errors import error_windows, request_errors
 from fleetlens.analytics.failures.findings import Finding, cause_rows, to_tables
 from fleetlens.analytics.failures.gpus import absorb_engines, gpu_faults
 from fleetlens.analytics.failures.hosts import presence, silences
+from fleetlens.analytics.failures.throttles import thermal_throttles
 from fleetlens.pipeline.normalize import SOURCE_GATEWAY
 from fleetlens.pipeline.schema import FLEET_WIDE, Cause
 from fleetlens.pipeline.schema import columns as c
@@ -29,8 +31,8 @@ from fleetlens.pipeline.schema import columns as c
 if TYPE_CHECKING:  # analytics.config imports this package's config: no import cycle at run time
     from fleetlens.analytics.attribution import Tables
 
-__all__ = ["FailureConfig", "Finding", "detect_failures", "link_cascades", "outage_periods",
-           "to_tables"]
+__all__ = ["FailureConfig", "Finding", "absorb_throttles", "detect_failures", "link_cascades",
+           "outage_periods", "to_tables"]
 
 NS = 1_000_000_000
 #: Failures whose effect on latency is their own (the failure, not the load, slowed things).
@@ -39,7 +41,8 @@ _CASCADING = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.ENGINE_RESTA
                         Cause.CONFIG_CHANGE})
 
 
-#: Failures during which a service served less than its demand: no baseline period.
+#: Failures during which a service served less than its demand: no baseline period. Not a
+#: thermal throttle: a hot GPU still serves, and its slower hours are history to learn from.
 _OUTAGES = frozenset({Cause.ENGINE_DOWN, Cause.ENGINE_HANG, Cause.ENGINE_RESTART,
                       Cause.HOST_DOWN, Cause.GPU_FAULT})
 
@@ -70,7 +73,9 @@ def detect_failures(tables: Tables, cfg: FailureConfig, window_s: int) -> list[F
     gpus_of: dict[str, set[str]] = {}
     for inst, gpu in tables.instance_gpus.select(c.INSTANCE_ID, c.GPU_UUID).iter_rows():
         gpus_of.setdefault(inst, set()).add(gpu)
-    faults = _gpu_faults(tables, instances, gpus_of, together, engine)
+    services = {gpu: instances[inst] for inst, gpus in gpus_of.items() if inst in instances
+                for gpu in gpus}
+    faults = _gpu_faults(tables, services, together, engine)
     found = [*faults, *absorb_engines(faults, per_host(
         [*down(engine, instances, cfg), *never_up(engine, instances, cfg),
          *hangs(engine, instances, cfg)], together), gpus_of,
@@ -83,19 +88,18 @@ def detect_failures(tables: Tables, cfg: FailureConfig, window_s: int) -> list[F
     found += absorb_restarts(changed, per_host(restarts(engine, instances, cfg), together),
                              together)
     found += request_errors(error_windows(tables.requests, window_s), found, window_s, cfg)
+    found += thermal_throttles(tables.gpu_samples, services, together, cfg)
     unique = {f.incident_id: f for f in found}  # one finding per incident
     return sorted(unique.values(), key=lambda f: (f.start_ns, f.cause, f.subject))
 
 
-def _gpu_faults(tables: Tables, instances: dict[str, str], gpus_of: dict[str, set[str]],
-                together: int, engine: pl.DataFrame) -> list[Finding]:
+def _gpu_faults(tables: Tables, services: dict[str, str], together: int,
+                engine: pl.DataFrame) -> list[Finding]:
     if tables.gpu_health is None:
         return []
     health = tables.gpu_health.collect()
     if health.is_empty():
         return []
-    services = {gpu: instances[inst] for inst, gpus in gpus_of.items() if inst in instances
-                for gpu in gpus}
     last = max(int(health.get_column(c.TS_NS).max()),
                int(engine.get_column(c.TS_NS).max() or 0) if engine.height else 0)
     return gpu_faults(health, services, together, last)

@@ -23,10 +23,13 @@ DETECTOR_PREFIX = "failure:"
 #: Levels (the `incidents` extra column) of failure incidents.
 LEVEL_INSTANCE, LEVEL_HOST, LEVEL_SERVICE = "instance", "host", "service"
 #: How bad each failure is: a lost engine or host is critical; a restart (the engine came
-#: back) and a telemetry gap (the service runs, fleetlens is blind) are minor.
+#: back) and a telemetry gap (the service runs, fleetlens is blind) are minor; a GPU
+#: throttling by heat is a warning (below minor): nothing failed and no latency moved yet.
 SEVERITY = {"engine_down": "critical", "engine_hang": "critical", "host_down": "critical",
             "gpu_fault": "critical", "request_errors": "major", "config_change": "minor",
-            "engine_restart": "minor", "telemetry_gap": "minor"}
+            "engine_restart": "minor", "telemetry_gap": "minor", "thermal_throttle": "warning"}
+#: The causes the failure detectors report, each as detector ``failure:<cause>``.
+FINDING_CAUSES = tuple(SEVERITY)
 
 
 @dataclass
