@@ -40,6 +40,37 @@ def test_demo_builds_data_with_incidents_and_causes(real_demo) -> None:
     assert len(hits) >= 2, (truth, found)
 
 
+def test_the_demos_hot_gpu_is_a_warning_that_its_latency_incident_takes_in(real_demo) -> None:
+    """Issue 30: the demo's thermal throttle (h03:0, 300 s at a hot inlet) is a hardware
+    warning on its own, and one incident, not two, once its latency incident names it."""
+    from fleetlens.analytics.analyse import with_failures
+    from fleetlens.analytics.attribution import Tables
+    from fleetlens.analytics.config import AnalyticsConfig
+
+    truth = json.loads((real_demo.root / "ground-truth.json").read_text())["incidents"]
+    hot = next(g for g in truth if g["cause"] == "thermal_throttle")
+    incidents = scan(real_demo, t.INCIDENTS).collect()
+    causes = scan(real_demo, t.CAUSES).collect()
+    # stored: no warning beside the latency incident; its throttle cause holds the warning
+    assert "failure:thermal_throttle" not in incidents[c.DETECTOR].to_list()
+    named = causes.filter((pl.col(c.CAUSE) == "thermal_throttle")
+                          & (pl.col(c.SUBJECT) == hot["subject"]))
+    assert named.height == 1, causes
+    warning = json.loads(named[c.EVIDENCE][0])["thermal_warning"]
+    assert warning["reasons"] == ["sw_thermal_slowdown"] and warning["peak_temp_c"] >= 85
+    assert warning["clock_drop"] > 0.2 and warning["sm_clock_before_mhz"] == 1980
+    # the same data with no latency incident (none moved yet): the warning is the incident
+    alone, alone_causes = with_failures(Tables.from_data_dir(real_demo), incidents.clear(),
+                                        t.table(t.CAUSES).empty(), AnalyticsConfig(), 60)
+    row = alone.filter(pl.col(c.DETECTOR) == "failure:thermal_throttle").row(0, named=True)
+    assert row[c.SEVERITY] == "warning" and row[c.HOST_NAME] == "h03"
+    assert hot["start_ns"] <= row[c.START_NS] <= hot["start_ns"] + 20 * 10**9
+    assert row[c.DETECTED_NS] - row[c.START_NS] == 60 * 10**9
+    top = alone_causes.filter(pl.col(c.INCIDENT_ID) == row[c.INCIDENT_ID])
+    assert top[c.SUBJECT].to_list() == [hot["subject"]]
+    assert "throttled by heat" in top[c.SUMMARY][0] and "(h03:0)" in top[c.SUMMARY][0]
+
+
 def test_second_run_reuses_and_ctrl_c_stops_every_process(real_demo) -> None:
     proc = subprocess.Popen(fleetlens("demo", "--data-dir", str(real_demo.root), "--port", "0"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
