@@ -7,7 +7,10 @@ stop, fail or change?", which needs no baseline and so works from a fleet's firs
   restarted (a new process start time), from `engine_samples`;
 * :mod:`.hosts`: hosts whose agent went silent, split into lost hosts and telemetry gaps by
   whether their request spans still arrive;
-* :mod:`.errors`: windows of failing requests not explained by the above.
+* :mod:`.errors`: windows of failing requests not explained by the above;
+* :mod:`.gpus`: GPU faults (Xid, ECC, row remap, a lost GPU) from `gpu_health`;
+* :mod:`.throttles`: a GPU throttling by heat, a ``warning`` even when no latency moved;
+  :mod:`.absorb` folds it into a latency incident that already ranks its throttle.
 
 Each finding is one incident with its cause (:mod:`.findings`). A latency incident that
 follows a failure on the same host or service (an engine died and its peers took its load,
