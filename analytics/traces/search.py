@@ -1,10 +1,11 @@
 """Trace search: the ``requests`` rows a :class:`~analytics.traces.query.TraceQuery`
 selects, sorted and paged, each with its phase split (queue, prefill, decode, overhead).
 
-Input: ``requests`` (dimension filters, ranges), ``spans`` (attribute filters: a request
-matches when one span of its trace has every attribute condition, as Tempo's
-``{ a && b }``), ``instance_gpus`` (``--gpu``: the request's instance ran on the GPU).
-Output: one page of ``requests`` rows, with every column the table has, and the match count.
+Input: ``requests`` (dimension filters, ranges), ``spans`` (attribute filters, see
+:mod:`analytics.traces.attr_sql`), ``instance_gpus`` (``--gpu``: the request's instance ran
+on the GPU). Output: one page of ``requests`` rows, every column the table has, and the
+match count. Order: the sort column, then arrival, trace id and span id, so pages neither
+skip nor repeat a row.
 
 Read through :func:`pipeline.storage.connect` (local or s3://, the same views the dashboard
 and ``fleetlens sql`` use). Every user value reaches DuckDB as a bound parameter; column names
@@ -15,10 +16,11 @@ text unchecked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fleetlens.analytics.traces.query import AttrFilter, SearchError, TraceQuery
-from fleetlens.pipeline.schema import attributes as a
+from fleetlens.analytics.traces.attr_sql import match_traces
+from fleetlens.analytics.traces.query import SearchError, TraceQuery
+from fleetlens.analytics.traces.sql import Params, describe, quote
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -28,15 +30,17 @@ if TYPE_CHECKING:
 
     from fleetlens.pipeline.storage import DataDir
 
-NS = 1_000_000_000
-#: How far before (after) the time range a span of a matching trace may start: a trace's
-#: gateway span starts before the engine's arrival, and its spans may end after the range.
-SPAN_SLACK_NS = 3600 * NS
-#: Hive partition folders (``date=``, ``hour=``) that DuckDB's views show as columns.
-PARTITION_COLUMNS = frozenset({c.DATE, c.HOUR})
-#: DuckDB types a ``--min``/``--max`` or numeric sort may use.
+#: DuckDB types a ``--min``/``--max`` may use.
 _NUMERIC = ("DOUBLE", "FLOAT", "BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT",
             "UBIGINT", "UINTEGER", "USMALLINT", "UTINYINT", "DECIMAL", "REAL")
+#: (query field, column, flag) of the filters that keep rows whose column is one of values.
+_DIMENSIONS = (
+    ("services", c.SERVICE_NAME, "--service"), ("models", c.MODEL, "--model"),
+    ("hosts", c.HOST_NAME, "--host"), ("instances", c.INSTANCE_ID, "--instance"),
+    ("regions", c.REGION, "--region"), ("gpu_models", c.GPU_MODEL, "--gpu-model"),
+    ("finish_reasons", c.FINISH_REASON, "--finish-reason"),
+)
+_KEY = "fleetlens_sort_key"
 
 
 @dataclass(frozen=True)
@@ -54,52 +58,20 @@ class SearchResult:
         return end if end < self.total else None
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def numeric_columns(columns: dict[str, str]) -> list[str]:
+    """The numeric columns of ``requests`` (for ``--min``/``--max`` and their help)."""
+    return [name for name, kind in columns.items() if kind.upper().startswith(_NUMERIC)]
 
 
-def describe(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, str]:
-    """Column name -> DuckDB type of a table or view (contract columns plus extras; not the
-    folder names of its hive partitions, which are no data of a row)."""
-    return {row[0]: row[1] for row in
-            con.execute(f"DESCRIBE {_quote(t.table(table).name)}").fetchall()
-            if row[0] not in PARTITION_COLUMNS}
-
-
-def _is_numeric(duck_type: str) -> bool:
-    return duck_type.upper().startswith(_NUMERIC)
-
-
-class _Params:
-    """Bound parameters of one query, named in order (``$p0``, ``$p1``, ...)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def __call__(self, value: Any) -> str:
-        name = f"p{len(self.values)}"
-        self.values[name] = value
-        return f"${name}"
-
-
-#: (query field, column, flag) of the filters that keep rows whose column is one of values.
-_DIMENSIONS = (
-    ("services", c.SERVICE_NAME, "--service"), ("models", c.MODEL, "--model"),
-    ("hosts", c.HOST_NAME, "--host"), ("instances", c.INSTANCE_ID, "--instance"),
-    ("regions", c.REGION, "--region"), ("gpu_models", c.GPU_MODEL, "--gpu-model"),
-    ("finish_reasons", c.FINISH_REASON, "--finish-reason"),
-)
-
-
-def where(con: duckdb.DuckDBPyConnection, query: TraceQuery, columns: dict[str, str],
-          bind: _Params) -> str:
-    """The ``WHERE`` condition (alias ``r`` for ``requests``) of ``query``.
+def where(query: TraceQuery, columns: dict[str, str], bind: Params) -> str:
+    """The ``WHERE`` condition (alias ``r`` for ``requests``) of every filter of ``query``
+    but the attributes.
 
     Raises:
         SearchError: a filter on a column the data does not have, or not numeric.
     """
     parts = ["TRUE"]
-    arrival = f"r.{_quote(c.ARRIVAL_NS)}"
+    arrival = f"r.{quote(c.ARRIVAL_NS)}"
     if query.start_ns is not None:
         parts.append(f"{arrival} >= {bind(query.start_ns)}")
     if query.end_ns is not None:
@@ -111,92 +83,60 @@ def where(con: duckdb.DuckDBPyConnection, query: TraceQuery, columns: dict[str, 
         if column not in columns:
             raise SearchError(f"{flag}: the requests in this data directory have no {column} "
                               "column (add it to [pipeline] dimensions)")
-        parts.append(f"list_contains({bind(list(values))}::VARCHAR[], r.{_quote(column)})")
+        parts.append(f"list_contains({bind(list(values))}::VARCHAR[], r.{quote(column)})")
     if query.error is not None:
-        parts.append(f"r.{_quote(c.IS_ERROR)} = {bind(query.error)}")
+        parts.append(f"r.{quote(c.IS_ERROR)} = {bind(query.error)}")
+    numeric = numeric_columns(columns)
     for bound in query.bounds:
-        if bound.column not in columns or not _is_numeric(columns[bound.column]):
+        if bound.column not in numeric:
             raise SearchError(f"--min/--max {bound.column}: not a numeric column of requests "
-                              f"(one of: {', '.join(numeric_columns(columns))})")
+                              f"(one of: {', '.join(numeric)})")
         for value, op in ((bound.low, ">="), (bound.high, "<=")):
             if value is not None:
-                parts.append(f"r.{_quote(bound.column)} {op} {bind(value)}")
+                parts.append(f"r.{quote(bound.column)} {op} {bind(value)}")
     if query.gpus:
-        parts.append(_gpu_condition(query.gpus, bind))
-    if query.attrs:
-        parts.append(_attr_condition(con, query, bind))
+        # instance_gpus maps an engine instance to the GPUs it was seen on (the agent's gauge)
+        parts.append(
+            f"EXISTS (SELECT 1 FROM {quote(t.INSTANCE_GPUS)} g WHERE "
+            f"g.{quote(c.HOST_NAME)} = r.{quote(c.HOST_NAME)} AND "
+            f"g.{quote(c.INSTANCE_ID)} = r.{quote(c.INSTANCE_ID)} AND "
+            f"list_contains({bind(list(query.gpus))}::VARCHAR[], g.{quote(c.GPU_UUID)}))")
     return " AND ".join(parts)
 
 
-def numeric_columns(columns: dict[str, str]) -> list[str]:
-    """The numeric columns of ``requests`` (for ``--min``/``--max`` and their help)."""
-    return [name for name, kind in columns.items() if _is_numeric(kind)]
+def _page(cursor: duckdb.DuckDBPyConnection, query: TraceQuery, columns: dict[str, str],
+          condition: str, bind: Params) -> pl.DataFrame:
+    """The page's rows in two steps: first the (sort value, arrival) of the page's rows,
+    reading only those columns (a top-N over every column of 10M rows decoded them all),
+    then the rows with those arrivals, which row-group statistics find in a few groups."""
+    import polars as pl
 
-
-def _gpu_condition(gpus: tuple[str, ...], bind: _Params) -> str:
-    # instance_gpus maps an engine instance to the GPUs it was seen on (the agent's gauge).
-    g, r = "g.", "r."
-    return (f"EXISTS (SELECT 1 FROM {_quote(t.INSTANCE_GPUS)} g WHERE "
-            f"{g}{_quote(c.HOST_NAME)} = {r}{_quote(c.HOST_NAME)} AND "
-            f"{g}{_quote(c.INSTANCE_ID)} = {r}{_quote(c.INSTANCE_ID)} AND "
-            f"list_contains({bind(list(gpus))}::VARCHAR[], {g}{_quote(c.GPU_UUID)}))")
-
-
-def _json_pointer(key: str) -> str:
-    """A JSON pointer (RFC 6901) to a top-level key: dots in OTel keys are no separators."""
-    return "/" + key.replace("~", "~0").replace("/", "~1")
-
-
-def _attr_text(attr: AttrFilter, spans: dict[str, str], bind: _Params) -> str:
-    """SQL of the attribute's value as text on a span row (alias ``s``), NULL when absent:
-    a promoted key (gen_ai.*) is read from its typed column, where the collector put it;
-    other keys from the span's attributes, else its resource's."""
-    pointer = bind(_json_pointer(attr.key))
-    span_json = f"json_extract_string(NULLIF(s.{_quote(c.ATTRIBUTES)}, ''), {pointer})"
-    resource_json = (f"json_extract_string(NULLIF(s.{_quote(c.RESOURCE_ATTRIBUTES)}, ''), "
-                     f"{pointer})")
-    promoted = a.PROMOTED_SPAN_ATTRIBUTE_DTYPES.get(attr.key)
-    if promoted and promoted[0] in spans:
-        # a promoted key whose value had the wrong type stayed in the JSON
-        return f"COALESCE(CAST(s.{_quote(promoted[0])} AS VARCHAR), {span_json})"
-    return f"COALESCE({span_json}, {resource_json})"
-
-
-def _one_attr(attr: AttrFilter, spans: dict[str, str], bind: _Params) -> str:
-    text = _attr_text(attr, spans, bind)
-    if attr.op == "exists":
-        return f"{text} IS NOT NULL"
-    number = f"TRY_CAST({text} AS DOUBLE)"
-    if attr.op in ("=", "!="):
-        equal = f"{text} = {bind(attr.value)}"
-        if attr.number is not None:
-            equal = f"({equal} OR {number} = {bind(attr.number)})"
-        return equal if attr.op == "=" else f"({text} IS NOT NULL AND NOT {equal})"
-    return f"{number} {attr.op} {bind(attr.number)}"
-
-
-def _attr_condition(con: duckdb.DuckDBPyConnection, query: TraceQuery, bind: _Params) -> str:
-    spans = describe(con, t.SPANS)
-    conditions = [_one_attr(attr, spans, bind) for attr in query.attrs]
-    start = f"s.{_quote(c.START_NS)}"
-    # The time range bounds the spans scanned too: hour partitions and row-group statistics
-    # turn it into a few files instead of every raw segment.
-    if query.start_ns is not None:
-        conditions.append(f"{start} >= {bind(query.start_ns - SPAN_SLACK_NS)}")
-    if query.end_ns is not None:
-        conditions.append(f"{start} < {bind(query.end_ns + SPAN_SLACK_NS)}")
-    return (f"r.{_quote(c.TRACE_ID)} IN (SELECT s.{_quote(c.TRACE_ID)} FROM "
-            f"{_quote(t.SPANS)} s WHERE {' AND '.join(conditions)})")
-
-
-def order_by(query: TraceQuery, columns: dict[str, str]) -> str:
-    """``ORDER BY`` terms: the sort column, then trace and span id (stable pages)."""
     if query.sort not in columns:
         raise SearchError(f"--sort {query.sort}: not a column of requests (one of: "
                           f"{', '.join(columns)})")
-    direction = "DESC" if query.descending else "ASC"
-    return (f"r.{_quote(query.sort)} {direction} NULLS LAST, r.{_quote(c.TRACE_ID)}, "
-            f"r.{_quote(c.SPAN_ID)}")
+    way = "DESC" if query.descending else "ASC"
+    sort, arrival = f"r.{quote(query.sort)}", f"r.{quote(c.ARRIVAL_NS)}"
+    table = quote(t.REQUESTS)
+    params = dict(bind.values, limit=query.limit, offset=query.offset)
+    keys = cursor.sql(
+        f"SELECT {sort} AS {_KEY}, {arrival} FROM {table} r WHERE {condition} "
+        f"ORDER BY {sort} {way} NULLS LAST, {arrival} {way} LIMIT $limit OFFSET $offset",
+        params=params).pl().with_row_index("_rank")
+    if keys.is_empty():
+        return pl.DataFrame(schema=cursor.sql(f"SELECT * FROM {table} LIMIT 0").pl()
+                            .select(list(columns)).schema)
+    times = keys[c.ARRIVAL_NS]
+    params = dict(bind.values, times=times.to_list(), lo=times.min(), hi=times.max())
+    rows = cursor.sql(
+        f"SELECT {', '.join(f'r.{quote(name)}' for name in columns)} FROM {table} r "
+        f"WHERE {condition} AND {arrival} BETWEEN $lo AND $hi AND "
+        f"{arrival} IN (SELECT unnest($times::BIGINT[]))", params=params).pl()
+    # Rows sharing a page key's arrival (to the nanosecond) are told apart by their ids.
+    return (rows.with_columns(pl.col(query.sort).alias(_KEY))
+            .join(keys, on=[_KEY, c.ARRIVAL_NS], how="inner", nulls_equal=True)
+            .sort(["_rank", c.TRACE_ID, c.SPAN_ID])
+            .unique([c.TRACE_ID, c.SPAN_ID], keep="first", maintain_order=True)
+            .head(keys.height).select(list(columns)))
 
 
 def search(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> SearchResult:
@@ -210,20 +150,18 @@ def search(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> SearchResult:
     Raises:
         SearchError: a filter the data cannot answer (unknown or non-numeric column).
     """
-    columns = describe(con, t.REQUESTS)
-    bind = _Params()
-    condition = where(con, query, columns, bind)
-    order = order_by(query, columns)
-    table = _quote(t.REQUESTS)
-    shown = ", ".join(f"r.{_quote(name)}" for name in columns)
+    # A cursor of its own: the attribute matches live in a temporary table of this cursor,
+    # so searches sharing the dashboard's connection never see each other's.
     cursor = con.cursor()
     try:
-        total = cursor.execute(f"SELECT count(*) FROM {table} r WHERE {condition}",
+        columns = describe(cursor, t.REQUESTS)
+        bind = Params()
+        condition = where(query, columns, bind)
+        if query.attrs:
+            condition = f"{condition} AND {match_traces(cursor, query)}"
+        total = cursor.execute(f"SELECT count(*) FROM {quote(t.REQUESTS)} r WHERE {condition}",
                                bind.values).fetchall()[0][0]
-        page = dict(bind.values)
-        page["limit"], page["offset"] = query.limit, query.offset
-        rows = cursor.sql(f"SELECT {shown} FROM {table} r WHERE {condition} ORDER BY {order} "
-                          "LIMIT $limit OFFSET $offset", params=page).pl()
+        rows = _page(cursor, query, columns, condition, bind)
     finally:
         cursor.close()
     return SearchResult(rows, int(total), query)

@@ -177,3 +177,18 @@ def test_a_bad_filter_is_one_clear_line(root: str, args: list[str], message: str
     assert "Traceback" not in out.output
     if "No such option" not in message:
         assert out.output.strip().count("\n") == 0, out.output  # one line
+
+
+def test_pages_of_a_sort_with_many_ties_neither_skip_nor_repeat(
+        root: str, requests: pl.DataFrame) -> None:
+    # output_tokens takes five values here: hundreds of rows tie on each
+    args = ("--instance", "h0-i1", "--sort", f"-{c.OUTPUT_TOKENS}")
+    whole, _ = run(root, *args)
+    pages: list[dict] = []
+    for offset in range(0, len(whole), 97):
+        pages += run(root, *args, "--limit", "97", "--offset", str(offset))[0]
+    assert [r[c.REQUEST_ID] for r in pages] == [r[c.REQUEST_ID] for r in whole]
+    assert len(ids(pages)) == len(pages) == requests.filter(
+        pl.col(c.INSTANCE_ID) == "h0-i1").height
+    tokens = [r[c.OUTPUT_TOKENS] for r in pages]
+    assert tokens == sorted(tokens, reverse=True)

@@ -1,0 +1,90 @@
+"""Span attribute filters (``--attr``) as SQL over ``spans``.
+
+A request matches when one span of its trace has every condition (Tempo's ``{ a && b }``).
+A key is read where the collector put it: a promoted gen_ai.* key from its typed column
+(or from the JSON when its value had the wrong type), any other key from the span's
+attribute JSON, else its resource's. The matching trace ids are computed once per search
+into a temporary table of the search's own cursor (the count and the page both use them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from fleetlens.analytics.traces.query import AttrFilter, TraceQuery
+from fleetlens.analytics.traces.sql import Params, describe, quote
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+
+if TYPE_CHECKING:
+    import duckdb
+
+NS = 1_000_000_000
+#: How far before (after) the time range a span of a matching trace may start: a trace's
+#: gateway span starts before the engine's arrival, and its spans may end after the range.
+SPAN_SLACK_NS = 3600 * NS
+#: The temporary table of matching trace ids (one per cursor, so searches never share it).
+MATCHES = "fleetlens_trace_matches"
+
+
+def json_pointer(key: str) -> str:
+    """A JSON pointer (RFC 6901) to a top-level key: dots in OTel keys are no separators."""
+    return "/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def _text(attr: AttrFilter, spans: dict[str, str], bind: Params) -> tuple[str, str | None]:
+    """SQL of the attribute's value as text on a span row (alias ``s``, NULL when absent),
+    and a cheap necessary condition to test first (``None``: none)."""
+    pointer = bind(json_pointer(attr.key))
+    attrs, resource = f"s.{quote(c.ATTRIBUTES)}", f"s.{quote(c.RESOURCE_ATTRIBUTES)}"
+    span_json = f"json_extract_string(NULLIF({attrs}, ''), {pointer})"
+    promoted = a.PROMOTED_SPAN_ATTRIBUTE_DTYPES.get(attr.key)
+    if promoted and promoted[0] in spans:
+        # a promoted key whose value had the wrong type stayed in the JSON
+        return f"COALESCE(CAST(s.{quote(promoted[0])} AS VARCHAR), {span_json})", None
+    # The key's JSON text must appear in one of the maps: a substring test is ~5x cheaper
+    # than parsing the JSON, so most spans are dismissed before json_extract runs.
+    # The collector writes UTF-8 as is; other writers may escape it (\uXXXX): both forms.
+    forms = dict.fromkeys(json.dumps(attr.key, ensure_ascii=ascii) for ascii in (False, True))
+    prefilter = "(" + " OR ".join(f"contains({column}, {bind(form)})" for form in forms
+                                  for column in (attrs, resource)) + ")"
+    resource_json = f"json_extract_string(NULLIF({resource}, ''), {pointer})"
+    return f"COALESCE({span_json}, {resource_json})", prefilter
+
+
+def condition(attr: AttrFilter, spans: dict[str, str], bind: Params) -> str:
+    """One attribute condition on a span row (alias ``s``)."""
+    text, prefilter = _text(attr, spans, bind)
+    number = f"TRY_CAST({text} AS DOUBLE)"
+    if attr.op == "exists":
+        test = f"{text} IS NOT NULL"
+    elif attr.op in ("=", "!="):
+        equal = f"{text} = {bind(attr.value)}"
+        if attr.number is not None:  # =1 matches a stored 1.0
+            equal = f"({equal} OR {number} = {bind(attr.number)})"
+        test = equal if attr.op == "=" else f"({text} IS NOT NULL AND NOT {equal})"
+    else:
+        test = f"{number} {attr.op} {bind(attr.number)}"
+    return test if prefilter is None else f"({prefilter} AND {test})"
+
+
+def match_traces(cursor: duckdb.DuckDBPyConnection, query: TraceQuery) -> str:
+    """Store the ids of the traces with a span matching every ``query.attrs`` condition in
+    a temporary table of ``cursor``; returns the condition on a ``requests`` row (alias
+    ``r``) that its trace is one of them."""
+    bind = Params()
+    spans = describe(cursor, t.SPANS)
+    conditions = [condition(attr, spans, bind) for attr in query.attrs]
+    start = f"s.{quote(c.START_NS)}"
+    # The time range bounds the spans scanned too: hour partitions and row-group statistics
+    # turn it into a few files instead of every raw segment.
+    if query.start_ns is not None:
+        conditions.append(f"{start} >= {bind(query.start_ns - SPAN_SLACK_NS)}")
+    if query.end_ns is not None:
+        conditions.append(f"{start} < {bind(query.end_ns + SPAN_SLACK_NS)}")
+    trace = quote(c.TRACE_ID)
+    cursor.execute(f"CREATE TEMP TABLE {MATCHES} AS SELECT DISTINCT s.{trace} FROM "
+                   f"{quote(t.SPANS)} s WHERE {' AND '.join(conditions)}", bind.values)
+    return f"r.{trace} IN (SELECT {trace} FROM {MATCHES})"
