@@ -40,6 +40,10 @@ def ray_env() -> dict[str, str]:
     return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 
 
+#: What ``ray start --head`` prints once its GCS, raylet and object store are up.
+HEAD_STARTED = "Ray runtime started"
+
+
 class RayCluster:
     """Head plus ``add_node()`` workers; ``address`` is the head's GCS address."""
 
@@ -69,21 +73,23 @@ class RayCluster:
         return node
 
     def start_head(self) -> subprocess.Popen:
-        """Start the head and wait until its GCS accepts connections."""
+        """Start the head and wait until it says its runtime started (its raylet is
+        registered), not only until its GCS accepts connections: a driver that connects
+        between the two gives up after Ray's 60 s ("No node info found matching
+        attributes"), as two tests did in `make test` at a load average of 16."""
         head = self._start(["--head", "--port", str(self.port), "--temp-dir", str(self.temp_dir),
                             "--include-dashboard", "false", "--disable-usage-stats",
                             "--ray-client-server-port", str(free_port()),
                             "--dashboard-port", str(free_port())], "head")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             if head.poll() is not None:
                 raise RuntimeError(f"ray head exited: {self.log('head')}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            if HEAD_STARTED in (self.temp_dir / "head.log").read_text():
+                socket.create_connection(("127.0.0.1", self.port), timeout=5).close()
                 return head
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"ray head did not start: {self.log('head')}")
+            time.sleep(0.2)
+        raise RuntimeError(f"ray head did not start in 240 s: {self.log('head')}")
 
     def add_node(self) -> subprocess.Popen:
         """Start a worker node (the caller waits for it to join, e.g. :func:`wait_nodes`)."""
