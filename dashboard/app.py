@@ -47,6 +47,8 @@ PAGES = {
                 icon=":material/speed:"),
     ],
     "Explore": [
+        st.Page(VIEWS / "traces.py", title="Traces", url_path="traces",
+                icon=":material/search:"),
         st.Page(VIEWS / "trace.py", title="Trace explorer", url_path="trace",
                 icon=":material/account_tree:"),
         st.Page(VIEWS / "sql.py", title="SQL console", url_path="sql", icon=":material/code:"),

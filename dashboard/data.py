@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
+from fleetlens.analytics.traces import search
 from fleetlens.dashboard import (
     capacity_view,
     explore,
@@ -75,6 +76,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "find_trace": explore.find_trace,
     "trace_requests": explore.trace_requests,
     "slow_requests": explore.slow_requests,
+    "trace_search": search.search,
 }
 
 

@@ -1,0 +1,98 @@
+"""The Traces page (issue 35 item 1 in the dashboard): a link's filters open the search it
+names, the page's widgets write their filters back to the URL, each row links into the trace
+explorer, and a bad filter is one error line. The rows are what analytics' search returns."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from fleetlens.dashboard import trace_search
+from fleetlens.dashboard.filters import Filters
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import scan
+from tests.dashboard.conftest import APP
+
+
+@pytest.fixture
+def fresh(demo_data, monkeypatch):
+    """An AppTest not yet run, so a test can set the link it opens."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("FLEETLENS_DATA", str(demo_data[0].root))
+    monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
+    return AppTest.from_file(str(APP), default_timeout=60)
+
+
+def open_traces(at, **query: str | list[str]):  # noqa: ANN001, ANN201
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.switch_page("views/traces.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def table(at) -> pl.DataFrame:  # noqa: ANN001
+    return pl.from_pandas(next(d for d in at.dataframe if "open" in d.value.columns).value)
+
+
+def _values(value: str | list[str]) -> list[str]:
+    return value if isinstance(value, list) else [value]  # AppTest unwraps single values
+
+
+def test_a_link_opens_its_search(fresh, demo_data) -> None:
+    at = open_traces(fresh, range="all", host="gpu-host-01", min=f"{c.QUEUE_S}=0.4",
+                     sort=f"-{c.QUEUE_S}")
+    assert not at.error, [e.value for e in at.error]
+    requests = scan(demo_data[0], t.REQUESTS).collect()
+    expected = requests.filter((pl.col(c.HOST_NAME) == "gpu-host-01")
+                               & (pl.col(c.QUEUE_S) >= 0.4)).sort(c.QUEUE_S, descending=True)
+    assert 50 < expected.height  # the incident's long queues: more than a page
+    shown = table(at)
+    assert shown[c.REQUEST_ID].to_list() == expected[c.REQUEST_ID].head(50).to_list()
+    assert f"of {expected.height:,}" in " ".join(cap.value for cap in at.caption)
+    assert shown["open"][0] == (f"trace?id={expected[c.TRACE_ID][0]}"
+                                f"&t={expected[c.ARRIVAL_NS][0]}")
+    assert at.text_input(key="ts_min").value == f"{c.QUEUE_S}=0.4"
+    assert at.selectbox(key="ts_sort").value == c.QUEUE_S
+    assert len(at.get("plotly_chart")) == 1  # the phase split of the page's rows
+
+
+def test_the_next_page_and_a_span_attribute_from_the_widgets_reach_the_url(
+        app, demo_data) -> None:
+    at = open_traces(app, range="all")
+    at.text_area(key="ts_attr").set_value(f"{a.GEN_AI_PROMPT_TOKENS}>=1900").run()
+    at.number_input(key="ts_page").set_value(2).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert _values(at.query_params["attr"]) == [f"{a.GEN_AI_PROMPT_TOKENS}>=1900"]
+    assert _values(at.query_params["page"]) == ["2"]
+    requests = scan(demo_data[0], t.REQUESTS).collect()
+    expected = (requests.filter(pl.col(c.INPUT_TOKENS) >= 1900)
+                .sort(c.E2E_S, descending=True)[c.REQUEST_ID].to_list())
+    assert table(at)[c.REQUEST_ID].to_list() == expected[50:100]
+
+
+def test_a_bad_filter_is_one_error_line(app) -> None:
+    at = open_traces(app, range="all")
+    at.text_input(key="ts_min").set_value("nope=1").run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        next(e.value for e in at.error if "not a numeric column" in e.value)]
+    assert "\n" not in at.error[0].value
+
+
+def test_the_page_filters_round_trip_through_the_url() -> None:
+    link = {"min": [f"{c.E2E_S}=2", f"{c.INPUT_TOKENS}=10"], "attr": ["k=v, w", "n>3"],
+            "errors": ["only"], "sort": [c.TTFT_S], "page": ["3"], "finish": ["stop"]}
+    state: dict = {}
+    trace_search.seed(state, link)
+    assert trace_search.encode(state) == {k: v if k in ("min", "attr", "finish") else v[0]
+                                          for k, v in link.items()}
+    query = trace_search.query_of(Filters(services=("chat",)), state)
+    assert query.error is True and query.services == ("chat",)
+    assert (query.sort, query.descending, query.offset) == (c.TTFT_S, False, 100)
+    assert [str(attr) for attr in query.attrs] == ["k=v, w", "n>3"]
+    assert trace_search.encode({}) == {}  # defaults make no parameters
