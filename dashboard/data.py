@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.analytics.traces import search
+from fleetlens.analytics.traces import otlp_export, search
 from fleetlens.dashboard import (
     capacity_view,
     explore,
@@ -77,6 +77,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "trace_requests": explore.trace_requests,
     "slow_requests": explore.slow_requests,
     "trace_search": search.search,
+    "trace_otlp_json": otlp_export.otlp_json,
 }
 
 

@@ -5,7 +5,6 @@ flags and prints."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 
 import click
 
@@ -173,16 +172,19 @@ def traces(ctx: click.Context, data_dir: str | None, config_file: str | None,
 def export(ctx: click.Context, ident: str, data_dir: str | None, output: str | None) -> None:
     """Write trace TRACE_ID (or the trace of a request id) as OTLP/JSON: load it into Jaeger
     or Tempo, or POST it to any OTLP/HTTP receiver's /v1/traces."""
-    from fleetlens.analytics.traces.lookup import load_trace
-    from fleetlens.analytics.traces.otlp_export import to_otlp
+    from fleetlens.analytics.traces.otlp_export import otlp_json
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import connect
 
     parent = ctx.obj or {}
     root = _root(data_dir or parent.get("data_dir"), parent.get("config_file"))
+    con = connect(root, tables=(t.REQUESTS, t.SPANS))
     try:
-        spans = load_trace(root, ident)
+        text = otlp_json(con, ident)
     except SearchError as exc:
         raise click.ClickException(str(exc)) from None
-    text = json.dumps(to_otlp(spans), indent=1, ensure_ascii=False) + "\n"
+    finally:
+        con.close()
     if output:
         write_output(output, text)
     else:

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
-    from fleetlens.pipeline.storage import DataDir
-
 NS = 1_000_000_000
 #: How far from the request's arrival the spans of its trace are looked for.
 AROUND_NS = 3600 * NS
@@ -33,20 +31,31 @@ def is_trace_id(text: str) -> bool:
 
 
 def _request_trace(con: duckdb.DuckDBPyConnection, request_id: str) -> tuple[str, int] | None:
-    row = con.execute(
-        f'SELECT "{c.TRACE_ID}", "{c.ARRIVAL_NS}" FROM "{t.REQUESTS}" '
-        f'WHERE "{c.REQUEST_ID}" = $id LIMIT 1', {"id": request_id}).fetchall()
+    cursor = con.cursor()  # the dashboard's connection is shared between sessions
+    try:
+        row = cursor.execute(
+            f'SELECT "{c.TRACE_ID}", "{c.ARRIVAL_NS}" FROM "{t.REQUESTS}" '
+            f'WHERE "{c.REQUEST_ID}" = $id LIMIT 1', {"id": request_id}).fetchall()
+    finally:
+        cursor.close()
     return (row[0][0], int(row[0][1])) if row else None
 
 
-def trace_spans(con: duckdb.DuckDBPyConnection, ident: str) -> pl.DataFrame:
+def trace_spans(con: duckdb.DuckDBPyConnection, ident: str,
+                around_ns: int | None = None) -> pl.DataFrame:
     """The spans of trace ``ident`` (a trace id, or a request id of ``requests``).
+
+    Args:
+        con: a connection with ``spans`` (and ``requests`` for request ids).
+        ident: the trace id or request id.
+        around_ns: a time the trace overlaps, if known (a link's request arrival): the scan
+            is limited to an hour either side.
 
     Raises:
         SearchError: no trace or request with that id.
     """
     ident = ident.strip()
-    around = None
+    around = around_ns
     if is_trace_id(ident):
         trace_id = ident.lower()
     else:
@@ -70,13 +79,3 @@ def trace_spans(con: duckdb.DuckDBPyConnection, ident: str) -> pl.DataFrame:
         raise SearchError(f"no spans of trace {trace_id} in this data directory")
     return spans
 
-
-def load_trace(root: DataDir, ident: str) -> pl.DataFrame:
-    """:func:`trace_spans` over a data directory (local or s3://)."""
-    from fleetlens.pipeline.storage import connect
-
-    con = connect(root, tables=(t.REQUESTS, t.SPANS))
-    try:
-        return trace_spans(con, ident)
-    finally:
-        con.close()

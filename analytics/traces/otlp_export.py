@@ -24,6 +24,7 @@ from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
 if TYPE_CHECKING:
+    import duckdb
     import polars as pl
 
 #: Span columns that hold one resource's or one scope's identity (spans are grouped by them).
@@ -157,3 +158,17 @@ def to_otlp(spans: pl.DataFrame) -> dict[str, Any]:
         _nonzero(item, "schemaUrl", resource_url)
         out.append(item)
     return {"resourceSpans": out}
+
+
+def otlp_json(con: duckdb.DuckDBPyConnection, ident: str, around_ns: int | None = None) -> str:
+    """Trace ``ident`` (a trace id or a request id) as OTLP/JSON text (the dashboard's
+    download and ``fleetlens traces export``); ``around_ns`` as in
+    :func:`analytics.traces.lookup.trace_spans`.
+
+    Raises:
+        SearchError: no such trace or request.
+    """
+    from fleetlens.analytics.traces.lookup import trace_spans
+
+    spans = trace_spans(con, ident, around_ns)
+    return json.dumps(to_otlp(spans), indent=1, ensure_ascii=False) + "\n"

@@ -45,6 +45,11 @@ fig.update_layout(barmode="overlay", height=120 + 40 * spans.height,
                   xaxis_title="ms since trace start", yaxis={"autorange": "reversed"},
                   title=f"Trace {trace_id}", margin={"l": 10, "r": 10, "t": 40, "b": 10})
 st.plotly_chart(fig, key="trace_waterfall")
+st.download_button("Download OTLP/JSON", data.load("trace_otlp_json", trace_id, around),
+                   file_name=f"trace-{trace_id}.json", mime="application/json",
+                   key="trace_export", icon=":material/download:",
+                   help="The trace's spans as OTLP/JSON: load it into Jaeger or Tempo, or POST "
+                        "it to an OTLP/HTTP receiver's /v1/traces.")
 cols = st.columns(4)
 if reqs.height:
     r = reqs.row(0, named=True)

@@ -37,6 +37,8 @@ PAGES = {
     "energy": ("Energy", [".js-plotly-plot", '[data-testid="stMetric"]']),
     "leaderboard": ("Leaderboard", [".js-plotly-plot", '[data-testid="stDataFrame"]']),
     "trace": ("Trace explorer", ['[data-testid="stDataFrame"]']),
+    "traces?range=all&min=queue_s%3D0.4&sort=-queue_s": ("Traces", [
+        ".js-plotly-plot", '[data-testid="stDataFrame"]']),
     "sql": ("SQL console", ['[data-testid="stTextArea"]']),
 }
 

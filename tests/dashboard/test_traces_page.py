@@ -96,3 +96,26 @@ def test_the_page_filters_round_trip_through_the_url() -> None:
     assert (query.sort, query.descending, query.offset) == (c.TTFT_S, False, 100)
     assert [str(attr) for attr in query.attrs] == ["k=v, w", "n>3"]
     assert trace_search.encode({}) == {}  # defaults make no parameters
+
+
+def test_the_trace_explorer_offers_the_trace_as_otlp_json(app, demo_data) -> None:
+    import json
+
+    requests = scan(demo_data[0], t.REQUESTS).collect().sort(c.E2E_S, descending=True)
+    trace_id, arrival = requests[c.TRACE_ID][0], requests[c.ARRIVAL_NS][0]
+    app.query_params["id"] = trace_id
+    app.query_params["t"] = str(arrival)
+    app.switch_page("views/trace.py")
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    from fleetlens.dashboard import data
+
+    con = data._connection(str(demo_data[0].root), data.present_tables(demo_data[0]))
+    from fleetlens.analytics.traces.otlp_export import otlp_json
+
+    exported = json.loads(otlp_json(con, trace_id, arrival))
+    spans = [s for rs in exported["resourceSpans"] for ss in rs["scopeSpans"]
+             for s in ss["spans"]]
+    assert {s["traceId"] for s in spans} == {trace_id} and len(spans) == 2  # gateway, engine
+    buttons = app.get("download_button")
+    assert [b.proto.label for b in buttons] == ["Download OTLP/JSON"]
