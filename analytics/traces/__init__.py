@@ -3,11 +3,13 @@ traces to other tools.
 
 - :mod:`~analytics.traces.query`: what a search asks for (:class:`TraceQuery`) and the
   parsers of its command-line forms.
-- :mod:`~analytics.traces.search`: the search over ``requests`` (and ``spans`` for attribute
-  filters), sorted and paged.
+- :mod:`~analytics.traces.search`: the search over ``requests``, sorted and paged.
+- :mod:`~analytics.traces.attr_sql`: span attribute filters as SQL over ``spans``.
+- :mod:`~analytics.traces.sql`: quoted names, bound parameters, a view's columns.
 - :mod:`~analytics.traces.lookup`: one trace's spans by trace or request id.
 - :mod:`~analytics.traces.otlp_export`: spans as OTLP/JSON (Jaeger, Tempo, any collector).
 - :mod:`~analytics.traces.cli`: ``fleetlens traces`` and ``fleetlens traces export``.
 
-Everything here reads; nothing is stored. The dashboard renders what these functions return.
+Everything here reads; nothing is stored. The dashboard's Traces page and trace explorer
+(``dashboard/trace_search.py``, ``dashboard/views/traces.py``) render what these return.
 """
