@@ -87,7 +87,8 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
         .over(c.SERIES).alias("_high"),
     )
     if w < m:
-        stats = stats.join(_warmup_stats(clean, w, m), on=[c.SERIES, "_stats_ts"], how="left")
+        stats = stats.join(_warmup_stats(clean, w, m, config.warmup_levels),
+                           on=[c.SERIES, "_stats_ts"], how="left")
     else:
         stats = stats.with_columns(pl.lit(None, pl.Float64).alias("_warm_median"),
                                    pl.lit(None, pl.Float64).alias("_warm_sigma"))
@@ -133,10 +134,11 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
            "_warm_median", "_warm_sigma")
 
 
-def _warmup_stats(clean: pl.LazyFrame, w: int, m: int) -> pl.LazyFrame:
-    """The warm-up statistics of each clean window of a series with fewer than ``m`` (and at
-    least ``w``) clean windows up to it: the median of them and its MAD as a sigma,
-    ``(series, _stats_ts, _warm_median, _warm_sigma)``.
+def _warmup_stats(clean: pl.LazyFrame, w: int, m: int, levels: tuple[str, ...]
+                  ) -> pl.LazyFrame:
+    """The warm-up statistics of each clean window of a series of ``levels`` with fewer
+    than ``m`` (and at least ``w``) clean windows up to it: the median of them and its MAD
+    as a sigma, ``(series, _stats_ts, _warm_median, _warm_sigma)``.
 
     The MAD about the windows' own median, not the IQR: over eight windows of which three
     are a surge the IQR already spans the surge and the band swallows it from its third
@@ -144,7 +146,8 @@ def _warmup_stats(clean: pl.LazyFrame, w: int, m: int) -> pl.LazyFrame:
     are. Few rows a series (under ``m``), so each young window meets its earlier ones in a
     self-join rather than a rolling MAD.
     """
-    young = (clean.select(c.SERIES, c.TS_NS, c.VALUE)
+    young = (clean.filter(pl.col(c.LEVEL).is_in(list(levels)))
+             .select(c.SERIES, c.TS_NS, c.VALUE)
              .with_columns(pl.int_range(pl.len()).over(c.SERIES).alias("_i"))
              .filter(pl.col("_i") < m - 1))
     pairs = (young.select(c.SERIES, "_i", pl.col(c.TS_NS).alias("_stats_ts"))

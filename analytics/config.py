@@ -123,6 +123,10 @@ class AnalyticsConfig:
     #: ... whose half-width is at least this share of its expected value (a few windows'
     #: median is rough, and a fresh engine's caches are still warming).
     warmup_band_min_rel: float = 0.3
+    #: ... for series of these levels only: a service's windows pool its hosts' requests,
+    #: while a host's p99 over its first five windows is too rough a bar (the small random
+    #: suite: two host p99s over a warm-up band of their first minutes, two false incidents).
+    warmup_levels: tuple[str, ...] = ("service", "fleet")
     #: Band half-width in robust standard deviations (1.4826 x MAD).
     band_k: float = 4.0
     #: Band half-width at least this share of the expected value (flat series stay quiet).

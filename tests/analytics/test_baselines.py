@@ -17,11 +17,11 @@ from tests.analytics.synthetic import FleetSpec, generate
 from .conftest import NS, T0
 
 
-def _frame(values, series="s") -> pl.DataFrame:
+def _frame(values, series="s", level="host") -> pl.DataFrame:
     n = len(values)
     return pl.DataFrame({
         c.SERIES: [series] * n, c.METRIC: ["e2e_p99_s"] * n, c.SERVICE_NAME: ["chat"] * n,
-        c.MODEL: ["m"] * n, c.HOST_NAME: ["h01"] * n, c.LEVEL: ["host"] * n,
+        c.MODEL: ["m"] * n, c.HOST_NAME: ["h01"] * n, c.LEVEL: [level] * n,
         c.TS_NS: [T0 + i * 60 * NS for i in range(n)], c.VALUE: values, c.REQUESTS: [50] * n,
     })
 
@@ -107,12 +107,13 @@ def test_a_level_the_series_reaches_regularly_is_not_a_breach(config) -> None:
     cfg = dataclasses.replace(config, rolling_windows=30, rolling_min_windows=10)
     values = [0.045 if i % 6 == 0 else 0.011 for i in range(60)]
     out = rolling_baseline(_frame(values), cfg).collect()
-    judged = out.filter(pl.col(c.UPPER).is_not_null()).slice(cfg.rolling_min_windows
-                                                             - cfg.warmup_min_windows)
+    judged = out.filter(pl.col(c.UPPER).is_not_null())
     assert (judged[c.VALUE] <= judged[c.UPPER]).all()
-    # the warm-up band (windows 5-9) cannot know the level is usual yet: a lone burst
-    # crosses it, never the `consecutive` windows an anomaly needs
-    assert band_breaches(out, cfg, 60).collect().is_empty()
+    # a service's warm-up band (windows 5-9) cannot know the level is usual yet: a lone
+    # burst crosses it, never the `consecutive` windows an anomaly needs
+    service = rolling_baseline(_frame(values, level="service"), cfg).collect()
+    assert service.filter(pl.col(c.UPPER).is_not_null()).height > judged.height
+    assert band_breaches(service, cfg, 60).collect().is_empty()
     # without the quantile floor the MAD band flags every burst
     mad_only = rolling_baseline(_frame(values), dataclasses.replace(cfg, band_quantile=None))
     mad_only = mad_only.collect().filter(pl.col(c.UPPER).is_not_null())
@@ -127,21 +128,24 @@ def test_a_young_series_is_judged_from_its_warmup_windows(config) -> None:
     five windows old had no band, so a surge in a fresh install's 6th minute was never
     judged; now it is judged against the warm-up band (floor ``warmup_band_min_rel``)."""
     values = [1.0, 1.02, 0.98, 1.01, 0.99, 2.0, 2.1, 2.0] + [1.0] * 30
-    out = rolling_baseline(_frame(values), config).collect()
+    out = rolling_baseline(_frame(values, level="service"), config).collect()
     assert out[c.UPPER][:5].is_null().all()
     assert out[c.EXPECTED][5] == pytest.approx(1.0, abs=0.02)
     assert out[c.UPPER][5] == pytest.approx(1.0 * 1.3, abs=0.05)
     assert (out[c.VALUE][5:8] > out[c.UPPER][5:8]).all()
-    no_warmup = rolling_baseline(_frame(values),
+    no_warmup = rolling_baseline(_frame(values, level="service"),
                                  dataclasses.replace(config, warmup_min_windows=None)).collect()
     assert no_warmup[c.UPPER][:config.rolling_min_windows].is_null().all()
+    # a host's series waits for its mature band (warmup_levels: service and fleet)
+    host = rolling_baseline(_frame(values, level="host"), config).collect()
+    assert host[c.UPPER][:config.rolling_min_windows].is_null().all()
 
 
 def test_the_warmup_band_leaves_a_mature_band_as_it_was(config) -> None:
     rng = np.random.default_rng(3)
     values = list(1.0 + rng.normal(0, 0.05, 90))
-    warm = rolling_baseline(_frame(values), config).collect()
-    cold = rolling_baseline(_frame(values),
+    warm = rolling_baseline(_frame(values, level="service"), config).collect()
+    cold = rolling_baseline(_frame(values, level="service"),
                             dataclasses.replace(config, warmup_min_windows=None)).collect()
     m = config.rolling_min_windows
     assert warm[c.UPPER][m:].to_list() == cold[c.UPPER][m:].to_list()
