@@ -1,6 +1,7 @@
 """Span attribute filters (``--attr``) as SQL over ``spans``.
 
-A request matches when one span of its trace has every condition (Tempo's ``{ a && b }``).
+A request matches when one span of its trace has every condition (Tempo's ``{ a && b }``),
+and one of the ``--span-name`` names when given.
 A key is read where the collector put it: a promoted gen_ai.* key from its typed column
 (or from the JSON when its value had the wrong type), any other key from the span's
 attribute JSON, else its resource's. The matching trace ids are computed once per search
@@ -71,12 +72,16 @@ def condition(attr: AttrFilter, spans: dict[str, str], bind: Params) -> str:
 
 
 def match_traces(cursor: duckdb.DuckDBPyConnection, query: TraceQuery) -> str:
-    """Store the ids of the traces with a span matching every ``query.attrs`` condition in
-    a temporary table of ``cursor``; returns the condition on a ``requests`` row (alias
-    ``r``) that its trace is one of them."""
+    """Store the ids of the traces with a span matching every ``query.attrs`` condition
+    (and named one of ``query.span_names``, if any) in a temporary table of ``cursor``;
+    returns the condition on a ``requests`` row (alias ``r``) that its trace is one of
+    them."""
     bind = Params()
     spans = describe(cursor, t.SPANS)
     conditions = [condition(attr, spans, bind) for attr in query.attrs]
+    if query.span_names:
+        conditions.append(f"list_contains({bind(list(query.span_names))}::VARCHAR[], "
+                          f"s.{quote(c.NAME)})")
     start = f"s.{quote(c.START_NS)}"
     # The time range bounds the spans scanned too: hour partitions and row-group statistics
     # turn it into a few files instead of every raw segment.

@@ -112,6 +112,8 @@ def _many(help_text: str, *names: str) -> click.Option:  # type: ignore[valid-ty
               help="A span of the trace has the attribute (span first, else resource): KEY "
                    "(present), KEY=V, KEY!=V, KEY>N, KEY>=N, KEY<N, KEY<=N. Several --attr "
                    "must hold on one span.")
+@_many("A span of the trace has this name (the operation; with --attr: the same span)",
+       "--span-name", "span_names")
 @click.option("--sort", "sort", default=f"-{c.ARRIVAL_NS}", show_default=True,
               metavar="[-]COLUMN", help="Sort by a requests column; '-' for descending.")
 @click.option("--limit", type=click.IntRange(1, MAX_LIMIT), default=50, show_default=True,
@@ -125,8 +127,8 @@ def traces(ctx: click.Context, data_dir: str | None, config_file: str | None,
            models: tuple[str, ...], hosts: tuple[str, ...], instances: tuple[str, ...],
            gpus: tuple[str, ...], gpu_models: tuple[str, ...], regions: tuple[str, ...],
            finish_reasons: tuple[str, ...], error: bool | None, lows: tuple[str, ...],
-           highs: tuple[str, ...], attrs: tuple[str, ...], sort: str, limit: int,
-           offset: int, fmt: str) -> None:
+           highs: tuple[str, ...], attrs: tuple[str, ...], span_names: tuple[str, ...],
+           sort: str, limit: int, offset: int, fmt: str) -> None:
     """Search requests and their traces: by time, service, model, host, instance, GPU,
     region, finish reason, error, any latency or token column and any span attribute.
 
@@ -148,7 +150,7 @@ def traces(ctx: click.Context, data_dir: str | None, config_file: str | None,
             error=error,
             bounds=merge_bounds([parse_bound(v, "--min") for v in lows],
                                 [parse_bound(v, "--max") for v in highs]),
-            attrs=tuple(parse_attr(v) for v in attrs),
+            attrs=tuple(parse_attr(v) for v in attrs), span_names=span_names,
             sort=column, descending=descending, limit=limit, offset=offset)
         result = search_data_dir(_root(data_dir, config_file), query)
     except SearchError as exc:

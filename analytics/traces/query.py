@@ -71,6 +71,8 @@ class TraceQuery:
     error: bool | None = None
     bounds: tuple[Bound, ...] = ()
     attrs: tuple[AttrFilter, ...] = ()
+    #: the span carrying ``attrs`` has one of these names (Jaeger's "operation")
+    span_names: tuple[str, ...] = ()
     #: column name, descending when ``descending``; ties broken by trace and span id
     sort: str = c.ARRIVAL_NS
     descending: bool = True

@@ -157,7 +157,7 @@ def search(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> SearchResult:
         columns = describe(cursor, t.REQUESTS)
         bind = Params()
         condition = where(query, columns, bind)
-        if query.attrs:
+        if query.attrs or query.span_names:
             condition = f"{condition} AND {match_traces(cursor, query)}"
         total = cursor.execute(f"SELECT count(*) FROM {quote(t.REQUESTS)} r WHERE {condition}",
                                bind.values).fetchall()[0][0]
@@ -170,7 +170,7 @@ def search(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> SearchResult:
 def tables_for(query: TraceQuery) -> tuple[str, ...]:
     """The tables a query reads (a view over the raw spans reads every segment's footer, so
     it is made only when an attribute filter needs it)."""
-    return (t.REQUESTS, *((t.SPANS,) if query.attrs else ()),
+    return (t.REQUESTS, *((t.SPANS,) if query.attrs or query.span_names else ()),
             *((t.INSTANCE_GPUS,) if query.gpus else ()))
 
 

@@ -192,3 +192,13 @@ def test_pages_of_a_sort_with_many_ties_neither_skip_nor_repeat(
         pl.col(c.INSTANCE_ID) == "h0-i1").height
     tokens = [r[c.OUTPUT_TOKENS] for r in pages]
     assert tokens == sorted(tokens, reverse=True)
+
+
+def test_a_span_name_alone_or_with_attributes_on_the_same_span(
+        root: str, requests: pl.DataFrame) -> None:
+    assert ids(run(root, "--span-name", a.VLLM_REQUEST_SPAN)[0]) == set(requests[c.REQUEST_ID])
+    assert run(root, "--span-name", "POST /v1/chat")[0] == []
+    rows, _ = run(root, "--span-name", "nope", "--span-name", a.VLLM_REQUEST_SPAN,
+                  "--attr", f"{a.GEN_AI_PROMPT_TOKENS}>=390")
+    assert ids(rows) == set(requests.filter(pl.col(c.INPUT_TOKENS) >= 390)[c.REQUEST_ID])
+    assert run(root, "--span-name", "nope", "--attr", f"{a.GEN_AI_PROMPT_TOKENS}>=390")[0] == []
