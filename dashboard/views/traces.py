@@ -51,7 +51,8 @@ for phase, column in (("queue", c.QUEUE_S), ("prefill", c.PREFILL_S), ("decode",
                          name=phase, orientation="h",
                          marker={"color": ui.PHASE_COLOURS[phase]}))
 fig.update_layout(barmode="stack", height=120 + 18 * rows.height, xaxis_title="ms",
-                  yaxis={"autorange": "reversed"}, legend=ui.LEGEND_ON_TOP,
+                  yaxis={"autorange": "reversed"},
+                  legend={**ui.LEGEND_ON_TOP, "traceorder": "normal"},
                   margin={"l": 10, "r": 10, "t": 30, "b": 10})
 st.plotly_chart(fig, key="traces_phases")
 

@@ -119,3 +119,39 @@ def test_the_trace_explorer_offers_the_trace_as_otlp_json(app, demo_data) -> Non
     assert {s["traceId"] for s in spans} == {trace_id} and len(spans) == 2  # gateway, engine
     buttons = app.get("download_button")
     assert [b.proto.label for b in buttons] == ["Download OTLP/JSON"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_on_the_real_demo_the_cli_and_the_page_find_the_same_requests(
+        real_demo, monkeypatch) -> None:
+    """Real vLLM-shaped spans (simulator -> collector -> pipeline): a promoted attribute and
+    the sidebar's host in the CLI and on the page give the same requests, and the first
+    one's trace exports as OTLP/JSON holding its engine span."""
+    import json
+
+    from click.testing import CliRunner
+    from streamlit.testing.v1 import AppTest
+
+    from fleetlens.cli import cli
+
+    requests = scan(real_demo, t.REQUESTS).collect()
+    host = requests[c.HOST_NAME].mode()[0]
+    cli_rows = json.loads(CliRunner().invoke(cli, [
+        "traces", "--data-dir", str(real_demo.root), "--host", host,
+        "--attr", f"{a.GEN_AI_MAX_TOKENS}>=1", "--sort", f"-{c.E2E_S}",
+        "--format", "json"]).stdout)
+    assert cli_rows and all(r[c.HOST_NAME] == host for r in cli_rows)
+    monkeypatch.setenv("FLEETLENS_DATA", str(real_demo.root))
+    monkeypatch.delenv("FLEETLENS_CONFIG", raising=False)
+    at = open_traces(AppTest.from_file(str(APP), default_timeout=120), range="all",
+                     host=host, attr=f"{a.GEN_AI_MAX_TOKENS}>=1")
+    assert not at.error, [e.value for e in at.error]
+    assert table(at)[c.REQUEST_ID].to_list() == [r[c.REQUEST_ID] for r in cli_rows]
+    out = CliRunner().invoke(cli, ["traces", "export", cli_rows[0][c.REQUEST_ID],
+                                   "--data-dir", str(real_demo.root)])
+    assert out.exit_code == 0, out.output
+    spans = [s for rs in json.loads(out.stdout)["resourceSpans"] for ss in rs["scopeSpans"]
+             for s in ss["spans"]]
+    assert cli_rows[0][c.SPAN_ID] in {s["spanId"] for s in spans}
+    assert {s["traceId"] for s in spans} == {cli_rows[0][c.TRACE_ID]}
