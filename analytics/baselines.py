@@ -16,6 +16,8 @@ from __future__ import annotations
 import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.analytics.peers import PEER_SUFFIX
+from fleetlens.analytics.series import LEVEL_HOST
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -87,7 +89,7 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
         .over(c.SERIES).alias("_high"),
     )
     if w < m:
-        stats = stats.join(_warmup_stats(clean, w, m, config.warmup_levels),
+        stats = stats.join(_warmup_stats(clean, w, m, _warmed(config)),
                            on=[c.SERIES, "_stats_ts"], how="left")
     else:
         stats = stats.with_columns(pl.lit(None, pl.Float64).alias("_warm_median"),
@@ -134,11 +136,22 @@ def rolling_baseline(series: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfi
            "_warm_median", "_warm_sigma")
 
 
-def _warmup_stats(clean: pl.LazyFrame, w: int, m: int, levels: tuple[str, ...]
-                  ) -> pl.LazyFrame:
-    """The warm-up statistics of each clean window of a series of ``levels`` with fewer
-    than ``m`` (and at least ``w``) clean windows up to it: the median of them and its MAD
-    as a sigma, ``(series, _stats_ts, _warm_median, _warm_sigma)``.
+def _warmed(config: AnalyticsConfig) -> pl.Expr:
+    """Which series get a warm-up band: those of ``warmup_levels``, and with
+    ``warmup_host_medians`` a host's medians (not its peer ratios)."""
+    warmed = pl.col(c.LEVEL).is_in(list(config.warmup_levels))
+    if config.warmup_host_medians:
+        metric = pl.col(c.METRIC)
+        warmed = warmed | ((pl.col(c.LEVEL) == LEVEL_HOST)
+                           & metric.str.contains("_p50", literal=True)
+                           & ~metric.str.ends_with(PEER_SUFFIX))
+    return warmed
+
+
+def _warmup_stats(clean: pl.LazyFrame, w: int, m: int, warmed: pl.Expr) -> pl.LazyFrame:
+    """The warm-up statistics of each clean window of a ``warmed`` series with fewer than
+    ``m`` (and at least ``w``) clean windows up to it: the median of them and its MAD as a
+    sigma, ``(series, _stats_ts, _warm_median, _warm_sigma)``.
 
     The MAD about the windows' own median, not the IQR: over eight windows of which three
     are a surge the IQR already spans the surge and the band swallows it from its third
@@ -146,7 +159,7 @@ def _warmup_stats(clean: pl.LazyFrame, w: int, m: int, levels: tuple[str, ...]
     are. Few rows a series (under ``m``), so each young window meets its earlier ones in a
     self-join rather than a rolling MAD.
     """
-    young = (clean.filter(pl.col(c.LEVEL).is_in(list(levels)))
+    young = (clean.filter(warmed)
              .select(c.SERIES, c.TS_NS, c.VALUE)
              .with_columns(pl.int_range(pl.len()).over(c.SERIES).alias("_i"))
              .filter(pl.col("_i") < m - 1))

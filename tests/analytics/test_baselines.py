@@ -17,10 +17,10 @@ from tests.analytics.synthetic import FleetSpec, generate
 from .conftest import NS, T0
 
 
-def _frame(values, series="s", level="host") -> pl.DataFrame:
+def _frame(values, series="s", level="host", metric="e2e_p99_s") -> pl.DataFrame:
     n = len(values)
     return pl.DataFrame({
-        c.SERIES: [series] * n, c.METRIC: ["e2e_p99_s"] * n, c.SERVICE_NAME: ["chat"] * n,
+        c.SERIES: [series] * n, c.METRIC: [metric] * n, c.SERVICE_NAME: ["chat"] * n,
         c.MODEL: ["m"] * n, c.HOST_NAME: ["h01"] * n, c.LEVEL: [level] * n,
         c.TS_NS: [T0 + i * 60 * NS for i in range(n)], c.VALUE: values, c.REQUESTS: [50] * n,
     })
@@ -136,9 +136,17 @@ def test_a_young_series_is_judged_from_its_warmup_windows(config) -> None:
     no_warmup = rolling_baseline(_frame(values, level="service"),
                                  dataclasses.replace(config, warmup_min_windows=None)).collect()
     assert no_warmup[c.UPPER][:config.rolling_min_windows].is_null().all()
-    # a host's series waits for its mature band (warmup_levels: service and fleet)
+    # a host's p99 waits for its mature band (warmup_levels: service and fleet), its
+    # median does not (warmup_host_medians), nor does its peer ratio
+    m = config.rolling_min_windows
     host = rolling_baseline(_frame(values, level="host"), config).collect()
-    assert host[c.UPPER][:config.rolling_min_windows].is_null().all()
+    assert host[c.UPPER][:m].is_null().all()
+    median = rolling_baseline(_frame(values, level="host", metric="ttft_p50_s"),
+                              config).collect()
+    assert median[c.UPPER][5:m].is_not_null().all()
+    peers = rolling_baseline(_frame(values, level="host", metric="tpot_p50_vs_peers"),
+                             config).collect()
+    assert peers[c.UPPER][:m].is_null().all()
 
 
 def test_the_warmup_band_leaves_a_mature_band_as_it_was(config) -> None:
