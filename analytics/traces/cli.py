@@ -138,6 +138,13 @@ def traces(ctx: click.Context, data_dir: str | None, config_file: str | None,
     ctx.ensure_object(dict)
     ctx.obj.update(data_dir=data_dir, config_file=config_file)
     if ctx.invoked_subcommand is not None:
+        # `traces --host h1 export ID` would otherwise drop the filter without a word
+        given = [param.opts[0] for param in ctx.command.params
+                 if param.name not in ("data_dir", "config_file") and
+                 ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"`traces {ctx.invoked_subcommand}` takes no search "
+                                   f"options ({', '.join(sorted(given))})")
         return
     from fleetlens.analytics.traces.search import search_data_dir
 

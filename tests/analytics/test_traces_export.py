@@ -155,3 +155,12 @@ def test_a_request_id_exports_its_trace_and_unknown_ids_are_one_line(first: Path
     missing = CliRunner().invoke(cli, ["traces", "export", "ab" * 16, "--data-dir", str(first)])
     assert missing.exit_code == 1 and "no spans of trace" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_search_options_before_export_are_refused_not_dropped(first: Path) -> None:
+    out = CliRunner().invoke(cli, ["traces", "--data-dir", str(first), "--host", "h1",
+                                   "export", TRACE.hex()])
+    assert out.exit_code == 2 and "takes no search options (--host)" in out.output
+    # --data-dir (and --config) before the subcommand are fine
+    out = CliRunner().invoke(cli, ["traces", "--data-dir", str(first), "export", TRACE.hex()])
+    assert out.exit_code == 0 and "resourceSpans" in out.stdout
