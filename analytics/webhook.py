@@ -17,7 +17,10 @@ hook retries only its own events instead of re-posting every incident to all the
   among the analysed incidents.
 
 :func:`notify_new` runs outside the data directory's job lock (a slow webhook must not hold
-the pipeline up) and under its own lock, so two ``analyze`` processes do not both post.
+the pipeline up) and under its own lock, so two ``analyze`` processes do not both post. On an
+object store that lock is a lease: a run that stalls past it and loses it to another
+``analyze`` posts nothing more and writes no delivery state (``LeaseLost`` before each post and
+each write); its undelivered events stay queued for the new holder (at least once).
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ def hook_key(hook: WebhookConfig) -> str:
     return hashlib.sha256(f"{hook.format}\n{hook.url}".encode()).hexdigest()[:16]
 
 
-def _delivery_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
-    # a flock in a local data directory, a lease object on an object store
+def _delivery_lock(folder: Path) -> contextlib.AbstractContextManager[Callable[[], None]]:
+    # a flock in a local data directory, a lease object on an object store; the value is the
+    # check to run before each post and state write (raises LeaseLost once the lease is lost)
     return file_lock(folder / LOCK_FILE, "webhooks")
 
 
@@ -87,8 +91,12 @@ def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
 
     Returns:
         (ids of incidents new or still undelivered somewhere, successful posts, errors).
+
+    Raises:
+        LeaseLost: on an object store, another process took the delivery lease over while
+            this one stalled; nothing more was posted or written.
     """
-    with _delivery_lock(folder):
+    with _delivery_lock(folder) as still_held:
         state = _load(folder)
         current = {row[c.INCIDENT_ID]: row for row in analysis.incidents.iter_rows(named=True)}
         current.update({row[c.INCIDENT_ID]: row for row in slo_alerts or ()})
@@ -108,13 +116,15 @@ def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
                 _queue_resolves(queue, ended)
         undelivered = {i for q in queues.values() for a, i in q["pending"] if a == TRIGGER}
         state = {"seen": sorted(seen | set(first)), "hooks": queues}
+        still_held()
         write_json_atomic(folder / STATE_FILE, state)  # queued before any post
         posted, errors = 0, []
         for key, queue in queues.items():
-            ok, failed = send(hooks[key], queue, current, analysis.causes, config)
+            ok, failed = send(hooks[key], queue, current, analysis.causes, config, still_held)
             posted += ok
             errors += [f"{redact_url(hooks[key].url)} ({hooks[key].format}): {e}"
                        for e in failed]
+            still_held()
             write_json_atomic(folder / STATE_FILE, state)
     return [i for i in current if i in undelivered or i in first], posted, errors
 

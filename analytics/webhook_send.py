@@ -9,6 +9,7 @@ every still-open alert (firing alerts must be refreshed or Alertmanager resolves
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
@@ -30,15 +31,23 @@ TRIGGER, RESOLVE = "trigger", "resolve"
 _HEADERS = {"Content-Type": "application/json", "User-Agent": "fleetlens-analytics"}
 
 
+def _no_check() -> None:
+    """The default ``before_post``: nothing to confirm."""
+
+
 def send(hook: WebhookConfig, queue: dict[str, Any], current: dict[str, dict[str, Any]],
-         causes: pl.DataFrame, config: AnalyticsConfig) -> tuple[int, list[str]]:
+         causes: pl.DataFrame, config: AnalyticsConfig,
+         before_post: Callable[[], None] = _no_check) -> tuple[int, list[str]]:
     """Post ``queue["pending"]`` to ``hook``, updating ``queue`` in place.
+
+    ``before_post`` runs before every post (the delivery lock's check: it raises
+    ``LeaseLost`` once another process holds the lock, and the post is not made).
 
     Returns:
         (successful posts, error messages without the URL).
     """
     if hook.format == "alertmanager":
-        return _send_alertmanager(hook, queue, current, causes, config)
+        return _send_alertmanager(hook, queue, current, causes, config, before_post)
     posted, errors = 0, []
     while queue["pending"]:
         action, ident = queue["pending"][0]
@@ -55,6 +64,7 @@ def send(hook: WebhookConfig, queue: dict[str, Any], current: dict[str, dict[str
             body = pagerduty_event(snapshot, action, hook.routing_key or "", link)
         else:
             body = snapshot
+        before_post()
         try:
             _post(hook, body, config.webhook_timeout_s)
         except DeliveryError as exc:
@@ -77,7 +87,8 @@ def send(hook: WebhookConfig, queue: dict[str, Any], current: dict[str, dict[str
 
 def _send_alertmanager(hook: WebhookConfig, queue: dict[str, Any],
                        current: dict[str, dict[str, Any]], causes: pl.DataFrame,
-                       config: AnalyticsConfig) -> tuple[int, list[str]]:
+                       config: AnalyticsConfig, before_post: Callable[[], None]
+                       ) -> tuple[int, list[str]]:
     resolving = {i for a, i in queue["pending"] if a == RESOLVE}
     snapshots: dict[str, dict[str, Any]] = dict(queue["open"])
     for action, ident in queue["pending"]:
@@ -94,6 +105,7 @@ def _send_alertmanager(hook: WebhookConfig, queue: dict[str, Any],
             end_ns = row[c.END_NS]
         link = None if is_slo_alert(snapshot) else incident_link(config.dashboard_url, ident)
         alerts.append(alertmanager_alert(snapshot, end_ns, link))
+    before_post()
     try:
         _post(hook, alerts, config.webhook_timeout_s)
     except DeliveryError as exc:

@@ -13,7 +13,10 @@ Within one process the lock is re-entrant for the thread holding it (the pipelin
 ``--follow`` loop runs the analytics inside its own step) and excludes other threads.
 
 On an object store (``s3://`` data directory) the same ``state/jobs.lock`` is a lease object
-with an expiry instead (:mod:`pipeline.lease`): a dead holder's lease runs out.
+with an expiry instead (:mod:`pipeline.lease`): a dead holder's lease runs out, and so does a
+stalled one's. While the lease is held, every object write and delete under the data
+directory checks it first (:mod:`pipeline.storage.fence`), so a job that lost it stops with
+``LeaseLost`` instead of publishing over the job that took it over.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fleetlens.pipeline.storage import DataDir, StorageError, is_remote
+from fleetlens.pipeline.storage import DataDir, StorageError, fence, is_remote
 
 LOCK_NAME = "jobs.lock"
 
@@ -42,6 +45,7 @@ class _ProcessHold:
         self.depth = 0
         self.fd: int | None = None
         self.lease: Any = None  # a pipeline.lease.Lease on an object store
+        self.fence: contextlib.ExitStack | None = None  # its fence.guarded() block
 
 
 def lock_path(data_dir: DataDir) -> Path:
@@ -58,7 +62,9 @@ def holder(data_dir: DataDir) -> str:
             current = lease.read(lock_path(data_dir))  # type: ignore[arg-type]
         except OSError:
             return ""
-        return str(current[0].get("holder", "")) if current else ""
+        if current is None or lease.is_released(current[0]):
+            return ""
+        return str(current[0].get("holder", ""))
     try:
         return lock_path(data_dir).read_text().strip()
     except OSError:
@@ -89,6 +95,8 @@ def exclusive(data_dir: DataDir, job: str,
             from fleetlens.pipeline import lease
 
             hold.lease = lease.acquire(path, job, on_wait)  # type: ignore[arg-type]
+            hold.fence = contextlib.ExitStack()
+            hold.fence.enter_context(fence.guarded(data_dir.root, hold.lease.check))
         elif hold.depth == 0:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,21 +122,33 @@ def exclusive(data_dir: DataDir, job: str,
                 os.close(hold.fd)  # closing the last descriptor releases the flock
                 hold.fd = None
             if hold.depth == 0 and hold.lease is not None:
+                if hold.fence is not None:
+                    hold.fence.close()
+                    hold.fence = None
                 hold.lease.release()
                 hold.lease = None
 
 
+def _held() -> None:
+    """A ``flock``'s check: the kernel holds it until the process exits, it cannot be lost."""
+
+
 @contextlib.contextmanager
-def file_lock(path: Path, job: str) -> Iterator[None]:
+def file_lock(path: Path, job: str) -> Iterator[Callable[[], None]]:
     """Hold an exclusive lock named ``path`` for the ``with`` block, waiting silently: a
     ``flock`` on a local file, a lease object (:mod:`pipeline.lease`) on an object store.
-    For locks other than the job lock (e.g. the webhook deliveries' state)."""
+    For locks other than the job lock (e.g. the webhook deliveries' state).
+
+    Yields:
+        A check to call before each action the lock guards (a webhook post): it raises
+        ``LeaseLost`` once a lease was taken over by another process (a ``flock``'s never).
+    """
     if is_remote(path):
         from fleetlens.pipeline import lease
 
         held = lease.acquire(path, job, None)  # type: ignore[arg-type]
         try:
-            yield
+            yield held.check
         finally:
             held.release()
         return
@@ -136,7 +156,7 @@ def file_lock(path: Path, job: str) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
-        yield
+        yield _held
     finally:
         os.close(fd)
 

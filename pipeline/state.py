@@ -22,6 +22,7 @@ from fleetlens.pipeline.storage import (
     DataDir,
     StorageError,
     VersionConflict,
+    fence,
     is_remote,
     write_json_atomic,
 )
@@ -107,6 +108,7 @@ class PipelineState:
         Raises:
             StateError: on an object store, another writer replaced the state since it was
                 loaded (nothing is overwritten).
+            LeaseLost: on an object store, this job lost its lease (nothing is written).
         """
         body = {
             "version": STATE_VERSION,
@@ -125,6 +127,7 @@ class PipelineState:
             expected = _SEEN[key]
         else:  # never read here: replace what is there now (the caller holds the job lease)
             expected = path.current_version()  # type: ignore[union-attr]
+        fence.check(path)  # a job that lost its lease says so, not "replaced by another job"
         try:
             self.version = _SEEN[key] = path.put_if(data, expected)  # type: ignore[union-attr]
             self.loaded = True

@@ -20,10 +20,11 @@ with one PUT per file instead of tmp + rename. A local data directory takes the 
 paths as before and never imports the object-store libraries (obstore, s3fs: imported inside
 the functions that use them).
 
-Modules, each importing only those before it: ``base`` (shared names), ``s3settings``
-(endpoint and credentials), ``objects`` (:class:`ObjectPath` on a bucket), ``layout``
-(:class:`DataDir`, partition paths), ``publish`` (atomic writes), ``readers`` (listings,
-DuckDB, Polars). Everything public is importable from here, the one storage API.
+Modules, each importing only those before it: ``base`` (shared names), ``fence`` (no publish
+after a lost job lease), ``s3settings`` (endpoint and credentials), ``objects``
+(:class:`ObjectPath` on a bucket), ``layout`` (:class:`DataDir`, partition paths), ``publish``
+(atomic writes), ``readers`` (listings, DuckDB, Polars). Everything public is importable
+from here, the one storage API.
 
 This package imports only :mod:`pipeline.schema`, so the collector may use it.
 """
@@ -39,6 +40,7 @@ from fleetlens.pipeline.storage.base import (
     T,
     is_remote,
 )
+from fleetlens.pipeline.storage.fence import LeaseLost
 from fleetlens.pipeline.storage.layout import (
     DataDir,
     hour_partition,
@@ -92,6 +94,7 @@ __all__ = [
     "DEFAULT_WAL_DIR",
     "DataDir",
     "ENV_WAL_DIR",
+    "LeaseLost",
     "MAX_COMPONENT",
     "ObjectPath",
     "ObjectStat",

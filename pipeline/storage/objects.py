@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
     pass
+from fleetlens.pipeline.storage import fence
 from fleetlens.pipeline.storage.base import URL_SCHEME
 from fleetlens.pipeline.storage.s3settings import (
     S3Settings,
@@ -298,7 +299,12 @@ class ObjectPath:
         return self.read_bytes().decode(encoding)
 
     def write_bytes(self, data: bytes) -> int:
-        """Publish ``data`` with one PUT (readers see the old object or the whole new one)."""
+        """Publish ``data`` with one PUT (readers see the old object or the whole new one).
+
+        Raises:
+            LeaseLost: this process lost the job lease of the data directory (:mod:`.fence`).
+        """
+        fence.check(self)
         self.bucket.put(self.key, data)
         import time
 
@@ -330,6 +336,7 @@ class ObjectPath:
         return new
 
     def unlink(self, missing_ok: bool = False) -> None:
+        fence.check(self)  # a job that lost its lease deletes nothing either
         if not missing_ok:
             self.stat()  # FileNotFoundError as for a file (S3's DELETE of nothing succeeds)
         self.bucket.delete([self.key])
@@ -343,6 +350,7 @@ class ObjectPath:
 
     def remove_tree(self) -> int:
         """Delete every object under this folder; returns how many."""
+        fence.check(self)
         keys = [p.key for p in self.files()]
         if keys:
             self.bucket.delete(keys)
