@@ -5,6 +5,7 @@ flags and prints."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,9 @@ from fleetlens.analytics.traces.query import (
 )
 from fleetlens.pipeline.output import format_option, render_rows
 from fleetlens.pipeline.schema import columns as c
+
+if TYPE_CHECKING:
+    import polars as pl
 
 NS = 1_000_000_000
 _EPILOG = f"""Examples:
@@ -40,7 +44,7 @@ def _at(ns: int) -> str:
     return dt.datetime.fromtimestamp(ns / NS, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def results_table(rows: object) -> str:
+def results_table(rows: pl.DataFrame) -> str:
     """One line per request: trace id, arrival, where it ran, e2e and its phase split in ms,
     tokens and how it finished. Telemetry strings go through :func:`pipeline.terminal.cell`."""
     from fleetlens.analytics.cli_table import _column, _key_column, _render, _row, _table
@@ -52,7 +56,7 @@ def results_table(rows: object) -> str:
         _column(table, name)
     for name in ("e2e ms", "queue", "prefill", "decode", "other", "in/out tok", "finish"):
         _column(table, name, justify="right" if name != "finish" else "left")
-    for row in rows.iter_rows(named=True):  # type: ignore[attr-defined]
+    for row in rows.iter_rows(named=True):
         finish = row.get(c.FINISH_REASON) or "-"
         _row(table, row[c.TRACE_ID], _at(row[c.ARRIVAL_NS]), row[c.SERVICE_NAME],
              row[c.MODEL], row[c.HOST_NAME], _ms(row[c.E2E_S]), _ms(row[c.QUEUE_S]),
@@ -84,7 +88,7 @@ def _time(text: str | None, flag: str) -> int | None:
         raise SearchError(f"{flag} {text!r}: {exc.message}") from None
 
 
-def _many(help_text: str, *names: str) -> click.Option:  # type: ignore[valid-type]
+def _many(help_text: str, *names: str):  # noqa: ANN202 - a click decorator
     return click.option(*names, multiple=True, help=help_text + " (repeat for any of several).")
 
 
