@@ -71,7 +71,7 @@ def metric_column(metric: str) -> str:
 
 
 def compare_dimensions(incident: pl.DataFrame, baseline: pl.DataFrame, metric: str,
-                       dimensions: list[str]) -> list[Finding]:
+                       dimensions: list[str], *, selected: bool = False) -> list[Finding]:
     """Rank dimension values by how much they stand out among slow incident requests.
 
     Args:
@@ -79,6 +79,12 @@ def compare_dimensions(incident: pl.DataFrame, baseline: pl.DataFrame, metric: s
         baseline: `requests` of the baseline period, same scope.
         metric: the incident's window metric (``e2e_p99_s``...) or a request column family.
         dimensions: dimension columns to try; missing or constant ones are skipped.
+        selected: ``incident`` is a selection a user drew (a heatmap's time span and
+            latency band, :mod:`analytics.traces.compare`) and ``baseline`` the rest of the
+            view: every selected request counts as *slow* (the user chose them, whatever the
+            rest's 90th percentile), and a request's excess is its distance from the rest's
+            median either way (a band of fast requests has differences too). Off for
+            incidents, whose results this leaves unchanged.
     """
     column = metric_column(metric)
     if incident.is_empty() or baseline.is_empty():
@@ -90,10 +96,10 @@ def compare_dimensions(incident: pl.DataFrame, baseline: pl.DataFrame, metric: s
     median = base[column].median()
     if threshold is None or median is None:
         return []
-    inc = inc.with_columns(
-        (pl.col(column) > threshold).fill_null(False).alias("_slow"),
-        (pl.col(column) - median).clip(lower_bound=0).fill_null(0).alias("_excess"),
-    )
+    slow = pl.lit(True) if selected else (pl.col(column) > threshold).fill_null(False)
+    deviation = pl.col(column) - median
+    excess = deviation.abs() if selected else deviation.clip(lower_bound=0)
+    inc = inc.with_columns(slow.alias("_slow"), excess.fill_null(0).alias("_excess"))
     n_slow = int(inc["_slow"].sum())
     total_excess = float(inc["_excess"].sum())
     if n_slow == 0 or total_excess <= 0:
