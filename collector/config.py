@@ -16,6 +16,13 @@ class TlsConfig:
     cert_file: str | None = None
     key_file: str | None = None
     client_ca_file: str | None = None
+    #: For ``fleetlens health collector``, which reads this same table: the CA that signed
+    #: ``cert_file`` (default: ``cert_file`` itself, right for a self-signed certificate or
+    #: a file that ends with its CA's certificate) ...
+    ca_file: str | None = None
+    #: ... and a name ``cert_file`` is issued for, checked instead of the host the probe
+    #: dials (127.0.0.1 for a collector listening on every interface).
+    server_name: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -30,6 +37,8 @@ class TlsConfig:
             self.client_ca_file is None or self.cert_file is not None,
             "client_ca_file", "mutual TLS needs cert_file and key_file too",
         )
+        require(self.ca_file is None or self.cert_file is not None, "ca_file",
+                "ca_file is the CA of cert_file: set cert_file and key_file too")
 
 
 @dataclass(frozen=True)
