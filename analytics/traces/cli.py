@@ -1,24 +1,21 @@
 """``fleetlens traces``: search requests and their traces; ``fleetlens traces export``: one
-trace as OTLP/JSON. The search runs in :mod:`analytics.traces.search`; this module parses
-flags and prints."""
+trace as OTLP/JSON; ``fleetlens traces compare`` (:mod:`analytics.traces.compare_cli`): what
+is different about a selection of them; ``fleetlens traces diff`` (:mod:`.side_by_side_cli`):
+two requests side by side. The search runs in :mod:`analytics.traces.search`;
+this module parses flags and prints."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleetlens.analytics.cli import _CONFIG, _DATA_DIR, _root, parse_since, write_output
-from fleetlens.analytics.traces.query import (
-    MAX_LIMIT,
-    SearchError,
-    TraceQuery,
-    merge_bounds,
-    parse_attr,
-    parse_bound,
-    parse_sort,
-)
+from fleetlens.analytics.cli import _CONFIG, _DATA_DIR, _root, write_output
+from fleetlens.analytics.traces.cli_options import filter_options, query_of
+from fleetlens.analytics.traces.compare_cli import compare_command
+from fleetlens.analytics.traces.query import MAX_LIMIT, SearchError, parse_sort
+from fleetlens.analytics.traces.side_by_side_cli import diff_command
 from fleetlens.pipeline.output import format_option, render_rows
 from fleetlens.pipeline.schema import columns as c
 
@@ -33,6 +30,8 @@ _EPILOG = f"""Examples:
   fleetlens traces --host gpu-07 --errors --format json
   fleetlens traces --attr gen_ai.request.max_tokens>=1024 --attr region=eu-west
   fleetlens traces export 4bf92f3577b34da6a3ce929d0e0e4736 -o trace.json
+  fleetlens traces compare --metric e2e_s --from 1h --to 50m --min-latency 4
+  fleetlens traces diff REQUEST_ID            (against the median around it)
 """
 
 
@@ -78,46 +77,10 @@ def page_note(total: int, offset: int, shown: int) -> str:
     return note
 
 
-def _time(text: str | None, flag: str) -> int | None:
-    """``--since``/``--until`` in the one time grammar, a bad one as a one-line error."""
-    if not text:
-        return None
-    try:
-        return parse_since(text)
-    except click.BadParameter as exc:
-        raise SearchError(f"{flag} {text!r}: {exc.message}") from None
-
-
-def _many(help_text: str, *names: str):  # noqa: ANN202 - a click decorator
-    return click.option(*names, multiple=True, help=help_text + " (repeat for any of several).")
-
-
 @click.group(invoke_without_command=True, epilog=_EPILOG)
 @_DATA_DIR
 @_CONFIG
-@click.option("--since", default=None,
-              help="Requests arriving at or after: 2h (ago), now-2h, an ISO time, a Unix time.")
-@click.option("--until", default=None, help="Requests arriving before (same forms).")
-@_many("Service name", "--service", "services")
-@_many("Model", "--model", "models")
-@_many("Host name", "--host", "hosts")
-@_many("Engine instance id", "--instance", "instances")
-@_many("GPU UUID the request's instance ran on", "--gpu", "gpus")
-@_many("GPU model (a requests dimension)", "--gpu-model", "gpu_models")
-@_many("Region (a requests dimension)", "--region", "regions")
-@_many("Finish reason (stop, length, abort, ...)", "--finish-reason", "finish_reasons")
-@click.option("--errors/--no-errors", "error", default=None,
-              help="Only failed requests / only successful ones [default: both].")
-@click.option("--min", "lows", multiple=True, metavar="COLUMN=N",
-              help=f"At least N in a numeric column, e.g. {c.E2E_S}=2, {c.INPUT_TOKENS}=4000.")
-@click.option("--max", "highs", multiple=True, metavar="COLUMN=N",
-              help=f"At most N in a numeric column, e.g. {c.TTFT_S}=0.5.")
-@click.option("--attr", "attrs", multiple=True, metavar="KEY[OP VALUE]",
-              help="A span of the trace has the attribute (span first, else resource): KEY "
-                   "(present), KEY=V, KEY!=V, KEY>N, KEY>=N, KEY<N, KEY<=N. Several --attr "
-                   "must hold on one span.")
-@_many("A span of the trace has this name (the operation; with --attr: the same span)",
-       "--span-name", "span_names")
+@filter_options
 @click.option("--sort", "sort", default=f"-{c.ARRIVAL_NS}", show_default=True,
               metavar="[-]COLUMN", help="Sort by a requests column; '-' for descending.")
 @click.option("--limit", type=click.IntRange(1, MAX_LIMIT), default=50, show_default=True,
@@ -126,13 +89,8 @@ def _many(help_text: str, *names: str):  # noqa: ANN202 - a click decorator
               help="Skip this many (the next page: --offset plus --limit).")
 @format_option()
 @click.pass_context
-def traces(ctx: click.Context, data_dir: str | None, config_file: str | None,
-           since: str | None, until: str | None, services: tuple[str, ...],
-           models: tuple[str, ...], hosts: tuple[str, ...], instances: tuple[str, ...],
-           gpus: tuple[str, ...], gpu_models: tuple[str, ...], regions: tuple[str, ...],
-           finish_reasons: tuple[str, ...], error: bool | None, lows: tuple[str, ...],
-           highs: tuple[str, ...], attrs: tuple[str, ...], span_names: tuple[str, ...],
-           sort: str, limit: int, offset: int, fmt: str) -> None:
+def traces(ctx: click.Context, data_dir: str | None, config_file: str | None, sort: str,
+           limit: int, offset: int, fmt: str, **filters: Any) -> None:  # noqa: ANN401
     """Search requests and their traces: by time, service, model, host, instance, GPU,
     region, finish reason, error, any latency or token column and any span attribute.
 
@@ -154,15 +112,8 @@ def traces(ctx: click.Context, data_dir: str | None, config_file: str | None,
 
     try:
         column, descending = parse_sort(sort)
-        query = TraceQuery(
-            start_ns=_time(since, "--since"), end_ns=_time(until, "--until"),
-            services=services, models=models, hosts=hosts, instances=instances, gpus=gpus,
-            gpu_models=gpu_models, regions=regions, finish_reasons=finish_reasons,
-            error=error,
-            bounds=merge_bounds([parse_bound(v, "--min") for v in lows],
-                                [parse_bound(v, "--max") for v in highs]),
-            attrs=tuple(parse_attr(v) for v in attrs), span_names=span_names,
-            sort=column, descending=descending, limit=limit, offset=offset)
+        query = query_of(**filters, sort=column, descending=descending, limit=limit,
+                         offset=offset)
         result = search_data_dir(_root(data_dir, config_file), query)
     except SearchError as exc:
         raise click.ClickException(str(exc)) from None
@@ -202,3 +153,7 @@ def export(ctx: click.Context, ident: str, data_dir: str | None, output: str | N
         write_output(output, text)
     else:
         click.echo(text, nl=False)
+
+
+traces.add_command(compare_command)
+traces.add_command(diff_command)

@@ -66,7 +66,7 @@ def time_width_s(span_ns: int, time_buckets: int) -> int:
 
 
 def heatmap(frame: pl.DataFrame, metric: str, *, time_buckets: int = 60,
-            latency_buckets: int = 40) -> Heatmap:
+            latency_buckets: int = 40, min_width_s: int = 1) -> Heatmap:
     """Count ``frame``'s requests by arrival and ``metric``.
 
     Args:
@@ -76,13 +76,15 @@ def heatmap(frame: pl.DataFrame, metric: str, *, time_buckets: int = 60,
         time_buckets: at most this many time buckets.
         latency_buckets: this many latency buckets, linear from 0 to a round bound at or
             above the slowest request.
+        min_width_s: time buckets at least this wide (60: a selection snapped to bucket
+            edges is a whole-minute range, what the dashboard's time range can carry).
     """
     rows = frame.select(c.ARRIVAL_NS, metric).drop_nulls()
     if rows.is_empty():
         return Heatmap(metric, [], [], pl.DataFrame(
             schema={"time_bucket": pl.Int64, "latency_bucket": pl.Int64, "count": pl.Int64}))
     first, last = int(rows[c.ARRIVAL_NS].min()), int(rows[c.ARRIVAL_NS].max())
-    width = time_width_s(last - first + 1, time_buckets) * NS
+    width = max(time_width_s(last - first + 1, time_buckets), min_width_s) * NS
     start = first // width * width
     n_time = (last - start) // width + 1
     top = _nice_ceiling(max(float(rows[metric].max()), 1e-3))

@@ -142,3 +142,37 @@ def test_a_bad_selection_is_one_line(kwargs: dict, message: str) -> None:
     args = {"metric": c.E2E_S, "start_ns": T0, "end_ns": T0 + NS, **kwargs}
     with pytest.raises(SearchError, match=message):
         Selection(**args)
+
+
+def run_compare(root: DataDir, *args: str, fmt: str = "json") -> tuple[str, str]:
+    out = CliRunner().invoke(cli, ["traces", "compare", "--data-dir", str(root.root),
+                                   "--format", fmt, *args])
+    assert out.exit_code == 0, out.output
+    return out.stdout, out.stderr
+
+
+def test_the_cli_names_the_slow_instance_with_a_command_that_opens_it(root: DataDir) -> None:
+    stdout, note = run_compare(root, "--metric", c.E2E_S, "--from", str(SLOW[1]),
+                               "--to", str(SLOW[2]), "--min-latency", "3", "--region", "eu")
+    rows = json.loads(stdout)
+    assert [(r["dimension"], r["value"]) for r in rows[:2]] == [
+        (c.INSTANCE_ID, "h2-i1"), (c.HOST_NAME, "h2")]
+    assert rows[0]["selected_share"] == 1.0 and len(rows[0]["trace_ids"]) == 5
+    assert "300 requests selected, 6,900 in the rest" in note  # eu: h1 and h2, 7,200
+    opened = CliRunner().invoke(cli, [*shlex.split(rows[0]["command"])[1:], "--format",
+                                      "csv", "--limit", "1000"])
+    assert opened.exit_code == 0, opened.output
+    assert len(opened.stdout.splitlines()) == 301 and "of 300" in opened.stderr
+    # The same in CSV and as a table with one command per difference.
+    csv_out, _ = run_compare(root, "--from", str(SLOW[1]), "--to", str(SLOW[2]),
+                             "--min-latency", "3", fmt="csv")
+    assert csv_out.splitlines()[1].startswith("1,instance_id,h2-i1,")
+    table, _ = run_compare(root, "--from", str(SLOW[1]), "--to", str(SLOW[2]),
+                           "--min-latency", "3", "--top", "3", fmt="table")
+    assert "instance_id=h2-i1" in table and "1. fleetlens traces --since" in table
+    assert "4. " not in table
+
+
+def test_the_cli_says_when_nothing_stands_out(root: DataDir) -> None:
+    stdout, note = run_compare(root, "--min-latency", "100")
+    assert json.loads(stdout) == [] and "0 requests selected" in note

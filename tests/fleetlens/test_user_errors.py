@@ -44,7 +44,19 @@ SPECIFIC: dict[str, list[list[str]]] = {
                  ["--data-dir", "{data}", "--follow", "--interval", "-1"]],
     "analyze": [["--data-dir", "{data}", "--follow", "--interval", "-1"]],
     "traces": [["--data-dir", "{data}", "--min", "e2e_s"], ["--data-dir", "{data}", "--region",
-               "eu"], ["export", "no-such-request", "--data-dir", "{data}"]],
+               "eu"], ["export", "no-such-request", "--data-dir", "{data}"],
+               ["compare", "--data-dir", "{data}"],
+               ["compare", "--data-dir", "{data}", "--from", "garbage", "--min-latency", "1"],
+               ["compare", "--data-dir", "{data}", "--min-latency", "2", "--max-latency", "1"],
+               ["compare", "--data-dir", "{data}", "--min-latency", "fast"],
+               ["compare", "--data-dir", "{data}", "--min-latency", "-1"],
+               ["compare", "--data-dir", "{data}", "--metric", "prefill_s"],
+               ["compare", "--data-dir", "{data}", "--from", "2h", "--to", "3h"],
+               ["compare", "--data-dir", "{data}", "--min-latency", "1", "--region", "eu"],
+               ["--host", "h1", "compare", "--data-dir", "{data}", "--min-latency", "1"],
+               ["diff", "no-such-request", "--data-dir", "{data}"],
+               ["diff", "--data-dir", "{data}"],
+               ["diff", "a", "b", "--data-dir", "{data}", "--window", "1"]],
 }
 
 
