@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import configparser
+import ipaddress
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # DuckDB and Polars only for readers: the collector never loads them (RSS)
     pass
@@ -30,6 +33,10 @@ from fleetlens.pipeline.storage.base import URL_SCHEME
 # set), for the few Polars reads that take plain ``s3://`` strings from ``parquet_files``.
 
 DEFAULT_REGION = "us-east-1"
+#: object_store's own switch for plain HTTP; here it must be set to reach a non-loopback host.
+ENV_ALLOW_HTTP = "AWS_ALLOW_HTTP"
+log = logging.getLogger("fleetlens.storage")
+_WARNED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,12 @@ def _profile_section(path: Path, section: str) -> dict[str, str]:
 
 
 def resolve_s3_settings(bucket: str, env: dict[str, str] | None = None) -> S3Settings:
-    """The settings of ``bucket`` from the environment and the AWS shared files."""
+    """The settings of ``bucket`` from the environment and the AWS shared files.
+
+    Raises:
+        ValueError: an ``http://`` endpoint on a non-loopback host without
+            ``AWS_ALLOW_HTTP=true`` (see :func:`_check_plaintext`).
+    """
     env = dict(os.environ if env is None else env)
     profile = env.get("AWS_PROFILE") or "default"
     home = Path(env.get("HOME") or Path.home())
@@ -139,8 +151,46 @@ def resolve_s3_settings(bucket: str, env: dict[str, str] | None = None) -> S3Set
               or DEFAULT_REGION)
     endpoint = (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
                 or conf.get("endpoint_url"))
+    if endpoint:
+        _check_plaintext(endpoint, env)
     return S3Settings(bucket, region, endpoint or None, key_id or None, secret or None,
                       token or None)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_plaintext(endpoint: str, env: dict[str, str]) -> None:
+    """Refuse an ``http://`` endpoint on another host unless ``AWS_ALLOW_HTTP=true`` says so.
+
+    Plain HTTP used to follow from the URL alone, for any host and silently (issue 33): every
+    object, raw telemetry included, then crosses the network readable and alterable. On
+    loopback (a local MinIO, a test server) it stays allowed without a word; elsewhere it
+    takes the explicit switch, and is then logged once as a warning.
+
+    Raises:
+        ValueError: a plaintext endpoint on another host without the switch.
+    """
+    if not endpoint.lower().startswith("http://"):
+        return
+    host = urlsplit(endpoint).hostname or ""
+    if _is_loopback(host):
+        return
+    if env.get(ENV_ALLOW_HTTP, "").strip().lower() not in ("true", "1", "yes"):
+        raise ValueError(
+            f"the S3 endpoint {endpoint} is plain HTTP to {host}: objects would cross the "
+            f"network unencrypted; use https://, or set {ENV_ALLOW_HTTP}=true to allow it on "
+            "a network you trust")
+    if endpoint not in _WARNED:
+        _WARNED.add(endpoint)
+        log.warning("S3 endpoint %s is plain HTTP (%s=true): objects cross the network "
+                    "unencrypted", endpoint, ENV_ALLOW_HTTP)
 
 
 def export_s3_settings(settings: S3Settings, env: dict[str, str] | None = None) -> None:
