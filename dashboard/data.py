@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.analytics.traces import otlp_export, search
+from fleetlens.analytics.traces import compare, otlp_export, search, side_by_side
 from fleetlens.dashboard import (
     capacity_view,
     explore,
@@ -77,6 +77,9 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "trace_requests": explore.trace_requests,
     "slow_requests": explore.slow_requests,
     "trace_search": search.search,
+    "trace_view": compare.view_frame,
+    "request_row": side_by_side.request_row,
+    "median_row": side_by_side.median_row,
     "trace_otlp_json": otlp_export.otlp_json,
 }
 

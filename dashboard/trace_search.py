@@ -32,8 +32,12 @@ DEFAULT_SORT = f"-{c.E2E_S}"
 ERRORS = {"any": ("", None), "only errors": ("only", True), "no errors": ("none", False)}
 #: widget key -> URL parameter (repeated parameters hold one value each)
 WIDGETS = {"ts_min": "min", "ts_max": "max", "ts_attr": "attr", "ts_finish": "finish",
-           "ts_errors": "errors", "ts_sort": "sort", "ts_page": "page"}
-_LISTS = ("min", "max", "attr", "finish")
+           "ts_instance": "instance", "ts_gpu": "gpu", "ts_errors": "errors",
+           "ts_sort": "sort", "ts_page": "page"}
+_LISTS = ("min", "max", "attr", "finish", "instance", "gpu")
+#: comma-separated text widgets (one URL parameter per value)
+_COMMAS = (("ts_min", "min"), ("ts_max", "max"), ("ts_finish", "finish"),
+           ("ts_instance", "instance"), ("ts_gpu", "gpu"))
 
 
 def _split(text: str, sep: str) -> list[str]:
@@ -46,13 +50,12 @@ def seed(state: MutableMapping[str, Any], params: Mapping[str, Sequence[str]]) -
     def first(name: str) -> str:
         return next(iter(params.get(name, [])), "")
 
-    values: dict[str, Any] = {
-        "ts_min": ", ".join(params.get("min", [])), "ts_max": ", ".join(params.get("max", [])),
+    values: dict[str, Any] = {key: ", ".join(params.get(name, [])) for key, name in _COMMAS}
+    values.update({
         "ts_attr": "\n".join(params.get("attr", [])),
-        "ts_finish": ", ".join(params.get("finish", [])),
         "ts_errors": next((label for label, (code, _) in ERRORS.items()
                            if code == first("errors")), "any"),
-    }
+    })
     sort = first("sort") or DEFAULT_SORT
     values["ts_sort"] = sort.lstrip("+-") if sort.lstrip("+-") in SORTS else c.E2E_S
     values["ts_desc"] = sort.startswith("-") or sort.lstrip("+-") not in SORTS
@@ -65,7 +68,7 @@ def seed(state: MutableMapping[str, Any], params: Mapping[str, Sequence[str]]) -
 def encode(state: Mapping[str, Any]) -> dict[str, str | list[str]]:
     """The page's URL parameters of the widget values (defaults and empty ones left out)."""
     out: dict[str, str | list[str]] = {}
-    for key, name in (("ts_min", "min"), ("ts_max", "max"), ("ts_finish", "finish")):
+    for key, name in _COMMAS:
         parts = _split(state.get(key) or "", ",")
         if parts:
             out[name] = parts
@@ -115,6 +118,8 @@ def query_of(f: Filters, state: Mapping[str, Any]) -> TraceQuery:
     return TraceQuery(
         start_ns=f.start_ns, end_ns=f.end_ns, services=f.services, models=f.models,
         hosts=f.hosts, regions=f.regions,
+        instances=tuple(_split(state.get("ts_instance") or "", ",")),
+        gpus=tuple(_split(state.get("ts_gpu") or "", ",")),
         finish_reasons=tuple(_split(state.get("ts_finish") or "", ",")),
         error=ERRORS.get(state.get("ts_errors") or "any", ("", None))[1],
         bounds=bounds, attrs=attrs, sort=column, descending=descending,

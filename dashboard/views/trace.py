@@ -1,9 +1,12 @@
-"""Trace explorer: a trace's spans as a waterfall, with queue/prefill/decode inside the engine."""
+"""Trace explorer: a trace's spans as a waterfall, with queue/prefill/decode inside the engine;
+its request side by side with another (``?vs=ID``) or the median request around it."""
 
 import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
+from fleetlens.analytics.traces.query import SearchError
+from fleetlens.analytics.traces.side_by_side import side_by_side
 from fleetlens.dashboard import data, ui
 from fleetlens.dashboard.explore import waterfall
 from fleetlens.pipeline.schema import columns as c
@@ -59,3 +62,26 @@ if reqs.height:
     cols[3].metric("Decode", ui.duration(r[c.DECODE_S]))
 st.dataframe(ui.readable(spans), hide_index=True, key="trace_spans")
 st.dataframe(ui.readable(reqs), hide_index=True, key="trace_requests")
+
+# Side by side (issue 35 item 4): another request (?vs=ID) or, by default, the median
+# request of its service and model within five minutes; computed in analytics.
+if reqs.height:
+    st.subheader("Compared with")
+    vs = st.text_input("Another request or trace id (empty: the median request of its "
+                       "service and model within 5 min)", value=st.query_params.get("vs", ""),
+                       key="trace_vs").strip()
+    if vs != st.query_params.get("vs", ""):
+        if vs:
+            st.query_params["vs"] = vs
+        else:
+            del st.query_params["vs"]
+    try:
+        a = data.load("request_row", reqs[c.REQUEST_ID][0])
+        b = data.load("request_row", vs) if vs else data.load("median_row", a)
+    except SearchError as exc:
+        st.error(str(exc))
+        st.stop()
+    other = (f"{b[c.REQUEST_ID]} ({b[c.HOST_NAME]})" if vs else
+             f"median of {b['requests']:,} requests")
+    st.dataframe(side_by_side(a, b).rename({"a": f"this ({a[c.HOST_NAME]})", "b": other}),
+                 hide_index=True, key="trace_side_by_side")

@@ -58,7 +58,7 @@ def test_a_link_opens_its_search(fresh, demo_data) -> None:
                                 f"&t={expected[c.ARRIVAL_NS][0]}")
     assert at.text_input(key="ts_min").value == f"{c.QUEUE_S}=0.4"
     assert at.selectbox(key="ts_sort").value == c.QUEUE_S
-    assert len(at.get("plotly_chart")) == 1  # the phase split of the page's rows
+    assert len(at.get("plotly_chart")) == 2  # the latency heatmap, the page's phase split
 
 
 def test_the_next_page_and_a_span_attribute_from_the_widgets_reach_the_url(
