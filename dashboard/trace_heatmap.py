@@ -9,6 +9,7 @@ selection (times: Unix ns or any form of the one time grammar; a band side left 
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -98,16 +99,28 @@ def _moment(value: Any) -> int:  # noqa: ANN401 - plotly gives a date string or 
 
 def from_box(box: Mapping[str, Any], grid: Heatmap) -> dict[str, str]:
     """A box drawn on the heatmap, snapped outwards to its cell edges, as ``hm_sel`` (edges
-    of whole minutes on the page's grid: a link's range carries them exactly)."""
+    of whole minutes on the page's grid: a link's range carries them exactly). The y axis
+    counts latency buckets (0 at the bottom edge), whose edges are log-spaced seconds."""
     x0, x1 = sorted(_moment(v) for v in box["x"])
     y0, y1 = sorted(float(v) for v in box["y"])
     times, lats = grid.time_edges_ns, grid.latency_edges
     start = max([e for e in times if e <= x0], default=times[0])
     end = min([e for e in times if e >= x1], default=times[-1])
-    low = max([e for e in lats if e <= y0], default=0.0)
-    high = min([e for e in lats if e >= y1], default=lats[-1])
+    low = lats[min(max(math.floor(y0), 0), len(lats) - 1)]
+    high = lats[min(max(math.ceil(y1), 0), len(lats) - 1)]
     return {"hm_from": str(start), "hm_to": str(end), "hm_min": repr(low) if low > 0 else "",
             "hm_max": repr(high) if high < lats[-1] else ""}
+
+
+def _position(lats: list[float], seconds: float) -> float:
+    """Where ``seconds`` is on the bucket-counting y axis (inside its bucket, log-linear)."""
+    i = max(bisect.bisect_right(lats, seconds) - 1, 0)
+    if i >= len(lats) - 1:
+        return float(len(lats) - 1)
+    lo, hi = lats[i], lats[i + 1]
+    if lo <= 0:
+        return i + (seconds / hi if hi else 0.0)
+    return i + math.log(seconds / lo) / math.log(hi / lo)
 
 
 def _utc(ns: int) -> dt.datetime:
@@ -120,22 +133,30 @@ def figure(grid: Heatmap, selection: Selection | None) -> go.Figure:
     selection's outline."""
     times = [_utc(e) for e in grid.time_edges_ns]
     lats = grid.latency_edges
+    rows = list(range(len(lats)))  # bucket edges on the y axis; ticks say their seconds
     z = [[n or None for n in row] for row in grid.matrix()]
-    fig = go.Figure(go.Heatmap(x=times, y=lats, z=z, colorscale="Viridis", hoverongaps=False,
-                               colorbar={"title": "requests"}))
+    fig = go.Figure(go.Heatmap(x=times, y=rows, z=z, colorscale="Viridis", hoverongaps=False,
+                               colorbar={"title": "requests"}, customdata=[
+                                   [f"{lats[i]:.4g}-{lats[i + 1]:.4g} s"] * len(z[0])
+                                   for i in range(len(z))],
+                               hovertemplate="%{x}<br>%{customdata}<br>%{z} requests"
+                                             "<extra></extra>"))
     mid_t = [a + (b - a) / 2 for a, b in zip(times, times[1:], strict=False)]
-    mid_l = [(a + b) / 2 for a, b in zip(lats, lats[1:], strict=False)]
-    fig.add_trace(go.Scatter(x=[t for _ in mid_l for t in mid_t],
-                             y=[v for v in mid_l for _ in mid_t], mode="markers",
+    fig.add_trace(go.Scatter(x=[t for i in rows[:-1] for t in mid_t],
+                             y=[i + 0.5 for i in rows[:-1] for _ in mid_t], mode="markers",
                              marker={"opacity": 0, "size": 4}, hoverinfo="skip",
                              showlegend=False))
     if selection is not None:
         fig.add_shape(type="rect", line={"color": "#e45756", "width": 2},
                       x0=_utc(max(selection.start_ns, grid.time_edges_ns[0])),
                       x1=_utc(min(selection.end_ns, grid.time_edges_ns[-1])),
-                      y0=selection.low or 0, y1=selection.high or lats[-1])
+                      y0=_position(lats, selection.low or 0.0),
+                      y1=_position(lats, selection.high) if selection.high else rows[-1])
+    ticks = rows[::5] if rows[-1] % 5 == 0 else [*rows[::5], rows[-1]]
     fig.update_layout(height=360, dragmode="select", xaxis_title="arrival (UTC)",
-                      yaxis_title=f"{LABELS[grid.metric]} (s)",
+                      yaxis={"title": f"{LABELS[grid.metric]} (s, log buckets)",
+                             "tickvals": ticks, "ticktext": [f"{lats[i]:.3g}" for i in ticks],
+                             "range": [0, rows[-1]]},
                       margin={"l": 10, "r": 10, "t": 30, "b": 10})
     return fig
 

@@ -129,8 +129,9 @@ def view_frame(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> pl.DataFram
 
 
 def _has(cursor: duckdb.DuckDBPyConnection, table: str) -> bool:
+    # fetchall: a result left unfinished blocks the cursor's next query
     return bool(cursor.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
-                               [t.table(table).name]).fetchone()[0])  # type: ignore[index]
+                               [t.table(table).name]).fetchall()[0][0])
 
 
 def compare(frame: pl.DataFrame, selection: Selection, query: TraceQuery | None = None,

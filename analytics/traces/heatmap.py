@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from fleetlens.pipeline.schema import columns as c
@@ -28,7 +29,8 @@ _WIDTHS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 1080
 @dataclass(frozen=True)
 class Heatmap:
     """Counts of requests per cell. ``time_edges_ns`` and ``latency_edges`` bound the cells
-    (n + 1 edges for n buckets; the last latency bucket includes its upper edge);
+    (n + 1 edges for n buckets; a latency bucket holds ``[edge, next edge)``, the last one
+    its upper edge too);
     ``cells`` holds one row per non-empty cell: ``time_bucket``, ``latency_bucket`` (0-based
     indexes) and ``count``."""
 
@@ -74,8 +76,7 @@ def heatmap(frame: pl.DataFrame, metric: str, *, time_buckets: int = 60,
             a one-token answer) are left out.
         metric: one of :data:`METRICS`.
         time_buckets: at most this many time buckets.
-        latency_buckets: this many latency buckets, linear from 0 to a round bound at or
-            above the slowest request.
+        latency_buckets: this many latency buckets (:func:`latency_edges`).
         min_width_s: time buckets at least this wide (60: a selection snapped to bucket
             edges is a whole-minute range, what the dashboard's time range can carry).
     """
@@ -87,13 +88,27 @@ def heatmap(frame: pl.DataFrame, metric: str, *, time_buckets: int = 60,
     width = max(time_width_s(last - first + 1, time_buckets), min_width_s) * NS
     start = first // width * width
     n_time = (last - start) // width + 1
-    top = _nice_ceiling(max(float(rows[metric].max()), 1e-3))
-    step = top / latency_buckets
-    cells = (rows.select(
-        ((pl.col(c.ARRIVAL_NS) - start) // width).cast(pl.Int64).alias("time_bucket"),
-        (pl.col(metric) / step).floor().cast(pl.Int64)
-        .clip(0, latency_buckets - 1).alias("latency_bucket"))
-        .group_by("time_bucket", "latency_bucket").agg(pl.len().cast(pl.Int64).alias("count"))
-        .sort("time_bucket", "latency_bucket"))
-    return Heatmap(metric, [start + i * width for i in range(n_time + 1)],
-                   [round(i * step, 9) for i in range(latency_buckets + 1)], cells)
+    edges = latency_edges(rows[metric], latency_buckets)
+    index = np.searchsorted(np.asarray(edges), rows[metric].to_numpy(), side="right") - 1
+    cells = (rows.select(((pl.col(c.ARRIVAL_NS) - start) // width).cast(pl.Int64)
+                         .alias("time_bucket"))
+             .with_columns(pl.Series("latency_bucket", index.clip(0, latency_buckets - 1),
+                                     dtype=pl.Int64))
+             .group_by("time_bucket", "latency_bucket")
+             .agg(pl.len().cast(pl.Int64).alias("count"))
+             .sort("time_bucket", "latency_bucket"))
+    return Heatmap(metric, [start + i * width for i in range(n_time + 1)], edges, cells)
+
+
+def latency_edges(values: pl.Series, buckets: int) -> list[float]:
+    """``buckets + 1`` edges, log-spaced from a power of ten at or below the fastest
+    positive value (at least 1 ms) to a round bound at or above the slowest; the first edge is
+    0, so the lowest bucket holds everything below. Log-spaced: a KV-cache incident's TTFTs
+    run from 20 ms to minutes, and linear buckets put every normal request in the first."""
+    positive = values.filter(values > 0)
+    floor = max(float(positive.min()), 1e-3) if len(positive) else 1e-3
+    low = 10.0 ** math.floor(math.log10(floor))
+    high = max(_nice_ceiling(max(float(values.max()), low * 10)), low * 10)
+    ratio = high / low
+    edges = [float(f"{low * ratio ** (i / (buckets - 1)):.4g}") for i in range(buckets)]
+    return [0.0, *edges]

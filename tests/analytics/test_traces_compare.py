@@ -124,11 +124,16 @@ def test_the_heatmap_counts_every_request_once_in_minute_buckets() -> None:
     grid = heatmap(frame, c.E2E_S, time_buckets=60, latency_buckets=20)
     assert grid.total == frame.height
     assert grid.time_edges_ns[0] == T0 and grid.time_edges_ns[1] - T0 == 60 * NS
-    assert len(grid.time_edges_ns) == 61 and grid.latency_edges[-1] == 5.0
+    # log-spaced over at least a decade from 1 s (the fastest is 1.0x s), below 1 s in the
+    # first bucket
+    assert len(grid.time_edges_ns) == 61
+    assert grid.latency_edges[:2] == [0.0, 1.0] and grid.latency_edges[-1] == 10.0
+    assert grid.latency_edges[11] == pytest.approx(10 ** (10 / 19), rel=1e-3)
     matrix = grid.matrix()
-    assert sum(map(sum, matrix)) == frame.height
+    assert sum(map(sum, matrix)) == frame.height and sum(matrix[0]) == 0
+    # normal requests take 1-1.5 s, the slow instance's 4-4.5 s: no bucket holds both
     slow_rows = [row for edge, row in zip(grid.latency_edges, matrix, strict=False)
-                 if edge >= 4.0]
+                 if edge > 1.5]
     assert sum(map(sum, slow_rows)) == 300 and sum(sum(r[20:30]) for r in slow_rows) == 300
     assert heatmap(frame.head(0), c.E2E_S).total == 0
 

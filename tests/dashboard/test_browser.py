@@ -278,3 +278,63 @@ def test_availability_and_a_failure_incident_in_a_real_browser(failure_server, b
     page.get_by_text(f"ttft_p99_s on {sf.PEER_HOST}").click()
     page.wait_for_selector("text=Set off by a failure", timeout=60_000)
     assert not errors, errors
+
+
+#: Page pixels of (time, latency) points on the first chart of a page (the Traces page's
+#: heatmap), from plotly's own axes.
+_TO_PIXELS = """([t0, t1, y0]) => {
+    const gd = document.querySelector('.js-plotly-plot');
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+    const box = gd.getBoundingClientRect();
+    const px = v => box.left + xa._offset + xa.l2p(xa.d2l(v));
+    const py = v => box.top + ya._offset + ya.l2p(v);
+    return [px(t0), px(t1), py(y0), py(ya.range[1]) + 2];
+}"""
+
+
+def test_a_box_drawn_on_the_traces_heatmap_lists_what_is_different(
+        server, browser, real_demo, tmp_path) -> None:
+    """Issue 35 item 2 in a real browser: a drag over the KV-pressure incident's slow band
+    on the heatmap becomes the selection in the URL and lists its differences, h01 first."""
+    import datetime as dt
+
+    from fleetlens.analytics.traces.heatmap import heatmap
+    from fleetlens.dashboard.trace_heatmap import _position
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import scan
+    from tests.dashboard.test_traces_heatmap import kv_selection
+
+    metric, start, end, low = kv_selection(real_demo)
+    # the band's lower edge on the page's y axis, which counts latency buckets
+    grid = heatmap(scan(real_demo, t.REQUESTS).collect(), metric, min_width_s=60)
+    low = _position(grid.latency_edges, low)
+    page = browser.new_page(viewport={"width": 1500, "height": 2400})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    render(page, f"{server}/traces?range=all&hm={metric}", [".js-plotly-plot"])
+    assert "Drag a box" in page.locator("body").inner_text()
+
+    def at(ns: int) -> str:
+        return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    x0, x1, y0, y_top = page.evaluate(_TO_PIXELS, [at(start), at(end), low])
+    page.mouse.move(x0 + 1, y_top)
+    page.mouse.down()
+    page.mouse.move((x0 + x1) / 2, (y_top + y0) / 2, steps=5)
+    page.mouse.move(x1 - 1, y0, steps=5)
+    page.mouse.up()
+    page.wait_for_url("**hm_from=**", timeout=60_000)
+    page.wait_for_function("""() => document.querySelectorAll(
+        '[data-testid="stDataFrame"]').length >= 2""", timeout=60_000)
+    render(page, page.url, ['[data-testid="stDataFrame"]'])
+    check_page(page, "traces heatmap selection")
+    text = page.locator("body").inner_text()
+    assert "requests selected" in text, text[:2000]
+    cells = page.evaluate("""() => Array.from(document.querySelector(
+        '[data-testid="stDataFrame"]').querySelectorAll('[role="gridcell"]'))
+        .map(c => c.innerText)""")
+    # the first row: its link, then its difference
+    assert cells[1].strip() == "host_name=h01", cells[:12]
+    assert "host=h01" in cells[0], cells[0]
+    page.screenshot(path=str(shot_dir(tmp_path) / "traces-selection.png"), full_page=True)
+    assert not errors, errors
