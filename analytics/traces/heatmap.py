@@ -1,5 +1,5 @@
 """The latency heatmap of a trace search: requests counted per (arrival-time bucket,
-latency bucket) of one latency column, the grid a user selects a region of
+log-spaced latency bucket) of one latency column, the grid a user selects a region of
 (:mod:`analytics.traces.compare` says what is different about that region).
 
 Input: the view's requests (:func:`analytics.traces.compare.view_frame`). Output: a
