@@ -110,10 +110,23 @@ class Lease:
             try:
                 self._write(self.version)
             except VersionConflict:
-                self._mark_lost()
+                current = read(self.path)
+                if not self._still_ours(current):
+                    self._mark_lost(current)
+                    return
+                # An earlier renewal landed though its answer never came (a PUT timed out at
+                # 30 s on a loaded object store, then this conflicted with our own write):
+                # the lease still names us, so it is renewed from its current version.
+                try:
+                    self._write(current[1])
+                except VersionConflict:
+                    self._mark_lost(read(self.path))
 
-    def _mark_lost(self) -> None:
-        current = read(self.path)
+    def _still_ours(self, current: tuple[dict[str, Any], str | None] | None) -> bool:
+        return (current is not None and current[0].get("token") == self.token
+                and not is_released(current[0]))
+
+    def _mark_lost(self, current: tuple[dict[str, Any], str | None] | None) -> None:
         data = current[0] if current else {}
         self.taken_by = f"{data.get('holder', 'another job')} on {data.get('host', '?')}" \
             if current else "another job"

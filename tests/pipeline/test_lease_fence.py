@@ -209,3 +209,33 @@ def test_a_local_job_cannot_lose_its_lock(tmp_path: Path) -> None:
     with joblock.exclusive(dd, "pipeline"):
         assert not fence._CHECKS
         write_parquet_atomic(_spans(0, 1), dd.root / "derived" / "x" / "part.parquet")
+
+
+def test_a_renewal_whose_answer_was_lost_still_holds_the_lease(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewal PUT that the store applied but whose answer never came (it timed out at 30 s
+    on a loaded machine) left the lease naming us at a version we did not know; the next
+    renewal conflicted with our own write and the job stopped as if another had taken over
+    ('lost the job lease to <our own pid> analytics', test_object_store_e2e at load 18)."""
+    path = joblock.lock_path(DataDir(_url(s3)))
+    held = lease.acquire(path, "analytics", None, ttl_s=60)
+    held._stop.set()
+    held._thread.join()
+    bucket = path.bucket
+    put = bucket.put
+
+    def applied_then_lost(key: str, data: bytes, mode: Any = None) -> Any:
+        put(key, data, mode)
+        raise OSError("error sending request: timed out after 30 s")
+
+    monkeypatch.setattr(bucket, "put", applied_then_lost)
+    with pytest.raises(OSError):
+        held._renew_once()
+    monkeypatch.undo()
+    held._valid_until = 0.0  # stale: the next check renews
+    held.check()  # old code: LeaseLost("lease lost to <this pid> analytics ...")
+    assert not held.lost.is_set()
+    current = lease.read(path)
+    assert current is not None and current[0]["token"] == held.token
+    assert current[1] == held.version
+    held.release()
