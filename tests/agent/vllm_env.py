@@ -171,7 +171,11 @@ def running_vllm(python: Path, model: Path, log_path: Path, *, otlp_endpoint: st
     # base (short: socket paths are limited to 107 bytes) is removed below.
     rpc_dir = Path(tempfile.mkdtemp(prefix="fleetlens-vllm-"))
     env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
-    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+    # Niced: the CPU build's threads spin on every core, and the collector, agent and gateway
+    # of the same test (and the other xdist worker's tests) must not starve behind them
+    # (`nice` execs the server: the PID stays the one stopped below).
+    command = ["nice", "-n", "10", str(python), "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(model),
                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
                "--enforce-eager", "--otlp-traces-endpoint", otlp_endpoint, *args]
     with open(log_path, "ab") as log_file:
