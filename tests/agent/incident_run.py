@@ -104,6 +104,10 @@ def running_agent(tmp: Path, collector: str, vllm_url: str, instance: str, host:
 collector = "{collector}"
 host_name = "{host}"
 scrape_interval_s = {scrape_interval_s}
+# a collector on a loaded 2-core test machine answered an Export in more than the default
+# 10 s (its WAL's fsync behind the suite's writes): the agent kept the collections, but those
+# still queued at its stop made it exit non-zero and fail every real-vLLM case
+export_timeout_s = 30.0
 [[agent.vllm]]
 url = "{vllm_url}"
 instance_id = "{instance}"
