@@ -47,7 +47,8 @@ def _text(attr: AttrFilter, spans: dict[str, str], bind: Params) -> tuple[str, s
         return f"COALESCE(CAST(s.{quote(promoted[0])} AS VARCHAR), {span_json})", None
     # The key's JSON text must appear in one of the maps: a substring test is ~5x cheaper
     # than parsing the JSON, so most spans are dismissed before json_extract runs.
-    # The collector writes UTF-8 as is; other writers may escape it (\uXXXX): both forms.
+    # The collector writes UTF-8 as is; other writers may escape non-ASCII characters as
+    # backslash-u and four hex digits: both forms.
     forms = dict.fromkeys(json.dumps(attr.key, ensure_ascii=ascii) for ascii in (False, True))
     prefilter = "(" + " OR ".join(f"contains({column}, {bind(form)})" for form in forms
                                   for column in (attrs, resource)) + ")"
