@@ -35,9 +35,10 @@ from prometheus_client.core import Metric
 from fleetlens.analytics.capacity.exporter import capacity_families
 from fleetlens.analytics.exporter_counters import RequestCounters, per_host
 from fleetlens.analytics.exporter_gauges import (
-    all_windows,
+    DEFAULT_LOOKBACK_S,
     baseline_families,
     latest_closed,
+    recent_windows,
     window_families,
 )
 from fleetlens.analytics.exporter_incidents import (
@@ -57,12 +58,15 @@ class DerivedSignals:
     ``refresh_s`` seconds (scrapes in between get the cached families).
 
     ``dashboard_url`` (``[analytics] dashboard_url``) makes each incident's info series carry
-    the link to its page on the dashboard, as the webhooks do.
+    the link to its page on the dashboard, as the webhooks do. ``lookback_s``: a read takes
+    the windows and baselines of that long before the newest window (and the windows not yet
+    counted); a series silent longer is no longer served.
     """
 
     root: DataDir
     refresh_s: float = 15.0
     dashboard_url: str | None = None
+    lookback_s: float = DEFAULT_LOOKBACK_S
     _cache: list[Metric] = field(default_factory=list)
     _read_at: float = float("-inf")
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,15 +82,16 @@ class DerivedSignals:
 
     def read(self) -> list[Metric]:
         """Build every family from the tables now."""
-        windows = per_host(all_windows(self.root))
-        self._counters.update(self.root, windows)
-        latest = latest_closed(windows)
+        windows = per_host(recent_windows(self.root, self.lookback_s,
+                                          since_ns=self._counters.watermark_ns))
+        self._counters.update(self.root, windows, idle_s=self.lookback_s)
+        latest = latest_closed(windows, self.lookback_s)
         closed_start = None if latest.is_empty() else int(latest[c.WINDOW_START_NS].max())
         # active: the dashboard's definition (analytics.open_incidents), at the same "now"
         now_ns = None if windows.is_empty() else closed_until_ns(windows)
         active = open_incidents(self.root, now_ns)
         return [*self._counters.families(), *window_families(latest),
-                *baseline_families(self.root, closed_start),
+                *baseline_families(self.root, closed_start, self.lookback_s),
                 *incident_families(active, self.dashboard_url),
                 *phase_families(self.root, active),
                 *slo_families(self.root, self._slo_counters),

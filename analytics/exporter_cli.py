@@ -20,14 +20,19 @@ from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, is_loopback
               help="Port of http://ADDRESS:PORT/metrics.")
 @click.option("--refresh", "refresh_s", type=click.FloatRange(min=0), default=15.0,
               show_default=True, help="Seconds a read of the tables is reused across scrapes.")
+@click.option("--lookback", "lookback_s", type=click.FloatRange(min=60), default=3600.0,
+              show_default=True,
+              help="Seconds before the newest window a read covers; a series silent longer "
+                   "is no longer served.")
 def exporter(data_dir: str | None, config_file: str | None, address: str, port: int,
-             refresh_s: float) -> None:
+             refresh_s: float, lookback_s: float) -> None:
     """Serve fleetlens' derived signals for Prometheus and Grafana at /metrics.
 
     Per service, model and host: request, error and token counters and TTFT/TPOT/e2e
     histograms (from the windows closed since it started); J/token, KV-cache usage and the
-    baselines of the latest closed window; the active incidents by top cause (with a link to
-    each one's page when [analytics] dashboard_url is set); the SLOs. Dashboards and rules over
+    baselines of the latest closed window, for the series heard from in the last --lookback;
+    the active incidents by top cause (with a link to each one's page when [analytics]
+    dashboard_url is set); the SLOs. Dashboards and rules over
     these series: deploy/grafana/fleetlens.json, deploy/prometheus/.
     """
     from prometheus_client import CollectorRegistry, start_http_server
@@ -42,7 +47,7 @@ def exporter(data_dir: str | None, config_file: str | None, address: str, port: 
         click.echo(f"warning: the exporter listens on {address}, beyond this machine; it has "
                    "no authentication (put it behind your network policy or a proxy)", err=True)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DerivedSignals(root, refresh_s, dashboard_url))
+    registry.register(DerivedSignals(root, refresh_s, dashboard_url, lookback_s))
     try:
         server, thread = start_http_server(port, addr=address, registry=registry)
     except OSError as exc:

@@ -10,6 +10,10 @@ newest window, which is still filling. A request is in the window of its arrival
 the hour's ``requests`` column. Requests stored late for a window already counted are not
 counted (the dashboard and ``fleetlens sql`` have them).
 
+A series with no window for longer than the exporter's lookback is dropped (Prometheus marks
+it stale; should it come back, it starts again at 0, a reset ``rate()`` handles), so the
+families hold the series of the last hour, not every series ever seen.
+
 The histograms count each request's TTFT, TPOT and end-to-end latency into the fixed buckets
 of :data:`pipeline.schema.exported.BUCKETS`; a request without a value (a failure before its
 first token has no TTFT) is in none, so a histogram's ``_count`` may be below the requests'.
@@ -23,11 +27,12 @@ import polars as pl
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from fleetlens.pipeline.partitions import files_since
 from fleetlens.pipeline.schema import FLEET_WIDE
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import exported as x
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.storage import DataDir, retry_vanished, scan
+from fleetlens.pipeline.storage import DataDir, polars_options, retry_vanished
 
 Key = tuple[str, str, str]
 KEYS = (c.SERVICE_NAME, c.MODEL, c.HOST_NAME)
@@ -60,20 +65,24 @@ class RequestCounters:
     watermark_ns: int | None = None
     counters: dict[str, dict[Key, float]] = field(default_factory=dict)
     histograms: dict[str, dict[Key, Histogram]] = field(default_factory=dict)
+    #: start of each series' newest window seen (to drop the series silent too long)
+    last_seen_ns: dict[Key, int] = field(default_factory=dict)
 
-    def update(self, root: DataDir, windows: pl.DataFrame) -> None:
-        """Count what closed since the last read; ``windows``: the per-host rows of every
-        stored window (the first read only sets the starting point and the series at 0)."""
+    def update(self, root: DataDir, windows: pl.DataFrame, idle_s: float = 3600.0) -> None:
+        """Count what closed since the last read; ``windows``: the per-host rows of the
+        stored windows, every one from :attr:`watermark_ns` on (the first read only sets the
+        starting point and the series at 0). Series without a window in the ``idle_s``
+        before the newest are dropped."""
         if windows.is_empty():
             return
         newest = int(windows[c.WINDOW_START_NS].max())
-        for key in windows.select(KEYS).unique().iter_rows():
+        seen = windows.group_by(KEYS).agg(pl.col(c.WINDOW_START_NS).max())
+        for *key, start in seen.iter_rows():
             self._series(_key(key))
+            self.last_seen_ns[_key(key)] = max(start, self.last_seen_ns.get(_key(key), start))
         if self.watermark_ns is not None and newest > self.watermark_ns:
             since = self.watermark_ns
-            requests = retry_vanished(lambda: scan(root, t.REQUESTS).filter(
-                pl.col(c.ARRIVAL_NS).is_between(since, newest, closed="left")).collect())
-            self._add_requests(requests)
+            self._add_requests(retry_vanished(lambda: _requests_between(root, since, newest)))
             size = windows[c.WINDOW_S].min()  # one window size, or energy counts twice
             closed = windows.filter(pl.col(c.WINDOW_S) == size, pl.col(
                 c.WINDOW_START_NS).is_between(since, newest, closed="left"))
@@ -82,6 +91,13 @@ class RequestCounters:
                 self._series(_key(key))
                 self.counters[x.GPU_ENERGY][_key(key)] += float(joules or 0.0)
         self.watermark_ns = max(newest, self.watermark_ns or newest)
+        self._retire(newest - int(idle_s * 1e9))
+
+    def _retire(self, before_ns: int) -> None:
+        for key in [k for k, seen in self.last_seen_ns.items() if seen < before_ns]:
+            del self.last_seen_ns[key]
+            for series in (*self.counters.values(), *self.histograms.values()):
+                series.pop(key, None)
 
     def _series(self, key: Key) -> None:
         for name in (*COUNTERS, x.GPU_ENERGY):
@@ -131,6 +147,17 @@ class RequestCounters:
                 family.add_metric(list(key), [*buckets, ("+Inf", hist.count)], hist.total)
             families.append(family)
         return families
+
+
+def _requests_between(root: DataDir, lo_ns: int, hi_ns: int) -> pl.DataFrame:
+    """The stored requests that arrived in ``[lo_ns, hi_ns)``, read from the partitions that
+    can hold them only."""
+    files = [str(f) for f in files_since(root, t.REQUESTS, lo_ns)]
+    if not files:
+        return t.table(t.REQUESTS).empty()
+    return pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore",
+                           storage_options=polars_options(root.root)).filter(
+        pl.col(c.ARRIVAL_NS).is_between(lo_ns, hi_ns, closed="left")).collect()
 
 
 def _key(values: tuple | list) -> Key:

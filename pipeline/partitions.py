@@ -95,6 +95,32 @@ def existing_hours(data_dir: DataDir, table: str) -> list[int]:
     return sorted(set(out))
 
 
+def files_since(data_dir: DataDir, table: str, since_ns: int) -> list[Path]:
+    """The Parquet files of ``table`` that may hold rows at or after ``since_ns``: those whose
+    ``date=``/``hour=`` partition ends after it, and any file outside such a partition.
+
+    One listing, no file opened: readers of recent rows (the exporter) skip the history.
+    """
+    return [path for path in parquet_files(data_dir.table_dir(table))
+            if (span := partition_span(path)) is None or span[1] > since_ns]
+
+
+def partition_span(path: Path) -> tuple[int, int] | None:
+    """``(start, end)`` in ns of the day or hour partition holding the file ``path``; None
+    outside one."""
+    parts = dict(p.partition("=")[::2] for p in (path.parent.parent.name, path.parent.name)
+                 if "=" in p)
+    try:
+        day = dt.datetime.strptime(parts["date"], "%Y-%m-%d").replace(tzinfo=dt.UTC)
+        hour = int(parts["hour"]) if "hour" in parts else None
+    except (KeyError, ValueError):
+        return None
+    start = int(day.timestamp()) * NS
+    if hour is None:
+        return start, start + 24 * HOUR_NS
+    return start + hour * HOUR_NS, start + (hour + 1) * HOUR_NS
+
+
 def read_raw(files: list[str], table: str, predicate: pl.Expr,
              columns: tuple[str, ...] | None = None,
              categorical: tuple[str, ...] = (),
