@@ -35,6 +35,7 @@ from fleetlens.analytics.failures.detect import (
 from fleetlens.analytics.gpu_signals import GPU_CLOCK_MIN, gpu_clock_series
 from fleetlens.analytics.incident_facts import incident_tables
 from fleetlens.analytics.merge import incidents_frame, merge_anomalies
+from fleetlens.analytics.peer_bands import borrow_bands, scope_gpus
 from fleetlens.analytics.peers import PEER_SUFFIX, peer_metric, peer_series
 from fleetlens.analytics.series import (
     LEVEL_HOST,
@@ -176,7 +177,8 @@ def _unpoison_peers(series: pl.DataFrame, banded: pl.DataFrame, anomalies: pl.Da
 
 
 def detect_unpoisoned(series: pl.DataFrame, config: AnalyticsConfig,
-                      window_s: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+                      window_s: int, gpus: pl.DataFrame | None = None,
+                      ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Bands and anomalies where windows inside detected incidents feed no baseline.
 
     A first pass finds the incidents; their windows (every series of the incident's scope)
@@ -191,15 +193,20 @@ def detect_unpoisoned(series: pl.DataFrame, config: AnalyticsConfig,
     passes also forget natural surges, whose highs are the usual highs a band must keep
     (seeds 7, 12, 14, 18, 19: 8 more false incidents, all on natural surges).
     The bands are those judged, demand bands included (:func:`demand_bands`), so the
-    `baselines` table draws the band each breach crossed. Returns (banded series,
-    anomalies).
+    `baselines` table draws the band each breach crossed; a young series' window without
+    a band of its own borrows its peers' (``gpus``: :func:`analytics.peer_bands.scope_gpus`;
+    :func:`analytics.peer_bands.borrow_bands`). Returns (banded series, anomalies).
     """
-    banded = demand_bands(rolling_baseline(series, config).collect(), config)
+    def banded_by(exclude: pl.DataFrame | None) -> pl.DataFrame:
+        own = rolling_baseline(series, config, exclude=exclude).collect()
+        return demand_bands(borrow_bands(own, config, gpus), config)
+
+    banded = banded_by(None)
     anomalies = _detect(banded, config, window_s)
     excluded = incident_windows(anomalies, banded, config, window_s)
     if excluded.is_empty() or config.unpoison_passes < 2:
         return banded, anomalies
-    banded = demand_bands(rolling_baseline(series, config, exclude=excluded).collect(), config)
+    banded = banded_by(excluded)
     anomalies = _detect(banded, config, window_s)
     excluded = _union(excluded, incident_windows(anomalies, banded, config, window_s))
     banded, anomalies, excluded = _unpoison_peers(series, banded, anomalies, excluded,
@@ -252,8 +259,9 @@ def analyse(tables: Tables, config: AnalyticsConfig, *, attribute: bool = True) 
         empty = t.table(t.BASELINES).empty()
         return Analysis(None, empty, empty, pl.DataFrame(), incidents_frame([]),
                         t.table(t.CAUSES).empty())
-    banded, anomalies = detect_unpoisoned(all_series(tables, config, window_s), config,
-                                          window_s)
+    series = all_series(tables, config, window_s)
+    banded, anomalies = detect_unpoisoned(series, config, window_s,
+                                          scope_gpus(series, tables.gpu_samples))
     incidents = merge_anomalies(anomalies, hosts_by_service(banded), config)
     findings: list[Finding] = []
     if attribute:  # failures first: their outages are no attribution baseline

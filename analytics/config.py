@@ -130,6 +130,14 @@ class AnalyticsConfig:
     #: ... and a host's medians (p50s are steady on few requests, as for min_requests_median:
     #: fleet64 seed 11's KV pressure on one host in its 15th minute is found by them).
     warmup_host_medians: bool = True
+    #: ... and a window with no band of its own (a new host or service) borrows the band of
+    #: its peers: mature series of the same metric and level serving the same model on the
+    #: same GPU model, in the same window (analytics.peer_bands; False: blind until its own
+    #: band),
+    warmup_peer_bands: bool = True
+    #: ... or, with no peer, the service's latency SLO as the upper bound of the percentile
+    #: it states (``slos``: TTFT <= 1 s for 99% bounds ttft_p99_s at 1 s).
+    warmup_slo_bounds: bool = True
     #: Band half-width in robust standard deviations (1.4826 x MAD).
     band_k: float = 4.0
     #: Band half-width at least this share of the expected value (flat series stay quiet).
