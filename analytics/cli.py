@@ -248,7 +248,11 @@ def leaderboard(data_dir: str | None, config_file: str | None, by_bucket: bool,
     prepared = prepare(requests, scan(root, t.INSTANCE_GPUS).collect(),
                        scan(root, t.GPU_SAMPLES).collect(),
                        scan(root, t.REQUEST_ENERGY).collect())
-    board = board_of(prepared, config, by_bucket=by_bucket)
+    from fleetlens.analytics.runner import read_table
+
+    # goodput and J/token at the knee: what the last analytics run stored per pool
+    board = board_of(prepared, config, by_bucket=by_bucket,
+                     capacity=read_table(root, t.CAPACITY))
     try:
         best = best_under_sla(board, limits) if board.height else None
     except ValueError as exc:

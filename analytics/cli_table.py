@@ -152,7 +152,8 @@ def leaderboard_table(board: pl.DataFrame, best: dict | None, sla: dict[str, flo
         return "-" if v is None else format(v, fmt)
 
     table = Table("rank (95% CI)", "model", "gpu", "config", "bucket", "ttft p99", "tpot p99",
-                  "tok/s/GPU", "J/token", "HBM util", "score", "entropy", "pareto")
+                  "tok/s/GPU", "J/token", "HBM util", "goodput/GPU@knee", "J/token@knee",
+                  "score", "entropy", "pareto")
     for row in board.iter_rows(named=True):
         _row(
             table,
@@ -161,7 +162,8 @@ def leaderboard_table(board: pl.DataFrame, best: dict | None, sla: dict[str, flo
             num(row[c.percentile_column("ttft", "p99")], ".3f"),
             num(row[c.percentile_column("tpot", "p99")], ".4f"),
             num(row[c.TOK_S_PER_GPU], ".1f"), num(row[c.J_PER_TOKEN], ".3f"),
-            num(row[c.MEM_BW_UTIL], ".0%"), num(row[c.WEIGHTED_SCORE], ".3f"),
+            num(row[c.MEM_BW_UTIL], ".0%"), num(row.get(c.GOODPUT_RPS_PER_GPU), ".2f"),
+            num(row.get(c.J_PER_TOKEN_KNEE), ".3f"), num(row[c.WEIGHTED_SCORE], ".3f"),
             num(row[c.ENTROPY_SCORE], ".3f"), "yes" if row[c.PARETO] else "",
         )
     limits = ", ".join(f"{k} <= {v:g}" for k, v in sla.items())

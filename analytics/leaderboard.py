@@ -83,7 +83,7 @@ def bandwidth_util(rows: pl.DataFrame, config: AnalyticsConfig) -> list[float | 
     for row in rows.iter_rows(named=True):
         shape = model_shape(row[c.MODEL] or "", config)
         bw = hbm_gbps(row[c.GPU_MODEL] or "", config)
-        if not shape or not bw or not row["_tpot_med"]:
+        if not shape or not bw or not row["_tpot_med"] or row[c.TOK_S_PER_GPU] is None:
             out.append(None)
             continue
         tp = row["_tp"] or 1
@@ -140,12 +140,42 @@ def _scored(frame: pl.DataFrame, config: AnalyticsConfig) -> pl.DataFrame:
     )
 
 
+def at_the_knee(board: pl.DataFrame, capacity: pl.DataFrame | None) -> pl.DataFrame:
+    """``board`` (with ``_tp``) plus goodput per GPU and J/token at the knee from the stored
+    `capacity` table, joined on the pool keys the leaderboard has (model, GPU model, TP);
+    where several pools (services, configuration fingerprints) share them, their
+    instance-weighted mean. Null where no pool has a knee: never guessed."""
+    empty = board.with_columns(pl.lit(None, pl.Float64).alias(c.GOODPUT_RPS_PER_GPU),
+                               pl.lit(None, pl.Float64).alias(c.J_PER_TOKEN_KNEE))
+    if capacity is None or capacity.is_empty():
+        return empty
+    # a table stored before a column existed reads without it
+    capacity = capacity.with_columns(pl.lit(None, pl.Float64).alias(col) for col in (
+        c.GOODPUT_RPS_PER_GPU, c.J_PER_TOKEN_KNEE, c.INSTANCES) if col not in capacity.columns)
+
+    def weighted(col: str) -> pl.Expr:
+        ok = pl.col(col).is_not_null()
+        w = pl.col(c.INSTANCES).fill_null(1).clip(lower_bound=1).cast(pl.Float64)
+        total = w.filter(ok).sum()
+        return pl.when(total > 0).then((pl.col(col) * w).filter(ok).sum() / total).alias(col)
+
+    pools = (capacity.filter(pl.col(c.KNEE_BATCH).is_not_null())
+             .group_by(c.MODEL, c.GPU_MODEL, c.TP)
+             .agg(weighted(c.GOODPUT_RPS_PER_GPU), weighted(c.J_PER_TOKEN_KNEE))
+             .with_columns(pl.col(c.TP).cast(pl.Float64).alias("_tp")).drop(c.TP))
+    return board.join(pools, on=[c.MODEL, c.GPU_MODEL, "_tp"], how="left")
+
+
 def leaderboard(prepared: pl.DataFrame, config: AnalyticsConfig | None = None, *,
-                by_bucket: bool = False, seed: int = 0) -> pl.DataFrame:
+                by_bucket: bool = False, seed: int = 0,
+                capacity: pl.DataFrame | None = None) -> pl.DataFrame:
     """Stage: prepared requests -> one row per configuration (per prompt bucket).
 
     Ranks (1 = best weighted score) come with a bootstrap 95% interval (``rank_lo``,
     ``rank_hi``) from ``config.bootstrap_samples`` resamples of each configuration's requests.
+    With the stored `capacity` table, each row also carries its pools' goodput per GPU and
+    J/token at the knee (:func:`at_the_knee`; shown, not scored: they describe the pool at
+    its limit, the other columns the requests served).
     """
     config = config or AnalyticsConfig()
     keys = [*KEY, c.PROMPT_BUCKET] if by_bucket else list(KEY)
@@ -154,8 +184,8 @@ def leaderboard(prepared: pl.DataFrame, config: AnalyticsConfig | None = None, *
     base = _metrics(prepared, keys).sort(keys, nulls_last=True)
     if base.is_empty():
         return base
-    base = base.with_columns(pl.Series(c.MEM_BW_UTIL, bandwidth_util(base, config),
-                                       dtype=pl.Float64))
+    base = at_the_knee(base.with_columns(pl.Series(c.MEM_BW_UTIL, bandwidth_util(base, config),
+                                                   dtype=pl.Float64)), capacity)
     parts = []
     groups = base.group_by(c.PROMPT_BUCKET) if by_bucket else [((None,), base)]
     for _, rows in groups:

@@ -4,7 +4,8 @@ The page ranks the requests in the sidebar's range and scope, less the newest wi
 still be filling) and the requests that arrived during an incident of their scope: a
 leaderboard compares configurations in steady service. Percentiles, tokens/s per GPU,
 J/token, the scores, the Pareto front and the bootstrap rank intervals are those of
-``fleetlens leaderboard`` on the same requests.
+``fleetlens leaderboard`` on the same requests; goodput per GPU and J/token at the knee are
+the stored `capacity` rows of the pools in scope.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import polars as pl
 
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.leaderboard import leaderboard, outside_incidents, prepare
+from fleetlens.dashboard.capacity_view import capacity_pools
 from fleetlens.dashboard.filters import Filters, table_columns, where
 from fleetlens.dashboard.queries import run
 from fleetlens.pipeline.schema import columns as c
@@ -68,4 +70,6 @@ def ranked(con: duckdb.DuckDBPyConnection, f: Filters) -> pl.DataFrame:
     # Only the energy of the requests in range: the table holds every retained request.
     energy = run(con, f"SELECT * FROM {t.REQUEST_ENERGY} WHERE {c.REQUEST_ID} IN "
                       f"(SELECT {c.REQUEST_ID} FROM {t.REQUESTS} WHERE {clause})", params)
-    return leaderboard(prepare(requests, mapping, gpus, energy), analytics_config())
+    # goodput and J/token at the knee: the pools' stored `capacity` rows, as the CLI reads
+    return leaderboard(prepare(requests, mapping, gpus, energy), analytics_config(),
+                       capacity=capacity_pools(con, f))

@@ -4,7 +4,8 @@ Stage ``capacity_windows(tables, window_s) -> capacity_windows`` (without ``good
 ``mbu``, ``mfu``: :mod:`analytics.capacity.stage` adds them). Inputs: `engine_samples`
 (running requests, KV usage and capacity, token counters), `requests` (latencies, arrivals),
 `instance_gpus` (the GPUs of an instance: its TP size), `gpu_samples` (the GPU model),
-`engine_configs` (the configuration fingerprint in force). Grain: one row per (host,
+`engine_configs` (the configuration fingerprint in force); the instance's GPU power
+(:func:`.energy.instance_power`, private). Grain: one row per (host,
 instance, window) with at least one engine sample.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import polars as pl
 
 from fleetlens.analytics.attribution import Tables
+from fleetlens.analytics.capacity.energy import instance_power
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -151,6 +153,8 @@ def capacity_windows(tables: Tables, window_s: int) -> pl.LazyFrame:
                .agg(pl.col(c.SERVICE_NAME).drop_nulls().mode().first().alias("_service")))
     points = (engine.join(reqs, on=[c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS],
                           how="left")
+              .join(instance_power(tables, window_s), on=[c.INSTANCE_ID, c.WINDOW_START_NS],
+                    how="left")
               .join(service, on=c.INSTANCE_ID, how="left")
               .join(instance_hardware(tables), on=c.INSTANCE_ID, how="left")
               .join(hosts, on=c.HOST_NAME, how="left"))

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from fleetlens.analytics.capacity.energy import POWER, j_per_token_at
 from fleetlens.analytics.capacity.knee import Knee, Pool, find_knee, rps_at, slo_thresholds
 from fleetlens.analytics.capacity.points import (
+    GEN_TOK_S,
     KV_CAPACITY,
     MEAN_OUTPUT,
     MEAN_PREFILL,
@@ -91,6 +93,18 @@ def _attainment(rows: pl.DataFrame, knee: float, rel: float) -> float | None:
         near = rows.filter(pl.col(c.BATCH) <= knee)
     total = near[c.REQUESTS].sum()
     return near[c.GOOD_REQUESTS].sum() / total if total else None
+
+
+def _j_per_token(rows: pl.DataFrame, knee: Knee, pool: Pool, rel: float) -> float | None:
+    """J/token at the knee (:mod:`.energy`) from the pool's instance-windows."""
+    if POWER not in rows.columns:
+        return None
+
+    def arr(name: str) -> np.ndarray:
+        return rows[name].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+
+    return j_per_token_at(arr(c.BATCH), arr(POWER), arr(GEN_TOK_S), knee.batch,
+                          float(knee.p50.at(knee.batch, pool.context)), rel)
 
 
 def _curve(key: dict, knee: Knee, pool: Pool, ts_ns: int, rel: float) -> list[dict]:
@@ -179,7 +193,11 @@ def capacity(points: pl.LazyFrame, requests: pl.LazyFrame, config: AnalyticsConf
                     c.TPOT_SLO_S: knee.tpot_slo_s, c.TTFT_SLO_S: knee.ttft_slo_s,
                     c.TPOT_BATCH1_S: knee.tpot_batch1_s, c.STEP_BASE_S: knee.p50.base,
                     c.STEP_PER_SEQ_S: knee.p50.per_seq, c.STEP_PER_KV_TOKEN_S: knee.p50.per_kv,
-                    c.FIT_R2: knee.p50.r2})
+                    c.FIT_R2: knee.p50.r2,
+                    c.STEP_HINGE_BATCH: (knee.p50.hinge if np.isfinite(knee.p50.hinge)
+                                         else None),
+                    c.STEP_PER_SEQ_ABOVE_S: knee.p50.per_seq_above,
+                    c.J_PER_TOKEN_KNEE: _j_per_token(rows, knee, pool, cap.bin_rel_width)})
         curve += _curve(named, knee, pool, ts_ns, cap.bin_rel_width)
     capacity_schema = t.table(t.CAPACITY).schema
     table = pl.DataFrame(out, schema=capacity_schema, strict=False)

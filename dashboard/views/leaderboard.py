@@ -16,7 +16,9 @@ st.caption("Ranked by `fleetlens leaderboard` (analytics) over the requests in r
            "leaving out the newest window (still filling) and requests that arrived during an "
            "incident of their scope. Score: configured weights over min-max normalised p99 "
            "TTFT/TPOT/e2e, tokens/s per GPU and J/token (higher is better); rank intervals "
-           "are bootstrap 95% over requests.")
+           "are bootstrap 95% over requests. Goodput per GPU and J/token at the knee are the last "
+           "analytics run's capacity figures of the same model, GPU and TP (not scored; "
+           "empty where a pool has no knee).")
 ttft, tpot = c.percentile_column("ttft", "p99"), c.percentile_column("tpot", "p99")
 e2e50, e2e99 = c.percentile_column("e2e", "p50"), c.percentile_column("e2e", "p99")
 seconds = {col: st.column_config.NumberColumn(col, format="%.3f s")
@@ -25,12 +27,19 @@ seconds = {col: st.column_config.NumberColumn(col, format="%.3f s")
 st.dataframe(
     board.select(c.RANK, c.RANK_LO, c.RANK_HI, c.MODEL, c.GPU_MODEL, c.CONFIG, c.REQUESTS,
                  ttft, tpot, e2e50, e2e99, c.TOK_S_PER_GPU, c.J_PER_TOKEN, c.MEM_BW_UTIL,
+                 c.GOODPUT_RPS_PER_GPU, c.J_PER_TOKEN_KNEE,
                  c.WEIGHTED_SCORE, c.ENTROPY_SCORE, c.PARETO),
     hide_index=True, key="lb_table", column_config={
         **seconds,
         c.TOK_S_PER_GPU: st.column_config.NumberColumn("tok/s per GPU", format="%.1f"),
         c.J_PER_TOKEN: st.column_config.NumberColumn("J/token", format="%.3f"),
         c.MEM_BW_UTIL: st.column_config.NumberColumn("HBM util", format="percent"),
+        c.GOODPUT_RPS_PER_GPU: st.column_config.NumberColumn(
+            "goodput/GPU at knee", format="%.2f req/s",
+            help="Requests/s per GPU meeting every SLO at the pool's knee (Capacity page)"),
+        c.J_PER_TOKEN_KNEE: st.column_config.NumberColumn(
+            "J/token at knee", format="%.3f",
+            help="GPU energy per output token at the pool's knee (Capacity page)"),
         c.WEIGHTED_SCORE: st.column_config.NumberColumn("score", format="%.3f"),
         c.ENTROPY_SCORE: st.column_config.NumberColumn("entropy score", format="%.3f"),
     })

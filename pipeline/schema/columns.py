@@ -372,6 +372,12 @@ STEP_BASE_S = "step_base_s"
 STEP_PER_SEQ_S = "step_per_seq_s"
 STEP_PER_KV_TOKEN_S = "step_per_kv_token_s"
 FIT_R2 = "fit_r2"
+#: The p50 step-time fit's hinge batch (null: one straight line) and its extra slope past it.
+STEP_HINGE_BATCH = "step_hinge_batch"
+STEP_PER_SEQ_ABOVE_S = "step_per_seq_above_s"
+#: Energy per output token at the knee: the instance's GPUs' energy over its generated
+#: tokens in the windows just under the knee batch (else extrapolated from a power fit), J.
+J_PER_TOKEN_KNEE = "j_per_token_knee"
 #: capacity_curve: the fitted TPOT p50/p99 at a batch, the 90% band of the percentile the
 #: knee judges (tpot_percentile), and whether any
 #: window visited that batch.

@@ -46,6 +46,9 @@ class Ramp:
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     seed: int = 0
+    #: each GPU draws ``idle_w + per_seq_w x batch`` (0: no power samples)
+    idle_w: float = 0.0
+    per_seq_w: float = 0.0
 
     def step_s(self, batch: float) -> float:
         """The decode step time at ``batch``."""
@@ -56,6 +59,10 @@ class Ramp:
         noise scales every step alike, so the ratio of p99s is the ratio of step times)."""
         slope = self.per_seq_s + self.per_kv_s * self.context
         return (ratio - 1) * self.step_s(1.0) / slope + 1.0
+
+    def j_per_token(self, batch: float) -> float:
+        """Energy per generated token at ``batch``: the instance's power / its tokens/s."""
+        return self.tp * (self.idle_w + self.per_seq_w * batch) * self.step_s(batch) / batch
 
     def rps(self, batch: float) -> float:
         """One instance's arrivals per second at ``batch`` (Little's law)."""
@@ -83,6 +90,11 @@ def ramp_tables(ramp: Ramp) -> Tables:
                                c.KV_CACHE_USAGE: batch * ramp.context / ramp.kv_capacity,
                                c.KV_CAPACITY_TOKENS: ramp.kv_capacity,
                                c.GENERATION_TOKENS_TOTAL: gen, c.PROMPT_TOKENS_TOTAL: prompt})
+            if ramp.idle_w:
+                gpus += [{c.TS_NS: start + k * SAMPLE_S * NS, c.HOST_NAME: host,
+                          c.GPU_UUID: u, c.GPU_MODEL: ramp.gpu_model,
+                          c.POWER_W: ramp.idle_w + ramp.per_seq_w * batch}
+                         for u in uuids for k in range(ramp.window_s // SAMPLE_S)]
             n = rng.poisson(ramp.rps(batch) * ramp.window_s)
             queue = (0.0 if not ramp.queue_from or batch <= ramp.queue_from
                      else 0.5 * (batch - ramp.queue_from))
@@ -98,9 +110,9 @@ def ramp_tables(ramp: Ramp) -> Tables:
                              c.INPUT_TOKENS: int(ramp.context - ramp.output / 2),
                              c.OUTPUT_TOKENS: ramp.output,
                              c.IS_ERROR: False})
-        for u in uuids:
-            gpus.append({c.TS_NS: T0, c.HOST_NAME: host, c.GPU_UUID: u,
-                         c.GPU_MODEL: ramp.gpu_model})
+        if not ramp.idle_w:
+            gpus += [{c.TS_NS: T0, c.HOST_NAME: host, c.GPU_UUID: u,
+                      c.GPU_MODEL: ramp.gpu_model} for u in uuids]
     return Tables.from_frames(conform(pl.DataFrame(reqs), t.REQUESTS),
                               conform(pl.DataFrame(engine), t.ENGINE_SAMPLES),
                               conform(pl.DataFrame(gpus), t.GPU_SAMPLES),
