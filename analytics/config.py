@@ -131,10 +131,13 @@ class AnalyticsConfig:
     #: fleet64 seed 11's KV pressure on one host in its 15th minute is found by them).
     warmup_host_medians: bool = True
     #: ... and a window with no band of its own (a new host or service) borrows the band of
-    #: its peers: mature series of the same metric and level serving the same model on the
-    #: same GPU model, in the same window (analytics.peer_bands; False: blind until its own
-    #: band),
+    #: its peers: series of the same metric and level serving the same model on the same GPU
+    #: model, in the same window (analytics.peer_bands; False: blind until its own band),
     warmup_peer_bands: bool = True
+    #: ... peers with a band and at least this many earlier windows (10: a fleet's hosts
+    #: lend to a newcomer from its 10th minute, where 20 would leave fleet64's KV fault on a
+    #: host that joined in minute 13 unjudged),
+    warmup_peer_min_windows: int = 10
     #: ... or, with no peer, the service's latency SLO as the upper bound of the percentile
     #: it states (``slos``: TTFT <= 1 s for 99% bounds ttft_p99_s at 1 s).
     warmup_slo_bounds: bool = True
@@ -151,6 +154,15 @@ class AnalyticsConfig:
     demand_ratio: float | None = 2.0
     #: A breach needs this many consecutive windows above the band.
     consecutive: int = 3
+    #: ... except a strong one, reported from its first window (live, each window waited
+    #: for is its length in delay): a ``strong_metrics`` value at least ``strong_ratio`` x
+    #: its upper band (None: never; analytics.detect.band_breaches),
+    strong_ratio: float | None = None
+    #: ... and at least this multiple of its expected value,
+    strong_min_rise: float = 2.0
+    #: ... on these series (medians: steady on few requests, where a tail's one window is
+    #: a few requests).
+    strong_metrics: tuple[str, ...] = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")
     #: Windows with fewer requests than this are not judged (noisy tails).
     min_requests: int = 20
     #: ... for median (p50) series, which are steady on fewer requests than a tail.
@@ -249,6 +261,8 @@ class AnalyticsConfig:
         require(self.warmup_min_windows is None
                 or 2 <= self.warmup_min_windows <= self.rolling_min_windows,
                 "warmup_min_windows", "must be between 2 and rolling_min_windows (or unset)")
+        require(self.warmup_peer_min_windows >= 1, "warmup_peer_min_windows",
+                "must be at least 1")
         require(self.warmup_band_min_rel >= 0, "warmup_band_min_rel", "must not be negative")
         require(self.band_k > 0, "band_k", "must be positive")
         require(self.band_min_rel >= 0, "band_min_rel", "must not be negative")
@@ -261,6 +275,9 @@ class AnalyticsConfig:
         require(self.confirm_min_e2e_rise >= 0, "confirm_min_e2e_rise", "must not be negative")
         require(self.unpoison_passes >= 1, "unpoison_passes", "must be at least 1")
         require(self.consecutive >= 1, "consecutive", "must be at least 1")
+        require(self.strong_ratio is None or self.strong_ratio >= 1, "strong_ratio",
+                "must be at least 1 (or unset)")
+        require(self.strong_min_rise >= 1, "strong_min_rise", "must be at least 1")
         require(self.min_requests >= 0, "min_requests", "must not be negative")
         require(self.min_requests_median >= 0, "min_requests_median", "must not be negative")
         require(0 < self.host_share_for_service <= 1, "host_share_for_service",

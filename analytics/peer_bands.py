@@ -1,12 +1,13 @@
-"""Borrowed bands: a young series judged against its mature peers, or its service's SLOs.
+"""Borrowed bands: a young series judged against its established peers, or its service's SLOs.
 
 No blind warm-up (issue 30 item 2): a new host or a new service has no band of its own for
 its first ``warmup_min_windows`` windows (``rolling_min_windows`` for the series no warm-up
 band covers), and a warm-up band over windows that are already an incident swallows it. A
 series with no band of its own in a window borrows, for that window, the band of its
-*peers*: the mature series of the same metric and level serving the same model on the same
-GPU model (another host of the service, or another service of that model on those GPUs),
-whose band is built from what the peers did at that very time. Its floor is the warm-up
+*peers*: the established series (a band, ``warmup_peer_min_windows`` windows) of the same
+metric and level serving the same model on the same GPU model (another host of the service,
+or another service of that model on those GPUs), whose band is built from what the peers
+did at that very time. Its floor is the warm-up
 floor (``warmup_band_min_rel``): a peer's level is only an estimate of a newcomer's. With no
 peer, a latency SLO of the service (``analytics.slos``: "TTFT <= 1 s for 99%") is the upper
 bound of the matching percentile series (``ttft_p99_s``): the one level the operator said
@@ -75,8 +76,8 @@ def borrow_bands(banded: pl.DataFrame, config: AnalyticsConfig,
     :func:`scope_gpus`. Output: row count, order and every band already there unchanged;
     a ``detect_metrics`` window of a host or service series with no ``expected`` gets its
     peers' band (the median of the ``expected``, ``upper`` and spread-only upper of the
-    series of the same metric, level, model and GPU model with at least
-    ``rolling_min_windows`` earlier windows, in that window; the half-width at least
+    series of the same metric, level, model and GPU model with a band and at least
+    ``warmup_peer_min_windows`` earlier windows, in that window; the half-width at least
     ``warmup_band_min_rel`` x expected), else the service's latency SLO as ``expected``
     and ``upper``. Nothing happens with ``warmup_peer_bands`` off or without ``gpus``.
     """
@@ -90,7 +91,7 @@ def borrow_bands(banded: pl.DataFrame, config: AnalyticsConfig,
                 & pl.col(c.LEVEL).is_in([LEVEL_HOST, LEVEL_SERVICE])
                 & pl.col(c.GPU_MODEL).is_not_null())
     mature = eligible & pl.col(c.EXPECTED).is_not_null() & (
-        pl.col("_age") >= config.rolling_min_windows)
+        pl.col("_age") >= config.warmup_peer_min_windows)
     peers = (frame.filter(mature).group_by(_PEER_KEY)
              .agg(pl.col(c.EXPECTED).median().alias("_p_expected"),
                   pl.col(c.UPPER).median().alias("_p_upper"),

@@ -26,9 +26,9 @@ KV = Injected("kv_cache_pressure", "host_name=h03", JOINS + 1 * MIN, 8 * MIN, ma
 NO_PEERS = dataclasses.replace(AnalyticsConfig(), warmup_peer_bands=False)
 
 
-def _joined_late(data: SynthData, host: str, spec: FleetSpec) -> Tables:
-    """The fleet as if ``host`` had started serving at ``JOINS`` (its rows before gone)."""
-    cut = spec.start_ns + JOINS * NS
+def _joined_late(data: SynthData, host: str, spec: FleetSpec, joins: int = JOINS) -> Tables:
+    """The fleet as if ``host`` had started serving at ``joins`` s (its rows before gone)."""
+    cut = spec.start_ns + joins * NS
 
     def keep(frame: pl.DataFrame, ts: str) -> pl.DataFrame:
         return frame.filter((pl.col(c.HOST_NAME) != host) | (pl.col(ts) >= cut))
@@ -72,6 +72,22 @@ def test_without_peer_bands_the_new_host_is_blind(new_host) -> None:
     tables, spec = new_host
     hits = _found(analyse(tables, NO_PEERS).incidents, KV, spec)
     assert hits.filter(pl.col(c.HOST_NAME) == "h03").is_empty()
+
+
+def test_a_young_fleet_lends_from_its_10th_window() -> None:
+    """A host joining a fleet 13 minutes old (fleet64's KV fault on h03 in minute 15, were
+    h03 new): its peers have their warm-up bands, not yet the mature one, and lend them;
+    waiting for mature peers (20 windows) leaves only the service's p99 to notice."""
+    joins = 13 * MIN
+    fault = dataclasses.replace(KV, start_s=joins + MIN, duration_s=6 * MIN)
+    spec = FleetSpec(duration_s=35 * MIN, seed=35)
+    data = generate(spec, [fault])
+    tables = _joined_late(data, "h03", spec, joins)
+    found = _found(analyse(tables, AnalyticsConfig()).incidents, fault, spec)
+    assert "h03" in found[c.HOST_NAME].to_list(), found
+    mature_only = dataclasses.replace(AnalyticsConfig(), warmup_peer_min_windows=20)
+    found = _found(analyse(tables, mature_only).incidents, fault, spec)
+    assert "h03" not in found[c.HOST_NAME].to_list(), found
 
 
 @pytest.mark.parametrize("seed", [32, 33])
