@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import streamlit as st
 
-from fleetlens.analytics.traces import compare, otlp_export, search, side_by_side
+from fleetlens.analytics.traces import compare, detail, otlp_export, search, side_by_side
 from fleetlens.dashboard import (
     capacity_view,
     explore,
@@ -81,6 +81,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "request_row": side_by_side.request_row,
     "median_row": side_by_side.median_row,
     "trace_otlp_json": otlp_export.otlp_json,
+    "trace_detail": detail.trace_detail,
 }
 
 

@@ -13,9 +13,12 @@ traces to other tools.
   dimension comparison of attribution); :mod:`~analytics.traces.drill`: the search that
   opens a difference's requests, as a ``fleetlens traces`` command.
 - :mod:`~analytics.traces.side_by_side`: two requests, or one and the median around it.
+- :mod:`~analytics.traces.detail`: one trace in full (attributes, events, links, times to
+  the ms), its requests' energy and their instance's signals (:mod:`.signals`) while they ran.
 - :mod:`~analytics.traces.cli`: ``fleetlens traces`` and ``fleetlens traces export``;
-  ``traces compare`` and ``traces diff`` in :mod:`~analytics.traces.compare_cli` and
-  :mod:`~analytics.traces.side_by_side_cli` (filter flags: :mod:`.cli_options`).
+  ``traces show`` in :mod:`.detail_cli`, ``traces compare`` and ``traces diff`` in
+  :mod:`~analytics.traces.compare_cli` and :mod:`~analytics.traces.side_by_side_cli`
+  (filter flags: :mod:`.cli_options`).
 
 Everything here reads; nothing is stored. The dashboard's Traces page and trace explorer
 (``dashboard/trace_search.py``, ``dashboard/trace_heatmap.py``, ``dashboard/views/``)

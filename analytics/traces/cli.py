@@ -1,5 +1,6 @@
 """``fleetlens traces``: search requests and their traces; ``fleetlens traces export``: one
-trace as OTLP/JSON; ``fleetlens traces compare`` (:mod:`analytics.traces.compare_cli`): what
+trace as OTLP/JSON; ``fleetlens traces show`` (:mod:`analytics.traces.detail_cli`): one
+trace in full; ``fleetlens traces compare`` (:mod:`analytics.traces.compare_cli`): what
 is different about a selection of them; ``fleetlens traces diff`` (:mod:`.side_by_side_cli`):
 two requests side by side. The search runs in :mod:`analytics.traces.search`;
 this module parses flags and prints."""
@@ -14,6 +15,7 @@ import click
 from fleetlens.analytics.cli import _CONFIG, _DATA_DIR, _root, write_output
 from fleetlens.analytics.traces.cli_options import filter_options, query_of
 from fleetlens.analytics.traces.compare_cli import compare_command
+from fleetlens.analytics.traces.detail_cli import show_command
 from fleetlens.analytics.traces.query import MAX_LIMIT, SearchError, parse_sort
 from fleetlens.analytics.traces.side_by_side_cli import diff_command
 from fleetlens.pipeline.output import format_option, render_rows
@@ -29,6 +31,7 @@ _EPILOG = f"""Examples:
   fleetlens traces --since 2h --service chat-8b --min {c.E2E_S}=2 --sort -{c.E2E_S}
   fleetlens traces --host gpu-07 --errors --format json
   fleetlens traces --attr gen_ai.request.max_tokens>=1024 --attr region=eu-west
+  fleetlens traces show 4bf92f3577b34da6a3ce929d0e0e4736
   fleetlens traces export 4bf92f3577b34da6a3ce929d0e0e4736 -o trace.json
   fleetlens traces compare --metric e2e_s --from 1h --to 50m --min-latency 4
   fleetlens traces diff REQUEST_ID            (against the median around it)
@@ -157,3 +160,4 @@ def export(ctx: click.Context, ident: str, data_dir: str | None, output: str | N
 
 traces.add_command(compare_command)
 traces.add_command(diff_command)
+traces.add_command(show_command)

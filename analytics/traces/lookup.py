@@ -1,6 +1,7 @@
 """One trace's stored spans, found by its trace id or by the id of one of its requests.
 
-Input: ``requests`` (request id -> trace id) and ``spans``. Output: the trace's ``spans``
+Input: ``requests`` (request id -> trace id; a request not in it yet: the spans'
+``gen_ai.request.id``) and ``spans``. Output: the trace's ``spans``
 rows, every column, as stored (duplicates included: :func:`otlp_export.unique_spans` keeps
 one of each). Ids have no index, so a lookup scans the id column; a known time (a request's
 arrival) narrows the scan to an hour either side.
@@ -36,6 +37,26 @@ def _request_trace(con: duckdb.DuckDBPyConnection, request_id: str) -> tuple[str
         row = cursor.execute(
             f'SELECT "{c.TRACE_ID}", "{c.ARRIVAL_NS}" FROM "{t.REQUESTS}" '
             f'WHERE "{c.REQUEST_ID}" = $id LIMIT 1', {"id": request_id}).fetchall()
+    finally:
+        cursor.close()
+    if row:
+        return row[0][0], int(row[0][1])
+    return _span_request_trace(con, request_id)
+
+
+def _span_request_trace(con: duckdb.DuckDBPyConnection,
+                        request_id: str) -> tuple[str, int] | None:
+    """The trace of a request id from the spans' promoted ``gen_ai.request.id`` column: a
+    request whose spans arrived but that the pipeline has not turned into a row yet."""
+    from fleetlens.analytics.traces.sql import describe
+
+    cursor = con.cursor()
+    try:
+        if c.GEN_AI_REQUEST_ID not in describe(cursor, t.SPANS):
+            return None
+        row = cursor.execute(
+            f'SELECT "{c.TRACE_ID}", "{c.START_NS}" FROM "{t.SPANS}" '
+            f'WHERE "{c.GEN_AI_REQUEST_ID}" = $id LIMIT 1', {"id": request_id}).fetchall()
     finally:
         cursor.close()
     return (row[0][0], int(row[0][1])) if row else None

@@ -1,14 +1,15 @@
-"""Trace explorer: a trace's spans as a waterfall, with queue/prefill/decode inside the engine;
-its request side by side with another (``?vs=ID``) or the median request around it."""
+"""Trace explorer: a trace's spans as a waterfall, with queue/prefill/decode inside the engine,
+over its instance's KV usage, batch, SM clock and power on the same time axis; every span's
+attributes, resource attributes, events and links; the request's energy; and the request
+side by side with another (``?vs=ID``) or the median request around it. The trace comes
+from :func:`analytics.traces.detail.trace_detail`."""
 
-import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
 from fleetlens.analytics.traces.query import SearchError
 from fleetlens.analytics.traces.side_by_side import side_by_side
-from fleetlens.dashboard import data, ui
-from fleetlens.dashboard.explore import waterfall
+from fleetlens.dashboard import data, trace_detail, ui
 from fleetlens.pipeline.schema import columns as c
 
 f = st.session_state["filters"]
@@ -30,38 +31,41 @@ if not ident:
 # A link carries the request's arrival (t) so the lookup scans an hour, not all the data.
 hint = st.query_params.get("t", "")
 around = int(hint) if hint.isdigit() and ident == st.query_params.get("id") else None
-spans = data.load("find_trace", ident, around)
-if spans.is_empty():
+try:
+    detail = data.load("trace_detail", ident, around)
+except SearchError:
     st.warning(f"No trace or request with id {ident!r}.")
     st.stop()
-trace_id = spans[c.TRACE_ID][0]
-reqs = data.load("trace_requests", trace_id, around)
-bars = waterfall(spans, reqs)
-fig = go.Figure()
-for kind, part in bars.group_by("kind", maintain_order=True):
-    name = kind[0]
-    fig.add_trace(go.Bar(y=part["label"].to_list(), x=part["duration_ms"].to_list(),
-                         base=part["start_ms"].to_list(), orientation="h", name=name,
-                         marker={"color": ui.PHASE_COLOURS.get(name, "#999")},
-                         width=0.8 if name == "span" else 0.4))
-fig.update_layout(barmode="overlay", height=120 + 40 * spans.height,
-                  xaxis_title="ms since trace start", yaxis={"autorange": "reversed"},
-                  title=f"Trace {trace_id}", margin={"l": 10, "r": 10, "t": 40, "b": 10})
-st.plotly_chart(fig, key="trace_waterfall")
+trace_id, reqs = detail.trace_id, detail.requests
+st.plotly_chart(trace_detail.figure(detail), key="trace_waterfall")
 st.download_button("Download OTLP/JSON", data.load("trace_otlp_json", trace_id, around),
                    file_name=f"trace-{trace_id}.json", mime="application/json",
                    key="trace_export", icon=":material/download:",
                    help="The trace's spans as OTLP/JSON: load it into Jaeger or Tempo, or POST "
                         "it to an OTLP/HTTP receiver's /v1/traces.")
-cols = st.columns(4)
+cols = st.columns(5)
 if reqs.height:
     r = reqs.row(0, named=True)
     cols[0].metric("E2E", ui.duration(r[c.E2E_S]))
     cols[1].metric("Queue", ui.duration(r[c.QUEUE_S]))
     cols[2].metric("Prefill", ui.duration(r[c.PREFILL_S]))
     cols[3].metric("Decode", ui.duration(r[c.DECODE_S]))
-st.dataframe(ui.readable(spans), hide_index=True, key="trace_spans")
-st.dataframe(ui.readable(reqs), hide_index=True, key="trace_requests")
+    cols[4].metric("Energy", ui.energy(r[c.ENERGY_J]),
+                   help="Its share of its GPUs' measured energy while it ran (by tokens "
+                        f"processed); attribution coverage {r[c.ATTRIBUTION_COVERAGE] or 0:.0%}.")
+for name, frame, what in (("trace_spans", detail.spans, None),
+                          ("trace_requests", reqs, None),
+                          ("trace_attributes", detail.attributes, "Attributes"),
+                          ("trace_events", detail.events, "Events"),
+                          ("trace_links", detail.links, "Links"),
+                          ("trace_signals", detail.signals, "Instance signals")):
+    if what:
+        st.subheader(what)
+        if frame.is_empty():
+            st.caption("None stored for this trace.")
+            continue
+    shown = trace_detail.times(frame)
+    st.dataframe(shown, hide_index=True, key=name, column_config=trace_detail.time_columns(shown))
 
 # Side by side (issue 35 item 4): another request (?vs=ID) or, by default, the median
 # request of its service and model within five minutes; computed in analytics.

@@ -148,8 +148,12 @@ def test_a_collector_fed_the_export_over_http_json_stores_the_same_spans(
 def test_a_request_id_exports_its_trace_and_unknown_ids_are_one_line(first: Path) -> None:
     engine = _stored(first).filter(pl.col(c.NAME) == a.VLLM_REQUEST_SPAN)
     request_id = engine[c.GEN_AI_REQUEST_ID][0]
-    # no requests table in this directory (no pipeline run): only trace ids resolve
+    # no requests table in this directory (no pipeline run): the spans' gen_ai.request.id
     out = CliRunner().invoke(cli, ["traces", "export", request_id, "--data-dir", str(first)])
+    assert out.exit_code == 0, out.output
+    assert out.stdout == CliRunner().invoke(
+        cli, ["traces", "export", TRACE.hex(), "--data-dir", str(first)]).stdout
+    out = CliRunner().invoke(cli, ["traces", "export", "cmpl-nope", "--data-dir", str(first)])
     assert out.exit_code == 1 and out.output.count("\n") == 1, out.output
     assert "neither a trace id" in out.output
     missing = CliRunner().invoke(cli, ["traces", "export", "ab" * 16, "--data-dir", str(first)])
