@@ -16,6 +16,8 @@ from fleetlens.analytics.slo import SloRule, parse_rule
 from fleetlens.pipeline.schema import columns as c
 
 DETECTOR_BAND = "band"
+#: Detector of a strong breach, reported from its first window (``strong_ratio``).
+DETECTOR_STRONG = "band:strong"
 #: Detector name of a corroborated rise: ``corroborated:<signal metric>``.
 DETECTOR_CORROBORATED = "corroborated"
 #: Detector of a latency rise found with the GPU clock's drop (clock_corroborated_breaches).
@@ -67,6 +69,11 @@ def band_breaches(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
     ``config.detect_metrics``, judged only where the window has ``min_requests`` requests
     (``min_requests_median`` for p50 series).
     Latency only gets worse upwards, so only the upper band counts.
+
+    A strong breach of a ``strong_metrics`` series (at least ``strong_ratio`` x its upper
+    band, and ``strong_min_rise`` x its expected value) is also a run from its first window
+    (detector ``band:strong``): a queue that made the median TTFT x10 in a window needs no
+    two more windows to be believed, and live each window costs its length in delay.
     """
     frame = banded.lazy().filter(pl.col(c.METRIC).is_in(list(config.detect_metrics)))
     # A median is steady on fewer requests than a tail: p50 series are judged from
@@ -78,7 +85,13 @@ def band_breaches(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
         & pl.col(c.UPPER).is_not_null()
         & (pl.col(c.VALUE) > pl.col(c.UPPER))
     )
-    return _runs(frame, bad, config.consecutive, window_s, DETECTOR_BAND)
+    runs = _runs(frame, bad, config.consecutive, window_s, DETECTOR_BAND)
+    if config.strong_ratio is None or not config.strong_metrics or config.consecutive <= 1:
+        return runs
+    strong = (bad & pl.col(c.METRIC).is_in(list(config.strong_metrics))
+              & (pl.col(c.VALUE) >= pl.col(c.UPPER) * config.strong_ratio)
+              & (pl.col(c.VALUE) >= pl.col(c.EXPECTED) * config.strong_min_rise))
+    return pl.concat([runs, _runs(frame, strong, 1, window_s, DETECTOR_STRONG)])
 
 
 def corroborated_breaches(banded: pl.LazyFrame | pl.DataFrame, config: AnalyticsConfig,
@@ -206,6 +219,10 @@ def explain_detector(detector: str, config: AnalyticsConfig) -> str:
     for name in filter(None, (detector or "").split(",")):
         if name == DETECTOR_BAND:
             said.append(f"Above the upper band for {config.consecutive} windows in a row.")
+        elif name == DETECTOR_STRONG:
+            said.append(f"At least {config.strong_ratio:g}x its upper band in a window: "
+                        "reported from that window, without waiting for "
+                        f"{config.consecutive} in a row.")
         elif name == DETECTOR_CLOCK:
             said.append(
                 f"At least {config.clock_corroborated_min_ratio:g}x its expected value for "
