@@ -149,12 +149,16 @@ class Instance:
             i += 1
         if not preempted:
             while self.waiting and len(running) < self.max_seqs and budget > 0:
-                r = self.waiting[0]
+                at = self._admissible()
+                if at < 0:
+                    self.blocked = True
+                    break
+                r = self.waiting[at]
                 n = self._admit(r, budget)
                 if n == 0:
                     self.blocked = True
                     break
-                self.waiting.popleft()
+                del self.waiting[at]
                 running.append(r)
                 sched.append((r, n))
                 budget -= n
@@ -188,6 +192,21 @@ class Instance:
         for r in done:
             self._finish(r)
         return True
+
+    def _admissible(self) -> int:
+        """Index of the first waiting request whose whole sequence fits the usable cache (-1
+        if none). vLLM refuses to start with a cache smaller than one ``max_model_len``
+        sequence, so there every request can run once blocks are free; a kv_cache_pressure
+        incident here can shrink the cache below a long request. Such a request waits aside
+        until blocks come back (first come, first served among the rest): were it left at
+        the head, the engine would idle the whole incident, its GPUs at idle power and clock
+        with hundreds waiting, where a real engine with a full cache runs the batch it holds.
+        """
+        usable = self.pool.usable * BLOCK_TOKENS
+        for i, r in enumerate(self.waiting):
+            if r.prompt_len + r.out_target <= usable:
+                return i
+        return -1
 
     def _admit(self, r: Request, budget: int) -> int:
         """Try to start ``r``: prefix-cache lookup and blocks for its first chunk; returns the

@@ -35,6 +35,11 @@ class BlockPool:
         return self.total - self.reserved - self.plain_used - len(self.refs) + len(self.evictable)
 
     @property
+    def usable(self) -> int:
+        """Blocks the engine may hold at all (what a kv_cache_pressure incident leaves)."""
+        return self.total - self.reserved
+
+    @property
     def usage(self) -> float:
         """vLLM's ``kv_cache_usage_perc``: 1 - free / total (reserved blocks count as used)."""
         return 1.0 - max(self.free, 0) / self.total if self.total else 0.0

@@ -243,3 +243,33 @@ def test_a_tensor_parallel_group_runs_at_its_slowest_gpu(baseline) -> None:
     assert median(gpu_series(out, a.HW_GPU_UTILIZATION, "h03", 1)) >= median(
         gpu_series(baseline, a.HW_GPU_UTILIZATION, "h03", 1))
     identical_elsewhere(out, baseline, {"h03"})
+
+
+def test_kv_cache_pressure_keeps_the_gpus_working(baseline) -> None:
+    """A full cache runs the batch it holds (issue 32): the GPUs of the pressed host stay as
+    busy as under normal load, at its clock and about its power, preempting and
+    recomputing, with the queue growing. Before, a request longer than the shrunk cache
+    stayed at the head of the queue the whole incident: no request ran and every GPU idled
+    at 90 W and 345 MHz. (The power is a few % under normal load's, not above it: the cache
+    holds 1-2 requests instead of 7-8, and a smaller decode batch does less arithmetic per
+    step for the same weight reads; the power follows the work done.)"""
+    out, _ = case("kv_cache_pressure", host="h01", magnitude=0.97)
+    for index in (0, 1):
+        def pressed(metric: str, i: int = index) -> float:
+            return median(gpu_series(out, metric, "h01", i))
+
+        def normal(metric: str, i: int = index) -> float:
+            return median(gpu_series(baseline, metric, "h01", i))
+
+        assert pressed(a.GPU_CLOCK_SM) >= normal(a.GPU_CLOCK_SM)
+        assert pressed(a.HW_GPU_UTILIZATION) >= 0.95 * normal(a.HW_GPU_UTILIZATION)
+        assert pressed(a.HW_POWER) >= 0.9 * normal(a.HW_POWER), index
+    window = [(ts, v) for ts, v in out.series(a.ENGINE_NUM_RUNNING, host="h01")
+              if START_NS + (START + 40) * 1e9 <= ts < START_NS + END * 1e9]
+    assert min(v for _, v in window) >= 1  # never an idle engine with requests waiting
+    waiting = [v for ts, v in out.series(a.ENGINE_NUM_WAITING, host="h01")
+               if START_NS + (START + 40) * 1e9 <= ts < START_NS + END * 1e9]
+    assert median(waiting) > 5
+    pre = out.series(a.ENGINE_PREEMPTIONS, host="h01")
+    assert max(v for _, v in pre) > 0
+    identical_elsewhere(out, baseline, {"h01"})
