@@ -262,7 +262,8 @@ def collective_stall(f: Facts) -> Candidate:
 
 def _overhead(f: Facts) -> tuple[float, float, dict[str, float]]:
     """Overhead strength, the network part of it (None-safe), and per-host network+engine
-    overhead increase."""
+    overhead increase. The strength (which also needs half the excess in the overhead)
+    only chooses between the two overhead readings; the score is :func:`_overhead_score`."""
     over = f.phases.excess_s.get("overhead", 0.0)
     strength = clip01(f.share("overhead") / 0.5) * clip01(over / 0.05)
     net = max(f.phases.excess_s.get("network", 0.0), 0.0)
@@ -272,6 +273,20 @@ def _overhead(f: Facts) -> tuple[float, float, dict[str, float]]:
                 + max(delta(f.signals.hosts.get(h, {}).get("network")), 0.0)
                 for h in f.all_hosts()}
     return strength, net_frac, per_host
+
+
+def _overhead_score(f: Facts, part: float) -> tuple[float, float]:
+    """(score, share of excess) of the part ``part`` of the overhead excess, on the one
+    scale of every rule (:func:`weigh`): evidence that the overhead rose (full from +50 ms
+    per request and 10% of the excess: a few ms more beside seconds of queueing is no
+    evidence) times how surely this part is the cause's, weighed by the share of the excess
+    it is. It used to be strength x part with the strength full at half the excess in the
+    overhead: a network overhead explaining 95% of an incident scored 1.00, as much as a
+    cause explaining all of another's."""
+    over = f.phases.excess_s.get("overhead", 0.0)
+    evidence = clip01(over / 0.05) * clip01(f.share("overhead") / 0.1) * part
+    share = f.share("overhead") * part
+    return weigh(evidence, share), share
 
 
 def _has_network(f: Facts) -> bool:
@@ -286,13 +301,14 @@ def _engine_term(f: Facts, subject: str) -> float:
 
 
 def network_overhead(f: Facts) -> Candidate:
-    strength, net_frac, per_host = _overhead(f)
+    _, net_frac, per_host = _overhead(f)
     subject, _ = place(f, per_host)
     # With gateway spans the network part is measured; without, busy GPUs point away from
     # the engine.
     part = net_frac if _has_network(f) else 1 - _engine_term(f, subject)
+    score, share = _overhead_score(f, part)
     return Candidate(
-        Cause.NETWORK_OVERHEAD, subject, strength * part, f.share("overhead") * part,
+        Cause.NETWORK_OVERHEAD, subject, score, share,
         f"network {f.ms('network'):+.0f} ms, overhead {f.ms('overhead'):+.0f} ms "
         f"({f.share('overhead'):.0%} of excess) between gateway and engine on "
         f"{where(subject)}; GPUs busy as usual",
@@ -331,8 +347,9 @@ def engine_overhead(f: Facts) -> Candidate:
     util = min((_host_util(f, h) for h in hosts), default=1.0)
     if subject.startswith(c.SERVICE_NAME) and len(hosts) == 1:
         subject = fmt_subject(c.HOST_NAME, hosts[0])
+    score, share = _overhead_score(f, part)
     return Candidate(
-        Cause.ENGINE_OVERHEAD, subject, strength * part, f.share("overhead") * part,
+        Cause.ENGINE_OVERHEAD, subject, score, share,
         f"engine overhead {f.ms('engine_overhead'):+.0f} ms ({f.share('overhead'):.0%} of "
         f"excess) on {where(subject)}: GPU utilisation x{util:.2f} while requests wait on "
         "the engine",
