@@ -38,22 +38,25 @@ _PEER_KEY = [c.METRIC, c.LEVEL, c.MODEL, c.GPU_MODEL, c.TS_NS]
 def scope_gpus(series: pl.DataFrame, gpu_samples: pl.LazyFrame | pl.DataFrame | None
                ) -> pl.DataFrame:
     """``(service_name, model, host_name, gpu_model)`` of every host and service scope of
-    ``series``: a host's most frequent GPU model in `gpu_samples`, a service's the sorted
-    GPU models of its hosts joined by ``+`` (:data:`UNKNOWN_GPU` without samples)."""
+    ``series``: a host's GPU models in `gpu_samples`, a service's those of its hosts, sorted
+    and joined by ``+`` (:data:`UNKNOWN_GPU` without samples)."""
     hosts = series.filter(pl.col(c.LEVEL) == LEVEL_HOST).select(_SCOPE).unique()
     known = None
     if gpu_samples is not None:
         samples = gpu_samples.lazy()
         if {c.HOST_NAME, c.GPU_MODEL} <= set(samples.collect_schema().names()):
+            # distinct pairs first: a mode over every sample would read 2 days of 1 s rows
             known = (samples.filter(pl.col(c.GPU_MODEL).is_not_null())
+                     .select(c.HOST_NAME, c.GPU_MODEL).unique()
                      .group_by(c.HOST_NAME)
-                     .agg(pl.col(c.GPU_MODEL).mode().sort().first()).collect())
+                     .agg(pl.col(c.GPU_MODEL).sort().str.join("+")).collect())
     if known is None:
         known = pl.DataFrame(schema={c.HOST_NAME: pl.String, c.GPU_MODEL: pl.String})
     per_host = hosts.join(known, on=c.HOST_NAME, how="left").with_columns(
         pl.col(c.GPU_MODEL).fill_null(UNKNOWN_GPU))
     per_service = (per_host.group_by(c.SERVICE_NAME, c.MODEL)
-                   .agg(pl.col(c.GPU_MODEL).unique().sort().str.join("+"))
+                   .agg(pl.col(c.GPU_MODEL).str.split("+").explode().unique().sort()
+                        .str.join("+"))
                    .with_columns(pl.lit(FLEET_WIDE).alias(c.HOST_NAME)))
     return pl.concat([per_host, per_service.select(per_host.columns)])
 

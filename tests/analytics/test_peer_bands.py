@@ -139,3 +139,14 @@ def test_a_fresh_service_without_peers_is_judged_against_its_slo() -> None:
     assert _found(analyse(tables, AnalyticsConfig()).incidents, SURGE, spec).is_empty()
     off = dataclasses.replace(with_slo, warmup_slo_bounds=False)
     assert _found(analyse(tables, off).incidents, SURGE, spec).is_empty()
+
+
+def test_scope_gpus_names_each_scope_by_its_gpu_models() -> None:
+    """A host's GPU models from its samples (a mixed host is its own kind), a service's
+    from its hosts, an unsampled host ``?``: peers only among the same key."""
+    series = pl.DataFrame({c.SERVICE_NAME: ["a"] * 3, c.MODEL: ["m"] * 3,
+                           c.HOST_NAME: ["h1", "h2", "h3"], c.LEVEL: ["host"] * 3})
+    samples = pl.DataFrame({c.HOST_NAME: ["h1", "h1", "h2", "h2"],
+                            c.GPU_MODEL: ["H100", "H100", "L4", "H100"]})
+    got = dict(scope_gpus(series, samples).select(c.HOST_NAME, c.GPU_MODEL).iter_rows())
+    assert got == {"h1": "H100", "h2": "H100+L4", "h3": "?", "*": "?+H100+L4"}
