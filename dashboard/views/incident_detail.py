@@ -87,9 +87,9 @@ if causes.height:
                                  c.SUBJECT), hide_index=True, key="detail_causes",
                    column_config={
                        c.SCORE: st.column_config.NumberColumn(
-                           c.SCORE, format="%.2f", help="Strength of the cause's own signal "
-                           "x (0.1 + 0.9 x its share of the excess); orders this incident's "
-                           "causes (docs/analytics.md, 'What score means')."),
+                           c.SCORE, format="%.2f", help="Evidence of the cause's own mechanism "
+                           "x (0.1 + 0.9 x its share of the excess), 0..1 on one scale for every "
+                           "cause and incident (docs/analytics.md, 'What score means')."),
                        c.SHARE_OF_EXCESS: st.column_config.NumberColumn(
                            "share of the excess", format="percent")})
     for row in causes.iter_rows(named=True):
