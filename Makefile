@@ -1,14 +1,8 @@
 # The two commands of the README. Everything they need is installed from this repository's
 # own files into .venv (PyPI only).
 PYTHON ?= python3
-# pytest-xdist workers for the rest of the suite.
-TEST_WORKERS ?= 2
-# Run first and alone, on one process: a CPU vLLM server at load beside the rest of the suite
-# on 2 cores starved both (load 14-22: the agent's exports missed their deadline, a
-# collector did not listen in 60 s, a browser page did not draw in 60 s).
-SOLO_TESTS := tests/agent/test_vllm_incidents.py tests/agent/test_vllm_e2e.py \
-	tests/analytics/test_ray_analyze.py tests/pipeline/test_ray_runner.py \
-	tests/pipeline/test_object_store_e2e.py
+# pytest-xdist workers for the rest of the suite (default: the cores tests/run_suite.py gives it).
+TEST_WORKERS ?=
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -35,14 +29,13 @@ demo: $(STAMP)
 	$(BIN)/fleetlens demo
 
 ## test: lint and run the test suite
-# The two venvs are built side by side (downloads and unpacking overlap: about 1.5 minutes
-# less on 2 cores), before any test runs, so that no test shares the cores with pip.
+# The two venvs are built side by side (downloads and unpacking overlap), before any test
+# runs, so that no test shares the cores with pip. tests/run_suite.py then runs the real-vLLM
+# tests on one core and the rest on the others at once, and the Ray tests alone at the end.
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(SOLO_TESTS); solo=$$?; \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(addprefix --ignore=,$(SOLO_TESTS)); rest=$$?; \
-	test $$solo -eq 0 && test $$rest -eq 0
+	$(BIN)/python tests/run_suite.py $(if $(TEST_WORKERS),--workers $(TEST_WORKERS))
 
 ## constraints: pin the installed, tested set again (after changing pyproject's ranges)
 constraints: $(STAMP)
