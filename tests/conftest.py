@@ -38,9 +38,9 @@ def data_dir(tmp_path: Path):
     return DataDir(tmp_path / "data")
 
 
-#: Test files that must not run at the same time as each other, by unit. ``make test`` runs
-#: the suite on two pytest-xdist workers; each unit's files run one after the other on one
-#: worker. Two CPU vLLM servers at once would each serve half of what their calibration
+#: Test files that must not run at the same time as each other, by unit. ``make test`` keeps
+#: them apart itself (tests/run_suite.py); under a plain ``pytest -n N`` each unit's files
+#: run one after the other on one worker. Two CPU vLLM servers at once would each serve half of what their calibration
 #: measured; two Ray clusters on one machine at once found each other's nodes ("No node info
 #: found matching attributes").
 SERIAL_UNITS = {
