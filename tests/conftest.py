@@ -40,9 +40,9 @@ def data_dir(tmp_path: Path):
 
 #: Test files that must not run at the same time as each other, by unit. ``make test`` keeps
 #: them apart itself (tests/run_suite.py); under a plain ``pytest -n N`` each unit's files
-#: run one after the other on one worker. Two CPU vLLM servers at once would each serve half of what their calibration
-#: measured; two Ray clusters on one machine at once found each other's nodes ("No node info
-#: found matching attributes").
+#: run one after the other on one worker. Two CPU vLLM servers at once would each serve half
+#: of what their calibration measured; two Ray clusters on one machine at once found each
+#: other's nodes ("No node info found matching attributes").
 SERIAL_UNITS = {
     # The Ray files run after the real-vLLM ones on the same worker, never beside them: a
     # CPU vLLM server at load plus two Ray clusters starved everything (load 18-22 on 2
