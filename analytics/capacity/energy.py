@@ -42,7 +42,9 @@ def j_per_token_at(batch: np.ndarray, power_w: np.ndarray, tok_s: np.ndarray, kn
     """J/token at ``knee`` (module docstring) from the windows' batch, instance power (W)
     and generated tokens/s; ``step_s`` is the fitted decode step time p50 at the knee.
     None without any window with power and tokens."""
-    ok = np.isfinite(power_w) & np.isfinite(tok_s) & (tok_s > 0)
+    # a window without a running batch (no engine sample) has a NaN batch: polyfit over it
+    # raised LinAlgError and stopped the whole analytics run
+    ok = np.isfinite(batch) & np.isfinite(power_w) & np.isfinite(tok_s) & (tok_s > 0)
     batch, power_w, tok_s = batch[ok], power_w[ok], tok_s[ok]
     if batch.size == 0 or knee <= 0:
         return None

@@ -68,8 +68,11 @@ def forecast_crossing(capacity: pl.DataFrame, forecast: pl.DataFrame) -> pl.Data
                 out[c.GPUS_NEEDED] = max(needed, 0) * int(row[c.TP] or 1)
         rows.append(out)
     extra = pl.DataFrame(rows, schema=FORECAST_COLUMNS)
-    return pl.concat([capacity.drop(list(FORECAST_COLUMNS), strict=False), extra],
-                     how="horizontal")
+    out = pl.concat([capacity.drop(list(FORECAST_COLUMNS), strict=False), extra],
+                    how="horizontal")
+    # the input's column order (the contract's, where columns follow the forecast ones)
+    return out.select(*capacity.columns, *(n for n in FORECAST_COLUMNS
+                                           if n not in capacity.columns))
 
 
 def with_forecast(capacity: pl.DataFrame, windows: pl.LazyFrame,

@@ -47,3 +47,15 @@ def test_the_step_fit_hinge_is_stored_for_the_twin() -> None:
     row = _row(Ramp(batches=tuple(np.linspace(1, 140, 40))))
     # one straight line fits the ramp: no hinge, no extra slope
     assert row[c.STEP_HINGE_BATCH] is None and row[c.STEP_PER_SEQ_ABOVE_S] == 0.0
+
+
+def test_windows_without_a_batch_do_not_stop_the_fit() -> None:
+    """A window with power and tokens but no running batch (NaN) is left out of the power
+    fit; with it, polyfit raised LinAlgError and stopped the whole analytics run."""
+    from fleetlens.analytics.capacity.energy import j_per_token_at
+
+    batch = np.array([1.0, 5.0, np.nan, 10.0, 20.0])
+    power = 100.0 + 3.0 * np.nan_to_num(batch, nan=7.0)
+    tok_s = np.array([50.0, 200.0, 300.0, 380.0, 700.0])
+    value = j_per_token_at(batch, power, tok_s, knee=60.0, step_s=0.05, rel=0.25)
+    assert value == pytest.approx((100.0 + 3.0 * 60.0) * 0.05 / 60.0)
