@@ -31,13 +31,12 @@ demo: $(STAMP)
 ## test: lint and run the test suite
 # The two venvs are built side by side (downloads and unpacking overlap), before any test
 # runs, so that no test shares the cores with pip. tests/run_suite.py then runs the real-vLLM
-# tests, the rest and the Ray tests one after the other; PINNED=1 runs the first two at once
-# on separate cores (about 22 instead of 30 minutes on 2 cores, but the vLLM timeline's surge
-# case failed once in 3 runs on its one core: see tests/run_suite.py).
+# tests on one core beside the rest on the others, then the Ray tests on every core (about 22
+# minutes on 2 cores); SERIAL=1 runs the three parts one after the other (about 30 minutes).
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python tests/run_suite.py $(if $(PINNED),--pinned) $(if $(TEST_WORKERS),--workers $(TEST_WORKERS))
+	$(BIN)/python tests/run_suite.py $(if $(SERIAL),--serial) $(if $(TEST_WORKERS),--workers $(TEST_WORKERS))
 
 ## constraints: pin the installed, tested set again (after changing pyproject's ranges)
 constraints: $(STAMP)

@@ -6,20 +6,20 @@ outages), and its engine spins on every core it may use whenever a request is in
 same cores both starved (load 14-22: the agent's exports missed their deadline, a collector
 did not listen in 60 s). Run one after the other they cost 16 + 9.5 minutes on 2 cores.
 
-By default the parts run one after the other (about 30 minutes on 2 cores, over the
-25-minute budget). With ``--pinned`` the vLLM part gets one core of its own (the server's
-threads bound to it with ``VLLM_CPU_OMP_THREADS_BIND``, every process of that part kept on
-it by its CPU affinity)
+By default the vLLM part gets one core of its own (the server's threads bound to it with
+``VLLM_CPU_OMP_THREADS_BIND``, every process of that part kept on it by its CPU affinity)
 and the rest of the suite the other cores, at once: 16.5 and 18 minutes side by side on a
-2-core AMD EPYC (docs/benchmarks.md), 21:35 and 22:05 for the whole of ``make test``; but
-on a core shared with its collector, agent and gateway the tiny model's TTFT per token rose
-enough in the steady phase (80 s in) for the warm-up band to open an incident that merged
-with the surge, which then failed its case (1 run of 3). It becomes the default once the
-timeline holds on one core. The Ray and two-node tests then run alone
-on every core (a Ray cluster wants more than one). With a single core, or where CPU
-affinity cannot be set, the parts run one after the other.
+2-core AMD EPYC (docs/benchmarks.md), 21:35 and 22:05 for the whole of ``make test``. The
+Ray and two-node tests then run alone on every core (a Ray cluster wants more than one).
+With ``--serial`` (or a single core, or where CPU affinity cannot be set) the parts run one
+after the other, about 28-30 minutes on 2 cores.
 
-Usage: ``python tests/run_suite.py [--pinned] [--workers N] [-- extra pytest arguments]``; exits
+On its one core the tiny model's TTFT per token once rose 80 s into the steady load, and
+the warm-up band's incident, with the production merge gap of 180 s over 10 s windows,
+swallowed the surge two minutes later (1 run of 3); the diagnosis now scales the gap to
+its windows (:func:`tests.agent.incident_run.diagnose`).
+
+Usage: ``python tests/run_suite.py [--serial] [--workers N] [-- extra pytest arguments]``; exits
 non-zero when any part failed, after running every part.
 """
 
@@ -65,17 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=0,
                         help="xdist workers for the rest of the suite (default: its cores)")
-    parser.add_argument("--pinned", action="store_true",
-                        help="the real-vLLM part on one core and the rest on the others at once "
-                             "(about 22 instead of 30 minutes on 2 cores; its surge case "
-                             "failed in 1 of 3 runs: see the module docstring)")
+    parser.add_argument("--serial", action="store_true",
+                        help="the parts one after the other, each on every core (about 30 "
+                             "instead of 22 minutes on 2 cores), instead of the real-vLLM part "
+                             "on one core beside the rest on the others")
     parser.add_argument("extra", nargs="*", help="more pytest arguments for every part")
     opts = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
     rest = [*(f"--ignore={f}" for f in (*VLLM, *ALONE)), *opts.extra]
     started = time.monotonic()
     results: dict[str, int] = {}
-    if opts.pinned and len(cpus) >= 2:
+    if not opts.serial and len(cpus) >= 2:
         vllm_cpu, rest_cpus = cpus[0], set(cpus[1:])
         workers = opts.workers or len(rest_cpus)
         print(f"run_suite: the real-vLLM tests on CPU {vllm_cpu}, the rest on CPUs "

@@ -16,8 +16,10 @@ calibration, one baseline and one diagnosis:
    ``rolling_min_windows`` (20) windows (compressed time: 10 s windows, not a minute);
 2. surge: twice the capacity for :data:`SURGE_S`, then the steady load again;
 3. hang, :data:`RECOVERY_S` after the surge (its backlog drains in 15-70 s, and the wake-up's
-   incident is then more than ``merge_gap_s``, 180 s, after the surge's: two incidents by
-   design): every process of the server SIGSTOPped for :data:`OUTAGE_S`, then SIGCONTed
+   incident is then well over ``merge_gap_s`` after the surge's: two incidents by design;
+   the diagnosis scales the gap to 3 windows, 30 s, as :func:`~tests.agent.incident_run.diagnose`
+   says; the spacings here were sized for 180 s and hold with margin): every process of the
+   server SIGSTOPped for :data:`OUTAGE_S`, then SIGCONTed
    (the requests sent meanwhile wait in the kernel and reach vLLM at once when it wakes);
 4. crash, :data:`DRAIN_S` later: every process SIGKILLed under load; the same command
    started again on the same port :data:`OUTAGE_S` after the kill (a new process start time,
@@ -81,14 +83,15 @@ BASELINE_S = 200
 #: the surge: twice the measured capacity
 SURGE_S = 60
 #: from the surge's end to the hang: its backlog drains (15-70 s), then more than
-#: ``merge_gap_s`` (180 s) of steady load
+#: ``merge_gap_s`` of steady load (sized for 180 s; the diagnosis uses 30 s)
 RECOVERY_S = 210
 #: each outage: the hang, and the crash until the server is started again
 OUTAGE_S = 60
 #: from the hang's end to the kill: the wake-up backlog drains (20-40 s at 40% load)
 DRAIN_S = 50
 #: from the hang's end to the restart with the new configuration: the wake-up incident and
-#: the change's are more than merge_gap_s (180 s) apart even with a 40 s drain
+#: the change's are more than merge_gap_s apart even with a 40 s drain (and the crash and
+#: its restart fit between them)
 CHANGE_AFTER_HANG_S = 195
 #: load on the changed server (from when it is ready), then at most CHANGED_DRAIN_S for the
 #: requests it queued before it is stopped (its queue grows: the load is above its capacity)

@@ -136,8 +136,11 @@ def render(page, url: str, selectors: list[str], timeout_ms: int = 60_000) -> No
     # The status widget ("Running...") is shown while the script runs; wait until it is gone.
     page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached",
                            timeout=timeout_ms)
-    try:  # a table draws its cells (role=gridcell) a moment after its element arrives
-        page.wait_for_function(EVERY_TABLE_HAS_ROWS, timeout=20_000)
+    # A table draws its cells (role=gridcell) a moment after its element arrives; on a loaded
+    # 2-core CI box that moment took over 20 s once (a trace page of seven tables), so the wait
+    # is as long as the page's own.
+    try:
+        page.wait_for_function(EVERY_TABLE_HAS_ROWS, timeout=timeout_ms)
     except Exception:  # noqa: BLE001 - reported by check_page with the table's contents
         pass
     page.wait_for_timeout(300)  # let the last deltas paint
