@@ -9,9 +9,9 @@ import pytest
 
 from fleetlens.pipeline.storage import DataDir
 from tests.analytics import traces_detail_data as k
-from tests.dashboard.test_browser import (
+from tests.dashboard.test_browser import (  # noqa: F401 - browser is a fixture
     CHROMIUM,
-    CHROMIUM_ARGS,
+    browser,
     check_page,
     dashboard,
     render,
@@ -28,24 +28,11 @@ CELLS = """() => Array.from(document.querySelectorAll('[data-testid="stDataFrame
     .map(t => Array.from(t.querySelectorAll('[role="gridcell"]')).map(c => c.innerText))"""
 
 
-@pytest.fixture(scope="module")
-def chromium():  # noqa: ANN201
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                     args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-def test_a_trace_in_full_in_a_real_browser(chromium, tmp_path) -> None:  # noqa: ANN001
+def test_a_trace_in_full_in_a_real_browser(browser, tmp_path) -> None:  # noqa: ANN001, F811
     root = DataDir(tmp_path / "data")
     k.build(root)
     with dashboard(root.root, tmp_path / "dashboard.log") as url:
-        page = chromium.new_page(viewport={"width": 1500, "height": 3600})
+        page = browser.new_page(viewport={"width": 1500, "height": 3600})
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         render(page, f"{url}/trace?id={k.TRACE}", [".js-plotly-plot",
