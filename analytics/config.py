@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from fleetlens.analytics.capacity.config import CapacityConfig
 from fleetlens.analytics.failures.config import FailureConfig
+from fleetlens.analytics.provisional.config import ProvisionalConfig
 from fleetlens.analytics.slos.config import SloConfig
 from fleetlens.pipeline.schema.settings import ConfigError, require
 
@@ -250,6 +251,9 @@ class AnalyticsConfig:
     #: Capacity from the fleet's own telemetry: knees, goodput, headroom, MBU/MFU
     #: (analytics.capacity).
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    #: Live only: a queue on the engines' gauges posted as a provisional incident before
+    #: its slow requests end, then confirmed or withdrawn (analytics.provisional).
+    provisional: ProvisionalConfig = field(default_factory=ProvisionalConfig)
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -308,6 +312,10 @@ class AnalyticsConfig:
             self.capacity.validate()
         except ConfigError as exc:
             raise ConfigError(f"capacity.{exc}") from None
+        try:
+            self.provisional.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"provisional.{exc}") from None
         for i, hook in enumerate(self.hooks()):
             try:
                 hook.validate()

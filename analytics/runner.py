@@ -48,6 +48,8 @@ class RunResult:
     seconds: float = 0.0
     #: The SLOs' status, burn rates and firing alerts (analytics.slos).
     slos: SloReport = field(default_factory=SloReport)
+    #: Live runs: the queues the engines' gauges show now (analytics.provisional).
+    provisional: list[Any] | None = None
 
 
 class Remote(Protocol):
@@ -107,18 +109,19 @@ def run(data_dir: str | DataDir, config: AnalyticsConfig | None = None, *,
     config = config or AnalyticsConfig()
     started = time.perf_counter()
     with exclusive(root, "analytics"):
-        result = _run(root, config, refit_prophet, remote)
+        result = _run(root, config, refit_prophet, remote, live=notify)
     if notify:
         # Outside the job lock: a slow webhook must not hold up the pipeline or compaction
         # (webhook.py takes its own lock against a second analyze posting the same).
         result.new_incidents, result.posted, result.post_errors = notify_new(
-            state_dir(root), result.analysis, config, echo, alert_rows(result.slos))
+            state_dir(root), result.analysis, config, echo, alert_rows(result.slos),
+            result.provisional)
     result.seconds = time.perf_counter() - started
     return result
 
 
 def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
-         remote: Remote | None = None) -> RunResult:
+         remote: Remote | None = None, live: bool = False) -> RunResult:
     tables = tables_for(root, config)
     analysis = remote.analyse(root, tables, config) if remote else analyse(tables, config)
     since = None
@@ -135,6 +138,11 @@ def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
                                on=c.INCIDENT_ID, how="left")
         publish(root, table, frame, c.START_NS, since_ns=since)
     result = RunResult(analysis, slos=publish_slos(root, config, analysis.window_s))
+    if live and config.provisional.enabled:  # queues on the gauges, posted before spans end
+        from fleetlens.analytics.provisional.live import queues
+
+        result.provisional = queues(tables.engine_samples, tables.requests, config.provisional,
+                                    config.host_share_for_service, config.shared_start_s)
     if config.prophet and analysis.window_s:
         from fleetlens.analytics.prophet_baselines import refresh_prophet
 

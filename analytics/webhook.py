@@ -15,6 +15,12 @@ hook retries only its own events instead of re-posting every incident to all the
 - An incident *ends* when ``merge_gap_s`` of data has passed its last anomalous window
   without it growing (a later anomaly would be a new incident), or when it is no longer
   among the analysed incidents.
+- Provisional incidents (live runs only, ``provisional`` given: :mod:`analytics.provisional`)
+  are queued like incidents when first seen; the analysed incident that confirms one is not
+  triggered but queued as an ``update`` of it, and a withdrawn one is an ``update``
+  (native, Slack) or a ``resolve`` (PagerDuty, Alertmanager); a confirmed one ends when its
+  confirming incident does. Bodies of these posts are kept in the state (``bodies``) so a
+  retry sends what was queued (:mod:`analytics.webhook_updates`).
 
 :func:`notify_new` runs outside the data directory's job lock (a slow webhook must not hold
 the pipeline up) and under its own lock, so two ``analyze`` processes do not both post. On an
@@ -32,12 +38,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from fleetlens.analytics.analyse import Analysis
 from fleetlens.analytics.config import AnalyticsConfig, WebhookConfig
 from fleetlens.analytics.provenance import read_json, write_json_atomic
+from fleetlens.analytics.provisional.gauges import Candidate
+from fleetlens.analytics.provisional.guess import Guess
+from fleetlens.analytics.provisional.lifecycle import DETECTOR as PROVISIONAL_DETECTOR
+from fleetlens.analytics.provisional.lifecycle import View, advance
 from fleetlens.analytics.webhook_formats import RESOLVING, SLO_DETECTOR, native_body
 from fleetlens.analytics.webhook_http import redact_url
-from fleetlens.analytics.webhook_send import send
+from fleetlens.analytics.webhook_send import UPDATE, send
+from fleetlens.analytics.webhook_updates import confirmed_body, withdrawn_body
 from fleetlens.pipeline.joblock import file_lock
 from fleetlens.pipeline.schema import columns as c
 
@@ -77,6 +90,7 @@ def data_end_ns(analysis: Analysis) -> int | None:
 def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
                echo: Callable[[str], None] | None = None,
                slo_alerts: list[dict[str, Any]] | None = None,
+               provisional: list[tuple[Candidate, Guess]] | None = None,
                ) -> tuple[list[str], int, list[str]]:
     """Queue incidents seen for the first time and work through every webhook's queue.
 
@@ -88,6 +102,9 @@ def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
         slo_alerts: SLO burn-rate alerts firing now, as incident-shaped rows
             (:func:`analytics.slos.report.alert_rows`): each is posted like an incident,
             once when it starts firing and (formats that resolve) once when it stops.
+        provisional: the queues the engines' gauges show now (a live run:
+            :func:`analytics.provisional.live.queues`); ``None`` leaves provisional
+            incidents alone.
 
     Returns:
         (ids of incidents new or still undelivered somewhere, successful posts, errors).
@@ -100,33 +117,86 @@ def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
         state = _load(folder)
         current = {row[c.INCIDENT_ID]: row for row in analysis.incidents.iter_rows(named=True)}
         current.update({row[c.INCIDENT_ID]: row for row in slo_alerts or ()})
+        causes = analysis.causes
+        view = None
+        if provisional is not None and config.provisional.enabled:
+            still_held()
+            view = advance(folder, provisional, analysis.incidents, config.provisional,
+                           analysis.window_s or config.window_s, config.merge_gap_s,
+                           data_end_ns(analysis))
+            current.update(view.open)
+            causes = pl.concat([causes, view.causes], how="diagonal_relaxed")
         seen = set(state["seen"])
+        bodies: dict[str, dict[str, Any]] = state.get("bodies", {})
+        aliases = {} if view is None else view.confirmed
         first = [i for i in current if i not in seen]
         hooks = {hook_key(h): h for h in config.hooks()}
         queues = {k: state["hooks"].get(k, {"pending": [], "open": {}}) for k in hooks}
-        snapshots = {i: native_body(current[i], analysis.causes) for i in first}
+        snapshots = {i: native_body(current[i], causes) for i in first}
         for ident in first:
-            if echo is not None:
-                echo(json.dumps(snapshots[ident], sort_keys=True))
+            if ident in aliases:  # confirms a provisional incident: an update of its post
+                for prov in aliases[ident]:
+                    if f"{TRIGGER}:{prov}" not in bodies:
+                        continue  # opened and confirmed before its post was queued
+                    update = confirmed_body(bodies[f"{TRIGGER}:{prov}"], current[ident],
+                                            causes)
+                    bodies[f"{UPDATE}:{prov}"] = update
+                    _echo(echo, update)
+                    for queue in queues.values():
+                        queue["pending"].append([UPDATE, prov])
+                if any(f"{TRIGGER}:{p}" in bodies for p in aliases[ident]):
+                    continue
+            _echo(echo, snapshots[ident])
+            if current[ident].get(c.DETECTOR) == PROVISIONAL_DETECTOR:
+                bodies[f"{TRIGGER}:{ident}"] = snapshots[ident]
             for queue in queues.values():
                 queue["pending"].append([TRIGGER, ident])
+        if view is not None:
+            _withdraw(view, bodies, queues, hooks)
+            for ident, provs in aliases.items():  # a confirmed one lasts as its incident
+                current.update({p: current[ident] for p in provs})
         ended = _ended(current, data_end_ns(analysis), config.merge_gap_s)
         for key, queue in queues.items():
             if hooks[key].format in RESOLVING:
                 _queue_resolves(queue, ended)
         undelivered = {i for q in queues.values() for a, i in q["pending"] if a == TRIGGER}
-        state = {"seen": sorted(seen | set(first)), "hooks": queues}
+        live = {i for q in queues.values() for _, i in q["pending"]} | {
+            i for q in queues.values() for i in q["open"]} | set(current)
+        bodies = {k: v for k, v in bodies.items() if k.split(":", 1)[1] in live}
+        state = {"seen": sorted(seen | set(first)), "hooks": queues, "bodies": bodies}
         still_held()
         write_json_atomic(folder / STATE_FILE, state)  # queued before any post
         posted, errors = 0, []
         for key, queue in queues.items():
-            ok, failed = send(hooks[key], queue, current, analysis.causes, config, still_held)
+            ok, failed = send(hooks[key], queue, current, causes, config, still_held, bodies)
             posted += ok
             errors += [f"{redact_url(hooks[key].url)} ({hooks[key].format}): {e}"
                        for e in failed]
             still_held()
             write_json_atomic(folder / STATE_FILE, state)
     return [i for i in current if i in undelivered or i in first], posted, errors
+
+
+def _echo(echo: Callable[[str], None] | None, body: dict[str, Any]) -> None:
+    if echo is not None:
+        echo(json.dumps(body, sort_keys=True))
+
+
+def _withdraw(view: View, bodies: dict[str, dict[str, Any]], queues: dict[str, Any],
+              hooks: dict[str, WebhookConfig]) -> None:
+    """Queue the withdrawal of each provisional incident withdrawn in this run: an update
+    for hooks that do not resolve (those that do resolve it as it is no longer current);
+    where its post is still queued, neither is sent."""
+    for ident, row in view.withdrawn.items():
+        first = bodies.get(f"{TRIGGER}:{ident}")
+        if first is None:
+            continue
+        bodies[f"{UPDATE}:{ident}"] = withdrawn_body(first, row, view.confirm_within_s)
+        for key, queue in queues.items():
+            if [TRIGGER, ident] in queue["pending"]:
+                queue["pending"].remove([TRIGGER, ident])
+            elif hooks[key].format not in RESOLVING:
+                queue["pending"].append([UPDATE, ident])
 
 
 def _ended(current: dict[str, dict[str, Any]], end_ns: int | None, gap_s: int
@@ -137,6 +207,8 @@ def _ended(current: dict[str, dict[str, Any]], end_ns: int | None, gap_s: int
             return True  # recomputed away or older than the analysed history
         if row.get(c.DETECTOR) == SLO_DETECTOR:
             return False  # an SLO alert ends when it stops firing: it is then absent
+        if row.get(c.DETECTOR) == PROVISIONAL_DETECTOR:
+            return False  # ends when confirmed (as its incident) or withdrawn (absent)
         return end_ns is not None and row[c.END_NS] + gap_s * NS <= end_ns
     return ended
 

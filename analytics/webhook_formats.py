@@ -15,6 +15,14 @@ its trigger even when a later run ranks the causes differently.
   are re-posted every run while open (Alertmanager resolves an alert that is not refreshed
   within its ``resolve_timeout``); resolved ones carry ``endsAt``.
 
+Provisional incidents (:mod:`analytics.provisional`, live only) travel as incidents whose
+``detector`` is :data:`PROVISIONAL_DETECTOR`: their native body has ``"status":
+"provisional"`` and the guess's line as ``note``. Their confirmation or withdrawal is an
+*update* (:mod:`analytics.webhook_updates`, type :data:`UPDATE_TYPE`) keyed by the
+provisional incident's id (:func:`alert_key`): PagerDuty gets a ``trigger`` with the same
+``dedup_key``, Alertmanager the same labels with new annotations, so one page, then its
+update.
+
 SLO burn-rate alerts (:mod:`analytics.slos`) travel the same way as incident-shaped rows
 whose ``detector`` is :data:`SLO_DETECTOR`: their snapshot's ``type`` is
 :data:`SLO_ALERT_TYPE`, their severity ``page`` or ``ticket``, and each format names the SLO,
@@ -35,6 +43,8 @@ import polars as pl
 from fleetlens.analytics.config import WEBHOOK_FORMATS
 from fleetlens.analytics.failures.findings import DETECTOR_PREFIX
 from fleetlens.analytics.incident_facts import incident_phases
+from fleetlens.analytics.provisional.lifecycle import DETECTOR as PROVISIONAL_DETECTOR
+from fleetlens.analytics.provisional.lifecycle import NOTE
 from fleetlens.pipeline.schema import columns as c
 
 NS = 1_000_000_000
@@ -51,6 +61,11 @@ SLO_ALERT_NAME = "FleetlensSLOBurnRate"
 #: ``detector`` of an SLO alert's incident-shaped row, and its snapshot's ``type``.
 SLO_DETECTOR = "slo_burn_rate"
 SLO_ALERT_TYPE = "fleetlens.slo_alert"
+#: ``type`` of an update of an incident already posted (a provisional one confirmed or
+#: withdrawn); its top-level ``incident_id`` is the id it was first posted with.
+UPDATE_TYPE = "fleetlens.incident_update"
+#: ``status`` of an incident body: provisional (from the gauges), and of an update.
+STATUS_PROVISIONAL, STATUS_CONFIRMED, STATUS_WITHDRAWN = "provisional", "confirmed", "withdrawn"
 #: PagerDuty's four severities for ours; a warning (a hot GPU, nothing failed) is "info",
 #: below a minor incident's "warning".
 _PD_SEVERITY = {"warning": "info", "minor": "warning", "major": "error", "critical": "critical",
@@ -66,6 +81,12 @@ def native_body(incident: dict[str, Any], causes: pl.DataFrame) -> dict[str, Any
     """
     if incident.get(c.DETECTOR) == SLO_DETECTOR:
         return {"type": SLO_ALERT_TYPE, "incident": dict(incident), "causes": []}
+    if incident.get(c.DETECTOR) == PROVISIONAL_DETECTOR:
+        row = {k: v for k, v in incident.items() if k != NOTE}
+        mine = causes.filter(pl.col(c.INCIDENT_ID) == row[c.INCIDENT_ID]).sort(c.RANK)
+        top = [{**r, c.EVIDENCE: json.loads(r[c.EVIDENCE])} for r in mine.iter_rows(named=True)]
+        return {"type": "fleetlens.incident", "status": STATUS_PROVISIONAL, "incident": row,
+                "causes": top, "phases": [], NOTE: incident.get(NOTE, "")}
     mine = causes.filter(pl.col(c.INCIDENT_ID) == incident[c.INCIDENT_ID]).sort(c.RANK)
     top = []
     for row in mine.head(TOP_CAUSES).iter_rows(named=True):
@@ -99,6 +120,16 @@ def incident_link(dashboard_url: str | None, incident_id: str) -> str | None:
     return f"{dashboard_url.rstrip('/')}/incident?id={incident_id}"
 
 
+def is_update(snapshot: dict[str, Any]) -> bool:
+    """Whether a snapshot updates an incident posted before (:data:`UPDATE_TYPE`)."""
+    return snapshot.get("type") == UPDATE_TYPE
+
+
+def alert_key(snapshot: dict[str, Any]) -> str:
+    """The id receivers know the alert by: an update's is the incident it updates."""
+    return snapshot[c.INCIDENT_ID] if is_update(snapshot) else snapshot["incident"][c.INCIDENT_ID]
+
+
 def summary(snapshot: dict[str, Any]) -> str:
     """One line: severity, metric, scope, peak against expected, top cause."""
     inc = snapshot["incident"]
@@ -106,6 +137,16 @@ def summary(snapshot: dict[str, Any]) -> str:
         return _slo_summary(inc)
     scope = "/".join(v for v in (inc[c.SERVICE_NAME], inc[c.HOST_NAME]) if v != _ANY) or "fleet"
     top = snapshot["causes"][0] if snapshot["causes"] else None
+    if is_update(snapshot):
+        first = summary(snapshot["provisional"]) if snapshot.get("provisional") else ""
+        if snapshot["status"] == STATUS_WITHDRAWN:
+            return f"withdrawn (not confirmed): {first}"
+        return f"confirmed: {summary({**snapshot, 'type': 'fleetlens.incident'})}"
+    if snapshot.get("status") == STATUS_PROVISIONAL:
+        named = (f"likely cause {top[c.CAUSE]} ({top[c.SUBJECT]})" if top
+                 else "cause not known yet")
+        return (f"PROVISIONAL {inc[c.SEVERITY]} incident on {scope}: {named}; "
+                f"{snapshot.get(NOTE, '')}")
     if str(inc.get(c.DETECTOR) or "").startswith(DETECTOR_PREFIX) and top:
         # a failure has no band to be above: what failed is the message
         return (f"{inc[c.SEVERITY]} failure on {scope}: {top[c.CAUSE]} ({top[c.SUBJECT]}): "
@@ -143,7 +184,8 @@ def slack_body(snapshot: dict[str, Any], link: str | None) -> dict[str, Any]:
     """A Slack incoming-webhook message: plain ``text`` (notifications) and ``blocks``."""
     inc = snapshot["incident"]
     text = _slack_escape(f"fleetlens: {summary(snapshot)}")
-    lines = [f"*fleetlens incident* `{_slack_escape(inc[c.INCIDENT_ID])}`",
+    title = "fleetlens update" if is_update(snapshot) else "fleetlens incident"
+    lines = [f"*{title}* `{_slack_escape(alert_key(snapshot))}`",
              _slack_escape(summary(snapshot)),
              f"since {rfc3339(inc[c.START_NS])}"]
     if link:
@@ -162,7 +204,7 @@ def pagerduty_event(snapshot: dict[str, Any], action: str, routing_key: str,
     """A PagerDuty Events v2 ``trigger`` or ``resolve`` event, deduplicated on the id."""
     inc = snapshot["incident"]
     event: dict[str, Any] = {"routing_key": routing_key, "event_action": action,
-                             "dedup_key": inc[c.INCIDENT_ID]}
+                             "dedup_key": alert_key(snapshot)}
     if action == "resolve":
         return event
     host, service = inc[c.HOST_NAME], inc[c.SERVICE_NAME]
@@ -187,21 +229,30 @@ def alertmanager_alert(snapshot: dict[str, Any], resolved_ns: int | None,
                        link: str | None) -> dict[str, Any]:
     """One Alertmanager v2 alert; ``resolved_ns`` (the incident's end) sets ``endsAt``."""
     inc = snapshot["incident"]
+    # an update keeps the labels it was first posted with: labels are the alert's identity
+    # to Alertmanager, new ones would be a second alert (a second page)
+    first = snapshot["provisional"] if is_update(snapshot) else snapshot
     if is_slo_alert(snapshot):  # the labels of the generated Prometheus rules' alerts
         labels = {"alertname": SLO_ALERT_NAME, c.ALERT_ID: inc[c.INCIDENT_ID],
                   "service": inc[c.SERVICE_NAME], "slo": inc[c.SLO],
                   "severity": inc[c.SEVERITY], "alert": inc[c.ALERT]}
     else:
+        was = first["incident"]
         labels = {
-            "alertname": ALERT_NAME, c.INCIDENT_ID: inc[c.INCIDENT_ID],
-            "cause": _top_cause(snapshot), "service": inc[c.SERVICE_NAME],
-            "host": inc[c.HOST_NAME], "severity": inc[c.SEVERITY], "metric": inc[c.METRIC],
+            "alertname": ALERT_NAME, c.INCIDENT_ID: was[c.INCIDENT_ID],
+            "cause": _top_cause(first), "service": was[c.SERVICE_NAME],
+            "host": was[c.HOST_NAME], "severity": was[c.SEVERITY], "metric": was[c.METRIC],
         }
     alert: dict[str, Any] = {
         "labels": labels,
         "annotations": {"summary": summary(snapshot)},
-        "startsAt": rfc3339(inc[c.START_NS]),
+        "startsAt": rfc3339(first["incident"][c.START_NS]),
     }
+    if is_update(snapshot) or snapshot.get("status") == STATUS_PROVISIONAL:
+        alert["annotations"]["status"] = snapshot["status"]
+        if is_update(snapshot) and snapshot["status"] == STATUS_CONFIRMED:
+            alert["annotations"]["confirmed_incident_id"] = inc[c.INCIDENT_ID]
+            alert["annotations"]["confirmed_cause"] = _top_cause(snapshot)
     if link:
         alert["annotations"]["dashboard"] = link
         alert["generatorURL"] = link
@@ -210,7 +261,9 @@ def alertmanager_alert(snapshot: dict[str, Any], resolved_ns: int | None,
     return alert
 
 
-__all__ = ["FORMATS", "RESOLVING", "SLO_ALERT_NAME", "SLO_ALERT_TYPE", "SLO_DETECTOR",
-           "is_slo_alert", "SIGNATURE_HEADER", "TIMESTAMP_HEADER", "alertmanager_alert",
+__all__ = ["FORMATS", "PROVISIONAL_DETECTOR", "RESOLVING", "SLO_ALERT_NAME", "SLO_ALERT_TYPE",
+           "SLO_DETECTOR", "STATUS_CONFIRMED", "STATUS_PROVISIONAL", "STATUS_WITHDRAWN",
+           "UPDATE_TYPE", "alert_key", "is_slo_alert", "is_update", "SIGNATURE_HEADER",
+           "TIMESTAMP_HEADER", "alertmanager_alert",
            "incident_link", "native_body", "pagerduty_event", "rfc3339", "signature_headers",
            "slack_body", "summary"]

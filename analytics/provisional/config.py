@@ -1,0 +1,62 @@
+"""Settings of the provisional live incidents (``[analytics.provisional]``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetlens.pipeline.schema.settings import require
+
+#: Severities a provisional incident may page with (those of `incidents`, no "warning":
+#: a queue that users wait in is more than a hardware note).
+_SEVERITIES = ("minor", "major", "critical")
+
+
+@dataclass(frozen=True)
+class ProvisionalConfig:
+    """When the engines' own gauges open a provisional incident, and how long it may wait
+    for the span-based (confirmed) incident before it is withdrawn."""
+
+    #: Open provisional incidents at all (live only: ``fleetlens analyze`` and
+    #: ``pipeline --follow`` with webhooks; nothing is written to `incidents`).
+    enabled: bool = True
+    #: A sample breaches when at least this many requests wait (the waiting median of a
+    #: healthy engine is 0, so a relative band never fires: an absolute floor),
+    min_waiting: float = 4.0
+    #: ... and at least this multiple of the running batch wait (a big engine with 200
+    #: running absorbs a few arrivals between two steps; 0 turns the ratio off),
+    waiting_per_running: float = 0.1
+    #: ... or when the KV cache is at least this full with any request waiting (the cache,
+    #: not the batch size, holds them back).
+    kv_full: float = 0.95
+    #: Breaching samples in a row for at least this long open an incident, s (samples are
+    #: the agent's scrapes, every second; a gap over ``max_gap_s`` ends a run).
+    hold_s: float = 5.0
+    #: Two samples further apart than this are not "in a row", s (the agent scrapes every
+    #: second by default; 15 s also holds a 10 s scrape interval).
+    max_gap_s: float = 15.0
+    #: The engine's own recent past the cause guess compares with, s (prompt tokens per
+    #: second before the queue formed).
+    lookback_s: float = 300.0
+    #: Prompt tokens computed per second at least this multiple of the look-back's: the
+    #: arrivals rose, the guess is ``traffic_surge`` (a queue with no more work is not).
+    surge_ratio: float = 1.3
+    #: A provisional incident that no latency or failure incident on its scope confirmed
+    #: within this many analysis windows after it began is withdrawn (the span-based
+    #: incident needs ``consecutive`` windows plus the slow requests' own time to end).
+    confirm_within_windows: int = 10
+    #: Severity a provisional incident is posted with (the confirmed one brings its own).
+    severity: str = "major"
+
+    def validate(self) -> None:
+        """Refuse settings that could never open or never withdraw an incident."""
+        require(self.min_waiting >= 1, "min_waiting", "must be at least 1 request")
+        require(self.waiting_per_running >= 0, "waiting_per_running", "must not be negative")
+        require(0 < self.kv_full <= 1, "kv_full", "must be in (0, 1]")
+        require(self.hold_s >= 0, "hold_s", "must not be negative")
+        require(self.max_gap_s > 0, "max_gap_s", "must be positive")
+        require(self.lookback_s > self.hold_s, "lookback_s", "must be longer than hold_s")
+        require(self.surge_ratio > 1, "surge_ratio", "must be above 1")
+        require(self.confirm_within_windows >= 1, "confirm_within_windows",
+                "must be at least 1")
+        require(self.severity in _SEVERITIES, "severity",
+                f"{self.severity!r} is not one of {', '.join(_SEVERITIES)}")
