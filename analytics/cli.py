@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from fleetlens.analytics.config import AnalyticsConfig
-from fleetlens.pipeline.output import format_option, render_rows
+from fleetlens.pipeline.output import format_option, refresh_option, render_rows
 from fleetlens.pipeline.schema.settings import DATA_DIR_HELP, ConfigError, load_section
 
 NS = 1_000_000_000
@@ -115,8 +115,7 @@ def analyze(data_dir: str | None, config_file: str | None, follow: bool, interva
 @click.option("--since", default=None,
               help="Only incidents starting after: 2h, now-2h, an ISO time, or a Unix time.")
 @format_option()
-@click.option("--refresh/--no-refresh", default=None,
-              help="Recompute from the data first [default: only if never computed].")
+@refresh_option()
 def incidents(data_dir: str | None, config_file: str | None, since: str | None, fmt: str,
               refresh: bool | None) -> None:
     """List incidents with severity, scope and top cause, newest first."""

@@ -37,7 +37,9 @@ def incident_id(service: str, model: str, host: str, start_ns: int) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _clusters(rows: list[Row], gap_ns: int) -> list[list[Row]]:
+def clusters(rows: list[Row], gap_ns: int) -> list[list[Row]]:
+    """``rows`` (with start and end) grouped, by start, into runs that overlap or lie
+    within ``gap_ns`` of each other."""
     out: list[list[Row]] = []
     end = None
     for row in sorted(rows, key=lambda r: r[c.START_NS]):
@@ -130,7 +132,7 @@ def merge_anomalies(anomalies: pl.DataFrame, hosts_by_service: dict[tuple[str, s
     incidents: list[Row] = []
     for (service, model), members in by_service.items():
         n_hosts = max(hosts_by_service.get((service, model), 1), 1)
-        for cluster in _clusters(members, gap):
+        for cluster in clusters(members, gap):
             hosts = sorted({r[c.HOST_NAME] for r in cluster if r[c.LEVEL] == LEVEL_HOST})
             shared = (len(hosts) >= 2 and len(hosts) >= config.host_share_for_service * n_hosts
                       and _together(cluster, config.shared_start_s * 1_000_000_000))
@@ -147,7 +149,7 @@ def merge_anomalies(anomalies: pl.DataFrame, hosts_by_service: dict[tuple[str, s
                     set(incident[c.DETECTOR].split(",")) | {r[c.DETECTOR] for r in service_rows}
                 ))
                 incidents.append(incident)
-    for cluster in _clusters(fleet_rows, gap):
+    for cluster in clusters(fleet_rows, gap):
         start, end = min(r[c.START_NS] for r in cluster), max(r[c.END_NS] for r in cluster)
         if any(i[c.START_NS] <= end + gap and start <= i[c.END_NS] + gap for i in incidents):
             continue

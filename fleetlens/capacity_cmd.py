@@ -16,7 +16,7 @@ import polars as pl
 
 from fleetlens.analytics.capacity.cli import capacity as stored_capacity
 from fleetlens.analytics.cli import _CONFIG, _DATA_DIR, _root, load_analytics_config
-from fleetlens.pipeline.output import format_option, render_rows
+from fleetlens.pipeline.output import format_option, refresh_option, render_rows
 from fleetlens.pipeline.schema import columns as c
 
 
@@ -84,8 +84,7 @@ def what_if_rows(root, row: dict, what, hours: float, config) -> tuple[list[dict
 @_DATA_DIR
 @_CONFIG
 @format_option()
-@click.option("--refresh/--no-refresh", default=None,
-              help="Recompute from the data first [default: only if never computed].")
+@refresh_option()
 @click.option("--what-if", "what_if", multiple=True, metavar="KEY=VALUE",
               help="Replay the pool's recent arrivals through its calibrated twin with a "
                    "change: gpus=-2 (or an absolute count), gpu_model=H200, "

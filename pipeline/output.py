@@ -27,6 +27,12 @@ def format_option(*choices: str, default: str = "table") -> Callable[[F], F]:
                         help="table to read; json or csv to process (values as stored).")
 
 
+def refresh_option() -> Callable[[F], F]:
+    """The ``--refresh/--no-refresh`` option of the commands that print a computed table."""
+    return click.option("--refresh/--no-refresh", default=None,
+                        help="Recompute from the data first [default: only if never computed].")
+
+
 def render_rows(frame: pl.DataFrame, fmt: str) -> str:
     """``frame`` as JSON (a list of objects) or CSV (nested values as JSON text)."""
     import polars as pl

@@ -20,7 +20,7 @@ import polars as pl
 from fleetlens.analytics.attribution.context import Tables, load_context
 from fleetlens.analytics.attribution.rank import attribute, clean_baseline
 from fleetlens.analytics.config import AnalyticsConfig
-from fleetlens.analytics.merge import incident_from, incidents_frame
+from fleetlens.analytics.merge import clusters, incident_from, incidents_frame
 from fleetlens.analytics.series import LEVEL_FLEET, LEVEL_HOST
 from fleetlens.pipeline.schema import columns as c
 
@@ -44,16 +44,7 @@ def members_of(incident: Row, anomalies: pl.DataFrame) -> list[Row]:
 
 def segments(members: list[Row]) -> list[list[Row]]:
     """Members grouped into stretches of time with no quiet window inside."""
-    out: list[list[Row]] = []
-    end = None
-    for row in sorted(members, key=lambda r: r[c.START_NS]):
-        if end is None or row[c.START_NS] > end:
-            out.append([row])
-            end = row[c.END_NS]
-        else:
-            out[-1].append(row)
-            end = max(end, row[c.END_NS])
-    return out
+    return clusters(members, 0)
 
 
 def top_of(tables: Tables, incident: Row, part: list[Row], incidents: pl.DataFrame,

@@ -7,7 +7,7 @@ import click
 import polars as pl
 
 from fleetlens.analytics.cli import _CONFIG, _DATA_DIR, _root, load_analytics_config
-from fleetlens.pipeline.output import format_option, render_rows
+from fleetlens.pipeline.output import format_option, refresh_option, render_rows
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -65,8 +65,7 @@ def _crossing(row: dict) -> str:
 @_DATA_DIR
 @_CONFIG
 @format_option()
-@click.option("--refresh/--no-refresh", default=None,
-              help="Recompute from the data first [default: only if never computed].")
+@refresh_option()
 def capacity(data_dir: str | None, config_file: str | None, fmt: str,
              refresh: bool | None) -> None:
     """Capacity per pool (service, model, GPU, TP, configuration): the knee (largest batch

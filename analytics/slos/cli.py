@@ -16,7 +16,7 @@ from fleetlens.analytics.cli import (
     write_output,
 )
 from fleetlens.analytics.slos.config import window_label
-from fleetlens.pipeline.output import format_option, render_rows
+from fleetlens.pipeline.output import format_option, refresh_option, render_rows
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -74,8 +74,7 @@ def _table(rows: list[dict]) -> str:
 @_DATA_DIR
 @_CONFIG
 @format_option()
-@click.option("--refresh/--no-refresh", default=None,
-              help="Recompute from the data first [default: only if never computed].")
+@refresh_option()
 @click.option("--rules", is_flag=True,
               help="Print Prometheus recording and alerting rules for the configured SLOs "
                    "(over `fleetlens exporter`'s series) instead.")
