@@ -33,6 +33,13 @@ runs the real processes in real time, all on loopback:
   baselines' 20 windows and some spread); ``--repeat 2`` (default) gives 10 failures and 6
   latency incidents in about 21 minutes.
 
+Provisional incidents (``[analytics.provisional]``, on by default: a queue on the engines'
+gauges, posted before its slow requests end) are posted and scored like any incident; their
+confirmation is an update post, which counts as the confirmed incident's post. The figures
+are printed twice at the end: with every post, and with the span-based and failure posts
+only (the same run's: batch detection is unchanged, so that is when they would have been
+posted without provisional incidents); ``--set provisional.enabled=false`` runs without them.
+
 Each injected incident (the simulator's ground truth) is matched to the first post whose top
 cause is the injected cause, whose scope is the injected one (subject, or host / service),
 and whose incident starts inside the injected window (less 30 s: a hang starts at the last
@@ -81,8 +88,11 @@ if str(REPO) not in sys.path:
 from bench.detect_delay_scenario import scenario_doc  # noqa: E402
 from bench.detect_delay_score import (  # noqa: E402
     FAILURE_KINDS,
+    INCIDENT,
     LATENCY_KINDS,
+    UPDATE,
     Clock,
+    compare,
     match,
     report,
 )
@@ -351,6 +361,8 @@ def main() -> None:
                     [{"arrived_ns": t, "body": b} for t, b in receiver.posts], indent=1))
             ok = report(matches, clock, follow, receiver.posts, WINDOW_S, args.interval, machine(),
                         overrides)
+            compare(match(measured, receiver.posts, clock, (INCIDENT, UPDATE)), matches, clock,
+                    WINDOW_S, receiver.posts)
     finally:
         for child in reversed(children):
             child.stop()

@@ -1,5 +1,16 @@
 """Scoring of ``bench/detect_delay.py``: match each injected incident to its first post,
-and print the delays per kind against the targets (issue 30 item 6)."""
+and print the delays per kind against the targets (issue 30 item 6).
+
+Posts are the native bodies the receiver got: incidents (``fleetlens.incident``, among them
+provisional ones from the engines' gauges, ``status: provisional``) and updates
+(``fleetlens.incident_update``: a provisional incident confirmed by an analysed incident,
+which is then that incident's post, or withdrawn). Each injected incident is matched twice:
+to its first post of any kind (what the on-call engineer sees), and to its first
+span-based or failure post (a plain incident or a confirmation: when it would have been
+posted without provisional incidents, in the same run, as the batch detection is the same).
+The windows figure of a provisional post counts from the first anomalous window of the
+incident that confirmed it (its own start when none did).
+"""
 
 from __future__ import annotations
 
@@ -62,6 +73,9 @@ def _scope_ok(gt: dict[str, Any], inc: dict[str, Any], top: dict[str, Any]) -> b
     return bool(service) and inc.get("service_name") == service
 
 
+PROVISIONAL, INCIDENT, UPDATE = "provisional", "incident", "confirmed"
+
+
 @dataclass
 class Match:
     gt: dict[str, Any]
@@ -78,15 +92,43 @@ class Match:
         return (self.post[0] - self.onset_wall) / NS
 
 
-def match(truth: list[dict[str, Any]], posts: list[tuple[int, Any]], clock: Clock) -> list[Match]:
-    """Each injected incident's first post of the right cause and scope after its onset."""
-    incidents = [(t, b) for t, b in posts
-                 if isinstance(b, dict) and b.get("type") == "fleetlens.incident"]
+def events(posts: list[tuple[int, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """Every post as ``{"incident", "causes", "kind", "ref_start_ns", "body"}`` by arrival:
+    ``ref_start_ns`` is the first anomalous window's start (a provisional post's is its
+    confirming incident's)."""
+    confirmed = {b["incident_id"]: b["incident"]["start_ns"] for _, b in posts
+                 if isinstance(b, dict) and b.get("type") == "fleetlens.incident_update"
+                 and b.get("status") == "confirmed"}
+    out = []
+    for arrived, b in sorted(posts, key=lambda p: p[0]):
+        if not isinstance(b, dict) or "incident" not in b:
+            continue
+        inc = b["incident"]
+        if b.get("type") == "fleetlens.incident_update":
+            if b.get("status") != "confirmed":
+                continue
+            kind, ref = UPDATE, inc["start_ns"]
+        elif b.get("type") == "fleetlens.incident":
+            provisional = b.get("status") == "provisional"
+            kind = PROVISIONAL if provisional else INCIDENT
+            ref = confirmed.get(inc["incident_id"], inc["start_ns"])
+        else:
+            continue
+        out.append((arrived, {"incident": inc, "causes": b.get("causes") or [], "kind": kind,
+                              "ref_start_ns": ref, "body": b}))
+    return out
+
+
+def match(truth: list[dict[str, Any]], posts: list[tuple[int, Any]], clock: Clock,
+          kinds: tuple[str, ...] = (PROVISIONAL, INCIDENT, UPDATE)) -> list[Match]:
+    """Each injected incident's first post of the right cause and scope after its onset,
+    among posts of ``kinds``."""
+    incidents = [(t, e) for t, e in events(posts) if e["kind"] in kinds]
     out = []
     for gt in truth:
         m = Match(gt, clock.wall(gt["start_ns"]))
-        for arrived, body in sorted(incidents, key=lambda p: p[0]):
-            inc, causes = body["incident"], body.get("causes") or []
+        for arrived, body in incidents:
+            inc, causes = body["incident"], body["causes"]
             if arrived < m.onset_wall or not causes:
                 continue
             if not (gt["start_ns"] - START_SLACK_S * NS <= inc["start_ns"] <= gt["end_ns"]):
@@ -159,8 +201,8 @@ def report(matches: list[Match], clock: Clock, follow: Child, posts: list, windo
                 inc = m.post[1]["incident"]
                 at = (m.gt["start_ns"] - clock.start_ns) / NS
                 print(f"    {m.gt['subject']:30s} onset +{at:4.0f} s"
-                      f"  posted after {m.delay_s:5.1f} s  ({inc.get('detector')}, "
-                      f"{inc.get('metric')})")
+                      f"  posted after {m.delay_s:5.1f} s  ({m.post[1]['kind']}: "
+                      f"{inc.get('detector')}, {inc.get('metric')})")
             if not m.post:
                 why = f"; posts of its scope named {', '.join(m.wrong)}" if m.wrong else ""
                 print(f"    missed: {kind} {m.gt['subject']} at +"
@@ -171,7 +213,7 @@ def report(matches: list[Match], clock: Clock, follow: Child, posts: list, windo
         else:
             lat_all += delays
             lat_miss += misses
-            first = [(m.post[0] - clock.wall(m.post[1]["incident"]["start_ns"] + window_s * NS))
+            first = [(m.post[0] - clock.wall(m.post[1]["ref_start_ns"] + window_s * NS))
                      / NS for m in done]
             lat_win += first
             if first:
@@ -191,7 +233,7 @@ def report(matches: list[Match], clock: Clock, follow: Child, posts: list, windo
     print(f"         latency within {LATENCY_TARGET_WINDOWS:g} windows after the first "
           f"anomalous window closed (p95): {lat_p95:.2f} windows, {lat_miss} missed: "
           f"{'met' if lat_ok else 'NOT met'}")
-    matched = {id(m.post[1]) for m in matches if m.post}
+    matched = {id(m.post[1]["body"]) for m in matches if m.post}
     other = [b for _, b in posts if isinstance(b, dict) and id(b) not in matched]
     if other:
         names = {}
@@ -201,3 +243,42 @@ def report(matches: list[Match], clock: Clock, follow: Child, posts: list, windo
         print(f"other posts (no injected incident matched to them: cascades, restarts, "
               f"second posts, false): {len(other)} {json.dumps(names, sort_keys=True)}")
     return fail_ok and lat_ok
+
+
+def _latency_windows(matches: list[Match], clock: Clock, window_s: int) -> tuple[list[float],
+                                                                                 int, int]:
+    done = [m for m in matches if m.gt["cause"] in LATENCY_KINDS and m.post]
+    missed = sum(1 for m in matches if m.gt["cause"] in LATENCY_KINDS and not m.post)
+    win = [(m.post[0] - clock.wall(m.post[1]["ref_start_ns"] + window_s * NS)) / NS / window_s
+           for m in done]
+    return win, missed, len(done)
+
+
+def compare(span_only: list[Match], everything: list[Match], clock: Clock, window_s: int,
+            posts: list[tuple[int, Any]]) -> None:
+    """The same run with and without its provisional posts (the span-based and failure
+    posts are made in the same runs either way: the batch detection is unchanged)."""
+    print("\nprovisional posts against span-based posts only (same run):")
+    for label, ms in (("span-based and failure posts only", span_only),
+                      ("with provisional posts", everything)):
+        win, missed, named = _latency_windows(ms, clock, window_s)
+        fail = [m.delay_s for m in ms if m.gt["cause"] in FAILURE_KINDS and m.post]
+        fail_miss = sum(1 for m in ms if m.gt["cause"] in FAILURE_KINDS and not m.post)
+        print(_row(f"latency ({label}), windows", win, missed, unit="w"))
+        print(_row("  failures, onset to post", fail, fail_miss))
+        print(f"  {'':34s} latency incidents named right: {named} of {named + missed}")
+    kinds = [e["kind"] for _, e in events(posts)]
+    updates = [b.get("status") for _, b in posts if isinstance(b, dict)
+               and b.get("type") == "fleetlens.incident_update"]
+    print(f"provisional incidents posted: {kinds.count(PROVISIONAL)}, confirmed: "
+          f"{updates.count('confirmed')}, withdrawn: {updates.count('withdrawn')}")
+    for arrived, e in events(posts):
+        if e["kind"] != PROVISIONAL:
+            continue
+        inc, top = e["incident"], (e["causes"] or [{}])[0]
+        state = next((b.get("status") for _, b in posts if isinstance(b, dict)
+                      and b.get("incident_id") == inc["incident_id"]), "open")
+        print(f"    {inc['service_name']}/{inc['host_name']} start "
+              f"+{(inc['start_ns'] - clock.start_ns) / NS:4.0f} s posted "
+              f"+{(arrived - clock.start_ns) / NS:4.0f} s guess {top.get('cause')} "
+              f"({top.get('subject')}): {state}")
