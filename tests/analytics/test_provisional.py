@@ -48,7 +48,8 @@ def analyze(root: DataDir, cfg: Path) -> None:
 def hooks(rec, extra: str = "") -> str:  # noqa: ANN001 - webhook_receiver.Receiver
     return (f'webhooks = ["{rec.url("/native")}", '
             f'{{url = "{rec.url("/pd")}", format = "pagerduty", routing_key = "{KEY}"}}, '
-            f'{{url = "{rec.url("/am")}", format = "alertmanager"}}]\n{extra}')
+            f'{{url = "{rec.url("/am")}", format = "alertmanager"}}, '
+            f'{{url = "{rec.url("/slack")}", format = "slack"}}]\n{extra}')
 
 
 def bodies(rec, path: str) -> list:  # noqa: ANN001
@@ -100,6 +101,9 @@ def test_a_queue_is_posted_provisionally_then_updated_to_its_confirmed_incident(
         assert alert["labels"] == am_first[0]["labels"]
         assert alert["annotations"]["status"] == STATUS_CONFIRMED
         assert alert["annotations"]["confirmed_incident_id"] == first_id
+        slack = [b["text"] for b in bodies(rec, "/slack")]
+        assert len(slack) == 2 and "PROVISIONAL" in slack[0]
+        assert "confirmed: " in slack[1] and "kv_cache_pressure" in slack[1]
         analyze(root, cfg)  # nothing new: no repost of either
         assert len(bodies(rec, "/native")) == 2 and len(bodies(rec, "/pd")) == 2
 
@@ -137,6 +141,7 @@ def test_a_queue_nothing_confirms_is_withdrawn(tmp_path: Path, live: SynthData) 
             ("trigger", ident), ("resolve", ident)]
         (resolved,) = bodies(rec, "/am")[-1]
         assert resolved["labels"][c.INCIDENT_ID] == ident and "endsAt" in resolved
+        assert "withdrawn" in bodies(rec, "/slack")[1]["text"]
         analyze(root, cfg)  # withdrawn stays withdrawn: the same queue opens nothing again
         assert len(bodies(rec, "/native")) == 2 and len(bodies(rec, "/pd")) == 2
 
