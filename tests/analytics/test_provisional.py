@@ -173,3 +173,41 @@ def test_bad_settings_name_their_field(tmp_path: Path, text: str, field: str) ->
     cfg = config_file(tmp_path, f"[analytics.provisional]\n{text}")
     out = CliRunner().invoke(cli, ["config", "check", str(cfg)])
     assert out.exit_code == 1 and field in out.output, out.output
+
+
+def _hung(data: SynthData, instance: str, start_s: int, seconds: int) -> SynthData:
+    """``instance`` stops computing from ``start_s`` for ``seconds``: its token counters
+    stand still while 5 requests run and more and more wait (the agent still scrapes it)."""
+    lo = LIVE.start_ns + start_s * 10**9
+    hit = ((pl.col(c.INSTANCE_ID) == instance)
+           & pl.col(c.TS_NS).is_between(lo, lo + seconds * 10**9, closed="left"))
+    frozen = [pl.when(hit).then(pl.col(col).filter(
+        (pl.col(c.INSTANCE_ID) == instance) & (pl.col(c.TS_NS) < lo)).max())
+        .otherwise(pl.col(col)).alias(col)
+        for col in (c.PROMPT_TOKENS_TOTAL, c.GENERATION_TOKENS_TOTAL)]
+    waiting = (pl.col(c.TS_NS) - lo) / 10**9 + 5
+    engine = data.engine_samples.with_columns(
+        *frozen, pl.when(hit).then(5.0).otherwise(pl.col(c.NUM_RUNNING)).alias(c.NUM_RUNNING),
+        pl.when(hit).then(waiting).otherwise(pl.col(c.NUM_WAITING)).alias(c.NUM_WAITING))
+    return dataclasses.replace(data, engine_samples=engine)
+
+
+def test_a_hang_confirms_the_queue_it_built_as_an_update(tmp_path: Path,
+                                                          live: SynthData) -> None:
+    instance = live.engine_samples.filter(pl.col(c.HOST_NAME) == "h02")[c.INSTANCE_ID][0]
+    data = _hung(live, instance, H, 90)
+    root = DataDir(tmp_path / "data")
+    write_tables(until(data, H + 20), root)  # 20 s in: a queue, too early for a hang
+    with serve() as rec:
+        cfg = config_file(tmp_path, hooks(rec))
+        analyze(root, cfg)
+        (first,) = bodies(rec, "/native")
+        assert first["status"] == STATUS_PROVISIONAL and first["causes"] == []
+        write_tables(until(data, H + 60), root)  # the hang detector's 30 s are up
+        analyze(root, cfg)
+        native = bodies(rec, "/native")
+        assert len(native) == 2, native  # the hang is an update, not a second page
+        assert native[1]["type"] == UPDATE_TYPE and native[1]["status"] == STATUS_CONFIRMED
+        assert native[1]["incident_id"] == first["incident"][c.INCIDENT_ID]
+        assert (native[1]["causes"][0][c.CAUSE], native[1]["causes"][0][c.SUBJECT]) == (
+            "engine_hang", f"instance_id={instance}")
