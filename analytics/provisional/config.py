@@ -28,6 +28,16 @@ class ProvisionalConfig:
     #: ... or when the KV cache is at least this full with any request waiting (the cache,
     #: not the batch size, holds them back).
     kv_full: float = 0.95
+    #: ... or when its decode slowed without a queue: the running batch over the tokens
+    #: it generates per second (the engine's TPOT, from its counters, at once) at least this
+    #: multiple of its own recent median (0: off). A slower step (engine overhead, a
+    #: slower GPU) builds no queue at half load: the batch grows instead. 1.35: +30 ms a
+    #: step on the bench's L4s moved it x1.4-1.5, natural bursts up to x1.3.
+    decode_ratio: float = 1.35
+    #: ... the TPOT over this many samples (one scrape's tokens are noise),
+    decode_samples: int = 5
+    #: ... against its median over this many samples before them (at least half present).
+    decode_baseline_samples: int = 120
     #: Breaching samples in a row for at least this long open an incident, s (samples are
     #: the agent's scrapes, every second; a gap over ``max_gap_s`` ends a run).
     hold_s: float = 5.0
@@ -53,6 +63,11 @@ class ProvisionalConfig:
         require(self.waiting_per_running >= 0, "waiting_per_running", "must not be negative")
         require(0 < self.kv_full <= 1, "kv_full", "must be in (0, 1]")
         require(self.hold_s >= 0, "hold_s", "must not be negative")
+        require(self.decode_ratio == 0 or self.decode_ratio > 1, "decode_ratio",
+                "must be above 1 (or 0: off)")
+        require(self.decode_samples >= 2, "decode_samples", "must be at least 2")
+        require(self.decode_baseline_samples >= 10, "decode_baseline_samples",
+                "must be at least 10")
         require(self.max_gap_s > 0, "max_gap_s", "must be positive")
         require(self.lookback_s > self.hold_s, "lookback_s", "must be longer than hold_s")
         require(self.surge_ratio > 1, "surge_ratio", "must be above 1")

@@ -8,7 +8,10 @@ once. An engine *breaches* in a sample where
 
 * at least ``min_waiting`` requests wait and at least ``waiting_per_running`` x its running
   batch (a healthy engine's waiting median is 0: no band, an absolute floor), or
-* its KV cache is at least ``kv_full`` full while any request waits;
+* its KV cache is at least ``kv_full`` full while any request waits, or
+* its decode slowed with no queue (``decode_ratio``): its TPOT from the gauges, the running
+  batch over the tokens generated per second over ``decode_samples`` samples, is at least
+  ``decode_ratio`` x its median over the ``decode_baseline_samples`` before them;
 
 and breaching samples in a row for ``hold_s`` are a breach. Breaching engines of a service
 that began together (``host_share_for_service`` of its hosts within ``shared_start_s``, as
@@ -33,6 +36,8 @@ NS = 1_000_000_000
 RECENT_S = 60
 LEVEL_HOST, LEVEL_SERVICE = "host", "service"
 _RUN, _BREACH = "_run", "_breach"
+#: Per-sample columns: the gauges' TPOT, its recent median, and whether the decode slowed.
+TPOT, TPOT_BEFORE, SLOW = "_tpot_s", "_tpot_before_s", "_slow_decode"
 
 
 @dataclass
@@ -63,21 +68,42 @@ def _frame(engine: pl.LazyFrame, since_ns: int) -> pl.DataFrame:
     up = (pl.col(c.UP) != 0).fill_null(True) if c.UP in names else pl.lit(True)
     return (engine.filter(pl.col(c.TS_NS) >= since_ns)
             .select(c.INSTANCE_ID, c.HOST_NAME, c.MODEL, c.TS_NS, c.NUM_WAITING, c.NUM_RUNNING,
-                    c.KV_CACHE_USAGE, c.PROMPT_TOKENS_TOTAL, up.alias(c.UP))
+                    c.KV_CACHE_USAGE, c.PROMPT_TOKENS_TOTAL, c.GENERATION_TOKENS_TOTAL,
+                    up.alias(c.UP))
             .unique([c.INSTANCE_ID, c.TS_NS], keep="first")
             .sort(c.INSTANCE_ID, c.TS_NS).collect())
 
 
+def _tpot(frame: pl.DataFrame, cfg: ProvisionalConfig) -> pl.DataFrame:
+    """The gauges' TPOT per sample (running / generated tokens per second, over
+    ``decode_samples``) and its median over the samples before (NaN-free: null where the
+    engine generated nothing or restarted)."""
+    k = cfg.decode_samples
+    gen = pl.col(c.GENERATION_TOKENS_TOTAL).diff(k).over(c.INSTANCE_ID)
+    secs = pl.col(c.TS_NS).diff(k).over(c.INSTANCE_ID) / NS
+    running = pl.col(c.NUM_RUNNING).fill_null(0).rolling_mean(k).over(c.INSTANCE_ID)
+    tpot = pl.when((gen > 0) & (running >= 1)).then(running * secs / gen)
+    return frame.with_columns(tpot.alias(TPOT)).with_columns(
+        pl.col(TPOT).shift(k).rolling_median(cfg.decode_baseline_samples,
+                                             min_samples=cfg.decode_baseline_samples // 2)
+        .over(c.INSTANCE_ID).alias(TPOT_BEFORE))
+
+
 def _flag(frame: pl.DataFrame, cfg: ProvisionalConfig) -> pl.DataFrame:
+    frame = _tpot(frame, cfg)
     waiting = pl.col(c.NUM_WAITING).fill_null(0)
     queue = (waiting >= cfg.min_waiting) & (
         waiting >= cfg.waiting_per_running * pl.col(c.NUM_RUNNING).fill_null(0))
     full = (pl.col(c.KV_CACHE_USAGE).fill_null(0) >= cfg.kv_full) & (waiting >= 1)
+    slow = pl.lit(False)
+    if cfg.decode_ratio > 0:
+        slow = (pl.col(TPOT) >= cfg.decode_ratio * pl.col(TPOT_BEFORE)).fill_null(False)
     # a scrape that failed is the failure detectors' business (down, hang), not a queue
-    breach = (queue | full) & pl.col(c.UP)
+    breach = (queue | full | slow) & pl.col(c.UP)
     gap = (pl.col(c.TS_NS).diff().over(c.INSTANCE_ID) > int(cfg.max_gap_s * NS)).fill_null(True)
     changed = (breach != breach.shift(1).over(c.INSTANCE_ID)).fill_null(True)
-    return frame.with_columns(breach.alias(_BREACH)).with_columns(
+    return frame.with_columns(breach.alias(_BREACH), (slow & ~queue & ~full).alias(SLOW)
+                              ).with_columns(
         (changed | gap).cum_sum().over(c.INSTANCE_ID).alias(_RUN))
 
 
@@ -153,5 +179,5 @@ def _candidate(service: str, host: str, level: str, rows: list[dict[str, Any]],
         expected_waiting=float(sum(expected)) if expected else 0.0)
 
 
-__all__ = ["Candidate", "LEVEL_HOST", "LEVEL_SERVICE", "RECENT_S", "candidates",
-           "instance_breaches"]
+__all__ = ["Candidate", "LEVEL_HOST", "LEVEL_SERVICE", "RECENT_S", "SLOW", "TPOT",
+           "TPOT_BEFORE", "candidates", "instance_breaches"]

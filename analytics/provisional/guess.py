@@ -9,9 +9,13 @@ that filled under more demand is the demand's doing):
   work is not a surge);
 * ``kv_cache_pressure`` (subject the host, or the service for a service-wide queue): the KV
   cache was at least ``kv_full`` full in most breaching samples;
+* ``engine_overhead`` (subject the host or service) when the breach is mostly a slower
+  decode with no queue (:mod:`.gauges`, ``decode_ratio``) and no more prompt tokens came
+  in: every step got slower with the same work. A slower or throttled GPU shows the same
+  on these gauges; the confirmed incident, which sees the GPUs' clocks, corrects it;
 * otherwise no cause yet: the engines take requests in faster than they serve them for a
-  reason the gauges do not show (a slower GPU or engine, a hang not yet 30 s old); the
-  confirmed incident names it.
+  reason the gauges do not show (a hang not yet 30 s old); the confirmed incident names
+  it.
 
 The score is the guess's strength on the attribution's 0..1 scale (a surge x2 or a cache
 full in every sample is 1).
@@ -25,7 +29,13 @@ from typing import Any
 import polars as pl
 
 from fleetlens.analytics.provisional.config import ProvisionalConfig
-from fleetlens.analytics.provisional.gauges import LEVEL_SERVICE, Candidate
+from fleetlens.analytics.provisional.gauges import (
+    LEVEL_SERVICE,
+    SLOW,
+    TPOT,
+    TPOT_BEFORE,
+    Candidate,
+)
 from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.causes import subject
@@ -84,7 +94,21 @@ def guess(cand: Candidate, frame: pl.DataFrame, cfg: ProvisionalConfig) -> Guess
         "prompt_tok_s_before": before, "prompt_tok_s": now, "prompt_tok_s_ratio": ratio,
         "kv_full_share": full, "kv_max": kv_max, "instances": cand.instances,
         "breach_s": (cand.end_ns - cand.start_ns) / NS}
+    slow = float(during[SLOW].mean() or 0.0)
+    tpot = during.filter(pl.col(SLOW)).select(pl.col(TPOT).median(),
+                                              pl.col(TPOT_BEFORE).median()).row(0)
+    evidence.update({"slow_decode_share": slow, "tpot_gauge_s": tpot[0],
+                     "tpot_gauge_before_s": tpot[1]})
     where = cand.service if cand.level == LEVEL_SERVICE else f"{cand.service} on {cand.host}"
+    scope = (subject(c.SERVICE_NAME, cand.service) if cand.level == LEVEL_SERVICE
+             else subject(c.HOST_NAME, cand.host))
+    if slow >= _KV_SHARE and tpot[0] and tpot[1] and (ratio is None
+                                                      or ratio < cfg.surge_ratio):
+        rise = tpot[0] / tpot[1]
+        return Guess(Cause.ENGINE_OVERHEAD, scope, min(1.0, (rise - 1.0) / 0.5),
+                     f"decode slower on {where} with no queue and no more work: "
+                     f"{tpot[1] * 1000:.0f} -> {tpot[0] * 1000:.0f} ms per token "
+                     f"(running / tokens per second)", evidence)
     queue = f"{cand.peak_waiting:.0f} requests waiting on {where}"
     if ratio is not None and ratio >= cfg.surge_ratio:
         return Guess(Cause.TRAFFIC_SURGE, subject(c.SERVICE_NAME, cand.service),
@@ -92,8 +116,6 @@ def guess(cand: Candidate, frame: pl.DataFrame, cfg: ProvisionalConfig) -> Guess
                      f"{queue}; prompt tokens x{ratio:.1f} ({before:,.0f} -> {now:,.0f}/s): "
                      f"more work came in", evidence)
     if full >= _KV_SHARE:
-        scope = (subject(c.SERVICE_NAME, cand.service) if cand.level == LEVEL_SERVICE
-                 else subject(c.HOST_NAME, cand.host))
         return Guess(Cause.KV_CACHE_PRESSURE, scope, full,
                      f"{queue}; KV cache at least {cfg.kv_full:.0%} full in {full:.0%} of "
                      f"the samples (max {kv_max:.0%}) without more work coming in", evidence)

@@ -46,10 +46,14 @@ def analyze(root: DataDir, cfg: Path) -> None:
 
 
 def hooks(rec, extra: str = "") -> str:  # noqa: ANN001 - webhook_receiver.Receiver
+    """Native, PagerDuty, Alertmanager and Slack hooks on ``rec``, and ``extra``
+    ``[analytics.provisional]`` settings. The synthetic engines' token counters step at
+    each arrival (no decode model): the decode rule is off unless a test models one."""
     return (f'webhooks = ["{rec.url("/native")}", '
             f'{{url = "{rec.url("/pd")}", format = "pagerduty", routing_key = "{KEY}"}}, '
             f'{{url = "{rec.url("/am")}", format = "alertmanager"}}, '
-            f'{{url = "{rec.url("/slack")}", format = "slack"}}]\n{extra}')
+            f'{{url = "{rec.url("/slack")}", format = "slack"}}]\n'
+            f'[analytics.provisional]\ndecode_ratio = 0\n{extra}')
 
 
 def bodies(rec, path: str) -> list:  # noqa: ANN001
@@ -124,8 +128,7 @@ def test_a_queue_nothing_confirms_is_withdrawn(tmp_path: Path, live: SynthData) 
     root = DataDir(tmp_path / "data")
     write_tables(until(data, H + 30), root)
     with serve() as rec:
-        cfg = config_file(tmp_path, hooks(rec, "[analytics.provisional]\n"
-                                               "confirm_within_windows = 3"))
+        cfg = config_file(tmp_path, hooks(rec, "confirm_within_windows = 3"))
         analyze(root, cfg)
         (first,) = bodies(rec, "/native")
         assert first["status"] == STATUS_PROVISIONAL
@@ -154,8 +157,7 @@ def test_a_short_blip_opens_nothing_and_the_setting_turns_it_off(tmp_path: Path,
         analyze(root, config_file(tmp_path, hooks(rec)))  # 3 s of queue: under hold_s
         assert rec.posts() == []
         write_tables(until(live, 2 * H + 30), root)
-        analyze(root, config_file(tmp_path, hooks(rec, "[analytics.provisional]\n"
-                                                       "enabled = false")))
+        analyze(root, config_file(tmp_path, hooks(rec, "enabled = false")))
         assert rec.posts() == []
         analyze(root, config_file(tmp_path, hooks(rec)))  # on again: the KV queue is posted
         (posted,) = bodies(rec, "/native")
@@ -168,6 +170,7 @@ def test_a_short_blip_opens_nothing_and_the_setting_turns_it_off(tmp_path: Path,
     ("severity = \"warning\"", "analytics.provisional.severity"),
     ("lookback_s = 2", "analytics.provisional.lookback_s"),
     ("confirm_within_windows = 0", "analytics.provisional.confirm_within_windows"),
+    ("decode_ratio = 0.9", "analytics.provisional.decode_ratio"),
 ])
 def test_bad_settings_name_their_field(tmp_path: Path, text: str, field: str) -> None:
     cfg = config_file(tmp_path, f"[analytics.provisional]\n{text}")
@@ -211,3 +214,38 @@ def test_a_hang_confirms_the_queue_it_built_as_an_update(tmp_path: Path,
         assert native[1]["incident_id"] == first["incident"][c.INCIDENT_ID]
         assert (native[1]["causes"][0][c.CAUSE], native[1]["causes"][0][c.SUBJECT]) == (
             "engine_hang", f"instance_id={instance}")
+
+
+def _decoding(data: SynthData, host: str, start_s: int, seconds: int) -> SynthData:
+    """``data`` with engines that decode as engines do: 20 running requests, their tokens
+    counted at 1 / TPOT each per second (20 ms), and from ``start_s`` for ``seconds`` every
+    step of ``host``'s engines 50% slower (30 ms), with no request waiting."""
+    lo = LIVE.start_ns + start_s * 10**9
+    slow = ((pl.col(c.HOST_NAME) == host)
+            & pl.col(c.TS_NS).is_between(lo, lo + seconds * 10**9, closed="left"))
+    tpot = pl.when(slow).then(0.03).otherwise(0.02)
+    engine = (data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS)
+              .with_columns(pl.lit(20.0).alias(c.NUM_RUNNING), pl.lit(0.0).alias(c.NUM_WAITING),
+                            (20.0 / tpot).alias("_tok_s"))
+              .with_columns(pl.col("_tok_s").cum_sum().over(c.INSTANCE_ID)
+                            .alias(c.GENERATION_TOKENS_TOTAL))
+              .drop("_tok_s"))
+    return dataclasses.replace(data, engine_samples=engine)
+
+
+def test_a_slower_decode_without_a_queue_is_posted_as_engine_overhead(
+        tmp_path: Path, live: SynthData) -> None:
+    root = DataDir(tmp_path / "data")
+    write_tables(until(_decoding(live, "h02", H, 120), H + 30), root)
+    with serve() as rec:
+        analyze(root, config_file(tmp_path, f'webhooks = ["{rec.url()}"]\n'
+                                            '[analytics.provisional]\ndecode_ratio = 0'))
+        assert rec.posts() == []  # the rule off: no queue, nothing to say
+        analyze(root, config_file(tmp_path, f'webhooks = ["{rec.url()}"]'))
+        (posted,) = [r.json() for r in rec.posts()]
+        assert posted["status"] == STATUS_PROVISIONAL
+        assert posted["incident"][c.HOST_NAME] == "h02"
+        top = posted["causes"][0]
+        assert (top[c.CAUSE], top[c.SUBJECT]) == ("engine_overhead", "host_name=h02")
+        assert top[c.EVIDENCE]["tpot_gauge_s"] == pytest.approx(0.03, rel=0.05)
+        assert top[c.EVIDENCE]["tpot_gauge_before_s"] == pytest.approx(0.02, rel=0.05)
