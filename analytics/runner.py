@@ -23,7 +23,7 @@ from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.provenance import provenance, write_json_atomic
 from fleetlens.analytics.published import publish, read_table, state_dir
 from fleetlens.analytics.slos.report import SloReport, alert_rows, slo_report
-from fleetlens.analytics.webhook import notify_new
+from fleetlens.analytics.webhook import data_end_ns, notify_new
 from fleetlens.pipeline.joblock import exclusive
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -142,7 +142,8 @@ def _run(root: DataDir, config: AnalyticsConfig, refit_prophet: bool,
         from fleetlens.analytics.provisional.live import queues
 
         result.provisional = queues(tables.engine_samples, tables.requests, config.provisional,
-                                    config.host_share_for_service, config.shared_start_s)
+                                    config.host_share_for_service, config.shared_start_s,
+                                    data_end_ns(analysis))
     if config.prophet and analysis.window_s:
         from fleetlens.analytics.prophet_baselines import refresh_prophet
 

@@ -28,8 +28,16 @@ def _services(requests: pl.LazyFrame, since_ns: int) -> dict[str, str]:
 
 
 def queues(engine: pl.LazyFrame, requests: pl.LazyFrame, cfg: ProvisionalConfig,
-           host_share: float, shared_start_s: float) -> list[tuple[Candidate, Guess]]:
-    """The queues the engines' gauges show now, each with its likely cause."""
+           host_share: float, shared_start_s: float, near_ns: int | None = None
+           ) -> list[tuple[Candidate, Guess]]:
+    """The queues the engines' gauges show now, each with its likely cause.
+
+    ``near_ns`` (the analysed windows' end, when known): only samples from half an hour
+    before it are read for the newest one, not the whole history (a follow loop runs this
+    every few seconds over up to two days of 1 s samples).
+    """
+    if near_ns is not None:
+        engine = engine.filter(pl.col(c.TS_NS) >= near_ns - _SERVICE_LOOKBACK_S * NS)
     newest = engine.select(pl.col(c.TS_NS).max()).collect().item()
     if newest is None:
         return []
