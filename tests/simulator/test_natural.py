@@ -46,7 +46,21 @@ def test_a_burst_that_slowed_nothing_or_a_slowdown_without_a_burst_is_not() -> N
     assert natural_surges(_probe(slow_ttft=0.05)) == []  # served without a queue
     assert natural_surges(_probe(burst_factor=1.0)) == []  # slower, same arrivals
     assert natural_surges(_probe(burst_factor=1.3)) == []  # under 1.5x the usual minute
-    assert natural_surges(_probe(burst=(10, 12), slow=(10, 16))) == []  # no 15-min look-back
+    assert natural_surges(_probe(burst=(3, 5), slow=(3, 9))) == []  # under 5 minutes' look-back
+
+
+def test_a_burst_in_the_first_quarter_hour_is_labelled_as_the_analytics_judge_it() -> None:
+    # the analytics judge a series from its 5th window (the warm-up band): a burst in minute
+    # 10 is an incident there, so it is a natural surge here (random fleet 37005's control)
+    (surge,) = natural_surges(_probe(burst=(10, 12), slow=(10, 16)))
+    assert surge.start_ns == START_NS + 10 * MIN and surge.arrivals_ratio == 2.5
+
+
+def test_the_labeller_starts_judging_where_the_warm_up_band_does() -> None:
+    from fleetlens.analytics.config import AnalyticsConfig
+    from fleetlens.simulator.natural import MIN_LOOKBACK_MIN
+
+    assert MIN_LOOKBACK_MIN == AnalyticsConfig().warmup_min_windows
 
 
 def _incidents(*starts_min: int) -> pl.DataFrame:
