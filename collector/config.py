@@ -159,6 +159,10 @@ class CollectorConfig:
     max_new_names_per_connection: int = 1000
     #: Worker processes sharing the gRPC port (SO_REUSEPORT); 0 means one per core.
     workers: int = 0
+    #: With several workers, a worker hands an Export to another that runs fewer at that
+    #: moment (collector/balance.py), so every core decodes however few connections there
+    #: are (the kernel pins each connection to one worker).
+    balance_exports: bool = True
     #: OTLP/HTTP: seconds from a request's first byte to its last (a trickling client is
     #: dropped), seconds a kept-alive connection may sit idle, open connections per worker
     #: (more are answered 503), and threads running Exports per worker.

@@ -7,7 +7,8 @@ scrape connections take all 1,024 and then OTLP Exports and the Parquet flush fa
 - at start the soft limit is raised to the hard limit (the default soft 1,024 is a relic of
   ``select()``; nothing here uses ``select`` on more than one socket);
 - :data:`RESERVED_FDS` stay for the WAL, publishing, cursors and ``/proc``;
-- self-metrics scrapes have a fixed number of slots (:mod:`~fleetlens.collector.self_metrics`);
+- self-metrics scrapes have a fixed number of slots (:mod:`~fleetlens.collector.self_metrics`),
+  and so do the sockets between workers that balance Exports (:mod:`~fleetlens.collector.balance`);
 - OTLP/HTTP connections (open, being refused, lingering) take at most half of what is
   left, so gRPC connections, which grpcio gives no way to cap, keep the other half.
 """
@@ -46,14 +47,15 @@ def open_files_limit() -> int:
     return _UNLIMITED_AS if soft == resource.RLIM_INFINITY else soft
 
 
-def http_connection_cap(configured: int, limit: int, scrape_slots: int) -> int:
+def http_connection_cap(configured: int, limit: int, kept: int) -> int:
     """OTLP/HTTP connections (refusals included) one worker may hold under ``limit``.
 
-    Half of what the reserve and the scrape slots leave, never more than ``configured``
+    Half of what the reserve and ``kept`` (self-metrics scrape slots, sockets between
+    workers) leave, never more than ``configured``
     (``http_max_connections`` plus its refusal slots), never less than 1; logged when the
     limit, not the setting, decides.
     """
-    share = max(1, (limit - RESERVED_FDS - scrape_slots) // 2)
+    share = max(1, (limit - RESERVED_FDS - kept) // 2)
     if share < configured:
         log.warning("only %d file descriptors (RLIMIT_NOFILE): OTLP/HTTP connections capped "
                     "at %d per worker instead of %d, to keep descriptors for gRPC, the WAL "

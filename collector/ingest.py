@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from fleetlens.collector.balance import Balancer
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.decode_common import Limits, NameLimiter, Outcome
 from fleetlens.collector.errors import (
@@ -47,6 +48,8 @@ class Ingest:
         self._inflight = 0
         self._idle = threading.Condition()
         self.closing = False
+        #: Set by a worker that shares the work with its peers (collector/balance.py).
+        self.balancer: Balancer | None = None
 
     def drain(self, timeout_s: float) -> bool:
         """Refuse new Exports (retryable) and wait for those in flight; True when idle."""
@@ -131,7 +134,8 @@ class Ingest:
         return outcome
 
     def export(self, signal: Signal, payload: bytes, request: Any = None,
-               peer: str | None = None, transport: str = "http") -> Any:
+               peer: str | None = None, transport: str = "http", *,
+               here: bool = False) -> Any:
         """Handle one Export: returns the response message once the rows are durable.
 
         Args:
@@ -141,6 +145,8 @@ class Ingest:
             peer: the client connection (gRPC ``context.peer()``), for per-connection
                 budgets; None when unknown.
             transport: the receiver (``grpc`` or ``http``), for the item counters.
+            here: run it in this process (a peer worker handed it over); otherwise a
+                protobuf request may be handed to a worker running fewer Exports.
 
         Raises:
             ExportError: the request is refused as a whole.
@@ -150,11 +156,35 @@ class Ingest:
                 raise Overloaded("collector is shutting down; retry")
             self._inflight += 1
         try:
-            return self._export(signal, payload, request, peer, transport)
+            balancer = self.balancer
+            if balancer is None:
+                return self._export(signal, payload, request, peer, transport)
+            if request is None and not here:  # OTLP/JSON is parsed already: decoded here
+                target = balancer.pick()
+                if target is not None:
+                    answer = balancer.send(target, signal.code, transport, peer, payload)
+                    if answer is not None:
+                        self.telemetry.add("balanced_exports")
+                        return signal.response.FromString(answer)
+            with balancer.running():
+                return self._export(signal, payload, request, peer, transport)
         finally:
             with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
+
+    def export_for_peer(self, code: int, transport: str, peer: str | None,
+                        payload: bytes) -> bytes:
+        """An Export another worker handed over (collector/balance.py): the response bytes.
+
+        Raises:
+            ExportError: refused, exactly as for a connection of this worker.
+        """
+        signal = BY_CODE.get(code)
+        if signal is None:
+            raise InvalidRequest(f"unknown signal code {code}")
+        return self.export(signal, payload, peer=peer, transport=transport,
+                           here=True).SerializeToString()
 
     def _export(self, signal: Signal, payload: bytes, request: Any, peer: str | None,
                 transport: str) -> Any:

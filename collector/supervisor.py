@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 
+from fleetlens.collector import balance_board
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.descriptors import raise_open_files_limit
 from fleetlens.collector.import_guard import keep_out
@@ -72,13 +73,15 @@ def run(config: CollectorConfig, root: str) -> None:
         return
     context = multiprocessing.get_context("fork")
     array = shared_array(count)
+    peers = balance_board.create(count) if config.balance_exports else None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
     def start(slot: int) -> multiprocessing.process.BaseProcess:
         process = context.Process(target=_worker_main, name=f"collector-worker-{slot}",
-                                  args=(config, root, slot, array, os.getpid(), metrics_sock))
+                                  args=(config, root, slot, array, os.getpid(), metrics_sock,
+                                        peers))
         process.start()
         return process
 
@@ -97,6 +100,9 @@ def run(config: CollectorConfig, root: str) -> None:
             if quick_failures[slot] >= MAX_QUICK_FAILURES:
                 failed = True  # e.g. a port in use or unreadable certificates: no crash loop
                 break
+            if peers is not None:  # peers stop handing it Exports until its successor serves
+                peers.set_serving(slot, False)
+                peers.set_running(slot, 0)
             time.sleep(RESTART_DELAY_S)
             workers[slot], started[slot] = start(slot), time.monotonic()
     for process in workers:
@@ -104,6 +110,8 @@ def run(config: CollectorConfig, root: str) -> None:
             os.kill(process.pid, signal.SIGTERM)
     for process in workers:
         process.join()
+    if peers is not None:
+        balance_board.remove(peers)
     if failed:
         raise RuntimeError(f"a worker failed {MAX_QUICK_FAILURES} times right after starting; "
                            "see the log above")

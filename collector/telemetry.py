@@ -30,6 +30,8 @@ SERIES: dict[str, tuple[str, str]] = {
     "overflow_names": ("counter", "Service/host/model names sent to the overflow bucket."),
     "unknown_field_requests": ("counter", "Requests whose unknown protobuf fields were "
                                "dropped before the WAL."),
+    "balanced_exports": ("counter", "Exports this worker handed to a worker running fewer "
+                         "(their items are counted there)."),
     "flushed_rows": ("counter", "Rows published in Parquet segments."),
     "flushed_segments": ("counter", "Parquet segments published."),
     "flush_failures": ("counter", "Parquet publish attempts that failed (retried)."),

@@ -20,6 +20,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from fleetlens.collector.balance import Balancer, PeerServer, descriptors
+from fleetlens.collector.balance_board import PeerSetup
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.descriptors import http_connection_cap, open_files_limit
 from fleetlens.collector.forward import ForwardSink
@@ -35,6 +37,8 @@ from fleetlens.collector.wal import Wal, orphan_dirs, read_segment, remove_dir, 
 from fleetlens.pipeline.schema.logsetup import configure_logging
 from fleetlens.pipeline.storage import TMP_SUFFIX, DataDir, safe_component
 
+#: Threads running gRPC Exports per worker.
+GRPC_THREADS = 8
 #: Seconds gRPC waits for in-flight Exports at shutdown.
 DRAIN_GRACE_S = 10.0
 SUMMARY_EVERY_S = 60.0
@@ -136,10 +140,12 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = None,
-               parent_pid: int | None = None, metrics_sock: socket.socket | None = None) -> None:
+               parent_pid: int | None = None, metrics_sock: socket.socket | None = None,
+               peers: PeerSetup | None = None) -> None:
     """Run one collector process until SIGTERM or SIGINT, then drain and flush.
 
     ``metrics_sock``: the self-metrics listening socket the supervisor bound (None: off).
+    ``peers``: the workers' shared board and sockets, to balance Exports (None: off).
     """
     keep_out_pandas()
     limit_malloc_arenas()  # before gRPC starts its threads
@@ -168,10 +174,17 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
                     max_buffered_bytes=config.max_buffered_bytes)
     ingest.sink = sink  # type: ignore[assignment]  # both take accept() the same way
     sink.start()
-    grpc_server = start_grpc(config, ingest)
+    peer_server = None
+    if peers is not None:  # after replay: peers hand over only to a worker that serves
+        ingest.balancer = Balancer(peers, slot)
+        peer_server = PeerServer(peers, slot, ingest.export_for_peer, config.max_request_bytes)
+        peer_server.start()
+    grpc_server = start_grpc(config, ingest, threads=GRPC_THREADS)
     limit = open_files_limit()  # raised to the hard limit by the supervisor already
+    kept = (SCRAPE_SLOTS if metrics_sock else 0) + descriptors(
+        peers, GRPC_THREADS + config.http_threads)
     http_server = start_http(config, ingest, fd_cap=http_connection_cap(
-        config.http_max_connections * 9 // 8, limit, SCRAPE_SLOTS if metrics_sock else 0))
+        config.http_max_connections * 9 // 8, limit, kept))
     if metrics_sock is not None:
         start_self_metrics(metrics_sock, telemetry, parent_pid or os.getpid())
     gc.freeze()  # start-up objects never become garbage: keep them out of every GC scan
@@ -187,6 +200,8 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
             last_summary = time.monotonic()
             log.info("collector %s: %s", writer_id, telemetry.summary())
     log.info("collector %s draining", writer_id)
+    if peer_server is not None:
+        peer_server.stop_taking()
     grpc_server.health.enter_graceful_shutdown()
     http_server.shutdown()  # stop accepting connections
     stopped = grpc_server.stop(DRAIN_GRACE_S)

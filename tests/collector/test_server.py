@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -45,6 +46,12 @@ def test_two_workers_share_the_ports_and_drain_on_sigterm(tmp_path) -> None:
     sent = 0
     with running_collector(data, workers=2, config={"flush_interval_s": 60.0}) as col:
         assert len(_children(col.pid)) >= 2
+        # The ports accept once the first worker listens; on loaded cores the second may
+        # come seconds later, and connections made before then all go to the first.
+        deadline = time.monotonic() + 60
+        while col.logs().count("serving OTLP/gRPC") < 2:
+            assert time.monotonic() < deadline, "the second worker never served"
+            time.sleep(0.05)
         for i in range(24):  # a new connection each time: the kernel spreads them
             channel = grpc.insecure_channel(col.grpc_address,
                                             options=[("grpc.use_local_subchannel_pool", 1)])
