@@ -12,11 +12,17 @@ flight per client), and each latency is counted from the request's *scheduled* s
 stalled server cannot hide its stall by slowing the clients down (no coordinated omission).
 
     .venv/bin/python bench/ingest.py [--runs 3] [--seconds 15] [--clients 4] [--workers 2]
+    .venv/bin/python bench/ingest.py --clients 1 --inflight 4 --balance off   # issue 34
     .venv/bin/python bench/ingest.py --rate 50000 [--no-saturation]   # + fixed offered load
     .venv/bin/python bench/ingest.py --cpu [--runs 7]   # CPU per span, in process, no servers
     .venv/bin/python bench/ingest.py --storage [--runs 5]   # raw span Parquet bytes per span
     .venv/bin/python bench/ingest.py --stages --rate 25000   # where an Export's time goes
     .venv/bin/python bench/ingest.py --http [--runs 3] [--seconds 6]   # OTLP/HTTP front ends
+
+``--inflight K``: each connection keeps K Exports in flight in closed loop (an OpenTelemetry
+Collector's exporter keeps up to 10 on one connection); ``--balance on|off`` sets the
+collector's ``balance_exports`` (issue 34). Each run prints
+the busiest worker's share of the spans decoded (rows it published under its writer id).
 
 Prints the median over runs. Peer: Arize Phoenix is measured when ``--phoenix PYTHON`` points
 at a Python with ``arize-phoenix`` installed (its own venv); otherwise it is reported as not
@@ -45,12 +51,14 @@ from bench.ingest_clients import single_client as _client  # noqa: E402,F401 - s
 
 
 def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0,
-             processes: int = 4, aligned: bool = False) -> dict[str, float]:
+             processes: int = 4, aligned: bool = False, inflight: int = 1,
+             settings: dict[str, object] | None = None) -> dict[str, float]:
     """One measured run against a fresh collector; returns its figures.
 
     ``clients`` connections from ``processes`` generator processes (bench/ingest_clients.py);
     ``rate`` (spans/s offered, all connections together) switches them to open loop, with
-    random phases unless ``aligned``.
+    random phases unless ``aligned``; ``inflight`` closed-loop Exports per connection;
+    ``settings``: more ``[collector]`` settings.
     """
     from fleetlens.collector.testing import free_port, running_collector
     from fleetlens.pipeline.schema import columns as c
@@ -60,10 +68,12 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0,
     with tempfile.TemporaryDirectory(prefix="fleetlens-bench-") as tmp:
         data = Path(tmp) / "data"
         with running_collector(data, workers=workers,
-                               config={"self_metrics_address": metrics_address}) as col:
+                               config={"self_metrics_address": metrics_address,
+                                       **(settings or {})}) as col:
             per_client = rate / SPANS_PER_REQUEST / clients
             procs, queue, start_at = start_clients(col.grpc_address, clients, processes,
-                                                   seconds, per_client, aligned)
+                                                   seconds, per_client, aligned,
+                                                   inflight=inflight)
             peak, stop = [0.0, 0.0], threading.Event()
             #: peak (RSS, PSS) of the supervisor (index 0) and of each worker, in pid order
             peaks: dict[int, list[float]] = {}
@@ -99,6 +109,7 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0,
         acked = len(latencies) * SPANS_PER_REQUEST
         stored = scan(DataDir(data), "spans").select(c.TRACE_ID).collect().height
         on_disk = sum(p.stat().st_size for p in parquet_files(DataDir(data).raw("spans")))
+        decoded = proc_stats.rows_by_writer(parquet_files(DataDir(data).raw("spans")))
     q = statistics.quantiles(latencies, n=1000)
     supervisor = peaks.get(col.pid, [0.0, 0.0])
     # the workers are the supervisor's children that grew past an idle interpreter (the
@@ -122,7 +133,11 @@ def run_once(clients: int, seconds: float, workers: int, rate: float = 0.0,
             "fsyncs_per_export": handler["fsyncs_per_export"],
             "client_cpu_s": sum(cpu for _, _, cpu in results), "collector_cpu_s": cpu_used,
             "stored_equals_acked": float(stored == acked), "load": float(_load()),
-            "busiest": busiest, "bytes_per_span": on_disk / max(stored, 1),
+            "busiest": busiest,
+            # the busiest worker's share of the spans decoded (each worker publishes what
+            # it decoded under its own writer id)
+            "busiest_share": max(decoded.values(), default=0) / max(sum(decoded.values()), 1),
+            "bytes_per_span": on_disk / max(stored, 1),
             "supervisor_rss": supervisor[0], "supervisor_pss": supervisor[1],
             "worker_rss": max((v[0] for v in workers_peak), default=0.0),
             "worker_pss": max((v[1] for v in workers_peak), default=0.0),
@@ -237,6 +252,10 @@ def main() -> None:
     parser.add_argument("--aligned", action="store_true",
                         help="open loop: every connection sends in the same instant (lockstep "
                              "bursts) instead of at a random phase of its interval")
+    parser.add_argument("--inflight", type=int, default=1,
+                        help="closed loop: Exports each connection keeps in flight")
+    parser.add_argument("--balance", choices=("on", "off"), default=None,
+                        help="set the collector's balance_exports (default: its default)")
     parser.add_argument("--no-saturation", action="store_true",
                         help="with --rate: skip the closed-loop (saturation) runs")
     args = parser.parse_args()
@@ -281,15 +300,17 @@ def main() -> None:
     modes += [args.rate] if args.rate else []
     saturation: dict[str, float] = {}
     for rate in modes:
+        settings = {} if args.balance is None else {"balance_exports": args.balance == "on"}
         runs = [run_once(args.clients, args.seconds, args.workers, rate, args.client_procs,
-                         args.aligned) for _ in range(args.runs)]
+                         args.aligned, args.inflight, settings) for _ in range(args.runs)]
         label = (f"open loop, {rate:,.0f} spans/s offered"
                  f"{', aligned' if args.aligned else ', random phases'}" if rate
                  else "closed loop (saturation)")
         for i, r in enumerate(runs):
             print(f"{label}, run {i + 1}: {_figures(r)}, refused {r['refused']:.0f}, "
                   f"stored == acked: {bool(r['stored_equals_acked'])}, busiest worker held "
-                  f"{r['busiest']:.0f} of {args.clients} connections, load average after "
+                  f"{r['busiest']:.0f} of {args.clients} connections and decoded "
+                  f"{r['busiest_share']:.0%} of the spans, load average after "
                   f"{r['load']:.2f}")
             print(f"  {r['requests_per_s']:.1f} requests/s, {r['fsyncs_per_export']:.2f} WAL "
                   f"fsyncs per Export; Export mean {r['mean_ms']:.1f} ms, "
@@ -298,9 +319,10 @@ def main() -> None:
                   f"or in transit; CPU-s: collector {r['collector_cpu_s']:.1f}, load "
                   f"generator {r['client_cpu_s']:.1f} ({args.client_procs} processes)")
         m = _median(runs)
-        print(f"fleetlens collector, {label} (median of {args.runs}, {args.clients} clients, "
-              f"{args.workers} workers, {SPANS_PER_REQUEST}-span requests, durable): "
-              f"{_figures(m)}")
+        print(f"fleetlens collector, {label} (median of {args.runs}, {args.clients} clients x "
+              f"{args.inflight} in flight, {args.workers} workers, balance "
+              f"{args.balance or 'default'}, {SPANS_PER_REQUEST}-span requests, durable): "
+              f"{_figures(m)}, busiest worker decoded {m['busiest_share']:.0%}")
         print(f"  peak memory per process (median of runs): supervisor RSS "
               f"{m['supervisor_rss']:.0f} MiB (PSS {m['supervisor_pss']:.0f}), largest worker "
               f"RSS {m['worker_rss']:.0f} MiB (PSS {m['worker_pss']:.0f}), other children "

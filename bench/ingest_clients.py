@@ -109,14 +109,16 @@ def _closed_loop(call: Any, payloads: list[bytes], start_at: float, seconds: flo
 
 def client_process(address: str, connections: list[int], ready: Any, start: Any,
                    seconds: float, queue: Any, rate: float = 0.0, aligned: bool = False,
-                   seed: int = 0) -> None:
+                   seed: int = 0, inflight: int = 1) -> None:
     """One load-generator process holding one gRPC connection per number in ``connections``.
 
     Builds ``DISTINCT_REQUESTS`` requests per connection, connects, puts its pid on ``ready``
     and waits until ``start.value`` (a wall-clock time) is set. Then runs closed loops (one
     thread per connection) or, with ``rate`` (requests/s per connection), one open-loop
     schedule. Puts ``(latencies, refused, cpu_seconds)`` on ``queue``; the CPU time is this
-    process's (all threads) during the measured part only.
+    process's (all threads) during the measured part only. ``inflight``: closed-loop threads
+    per connection, i.e. Exports each connection keeps in flight (an OpenTelemetry
+    Collector's exporter keeps up to ``num_consumers``, default 10, on one connection).
     """
     import os
 
@@ -148,7 +150,7 @@ def client_process(address: str, connections: list[int], ready: Any, start: Any,
     else:
         out: list[Any] = []
         threads = [threading.Thread(target=_closed_loop, args=(c, p, start_at, seconds, out))
-                   for c, p in zip(calls, payloads, strict=True)]
+                   for c, p in zip(calls, payloads, strict=True) for _ in range(inflight)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -163,7 +165,8 @@ def client_process(address: str, connections: list[int], ready: Any, start: Any,
 
 def start_clients(address: str, connections: int, processes: int, seconds: float,
                   rate: float = 0.0, aligned: bool = False, seed: int = 0,
-                  ready_timeout: float = 300.0) -> tuple[list[Any], Any, float]:
+                  ready_timeout: float = 300.0,
+                  inflight: int = 1) -> tuple[list[Any], Any, float]:
     """Start the generator, wait until every connection is up, and set the start time.
 
     ``rate``: requests/s per connection (0: closed loop). Returns (processes, result queue,
@@ -175,7 +178,7 @@ def start_clients(address: str, connections: int, processes: int, seconds: float
     queue, ready = context.Queue(), context.Queue()
     start = context.Value("d", 0.0)
     procs = [context.Process(target=client_process, args=(
-        address, group, ready, start, seconds, queue, rate, aligned, seed))
+        address, group, ready, start, seconds, queue, rate, aligned, seed, inflight))
         for group in split(connections, processes)]
     for proc in procs:
         proc.start()

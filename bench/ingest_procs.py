@@ -109,3 +109,15 @@ def export_seconds(metrics_address: str) -> dict[str, float]:
         return nan
     p99 = next((bound for bound, seen in buckets if seen >= 0.99 * count), float("inf"))
     return {"mean": total / count, "p99_le": p99, "fsyncs_per_export": fsyncs / count}
+
+
+def rows_by_writer(paths: list[Path]) -> dict[str, int]:
+    """Rows of raw Parquet segments per writer id (``<writer>-<seq>.parquet``): what each
+    worker decoded."""
+    import pyarrow.parquet as pq
+
+    out: dict[str, int] = {}
+    for path in paths:
+        writer = path.stem.rsplit("-", 1)[0]
+        out[writer] = out.get(writer, 0) + pq.ParquetFile(path).metadata.num_rows
+    return out
