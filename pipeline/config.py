@@ -39,6 +39,12 @@ class PipelineConfig:
     compact_below_bytes: int = 32 * 1024 * 1024
     #: Raw hours younger than this are left alone by compaction (writers may still add to them).
     compact_min_age_s: int = 3600
+    #: Phase 1 of an hour is cut into (host group x hour) shards of about this many raw rows
+    #: (spans and metric points; a task peaks at about 165 bytes per row, bench/scale.py
+    #: --memory): below it, one shard.
+    shard_rows: int = 8_000_000
+    #: Hosts per shard, overriding the size chosen from the data (0: from ``shard_rows``).
+    hosts_per_shard: int = 0
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -51,6 +57,8 @@ class PipelineConfig:
         require(3600 % self.window_s == 0, "window_s", "must divide one hour (10, 60, 300, ...)")
         require(self.window_s % self.energy_slot_s == 0 or self.window_s < self.energy_slot_s,
                 "energy_slot_s", f"must divide window_s ({self.window_s})")
+        require(self.shard_rows > 0, "shard_rows", "must be positive")
+        require(self.hosts_per_shard >= 0, "hosts_per_shard", "must not be negative")
         require(self.max_request_s > 0, "max_request_s", "must be positive")
         require(self.max_sample_gap_s > 0, "max_sample_gap_s", "must be positive")
         step_ns = round(self.gpu_sample_interval_s * 1e9)

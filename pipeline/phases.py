@@ -33,6 +33,14 @@ from fleetlens.pipeline.pivot import as_split
 from fleetlens.pipeline.samples import engine_samples, gpu_samples, instance_gpus
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.shardreduce import (
+    Phase1Points,
+    Phase1Spans,
+    engine_services,
+    merge_by_host,
+    merge_phase1,
+)
+from fleetlens.pipeline.shards import Shard
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir
 from fleetlens.pipeline.windows import windows
@@ -98,39 +106,69 @@ def phase1_files(state: PipelineState, dd: DataDir, cfg: PipelineConfig,
             "spans": state.files("spans", hour, hour + HOUR_NS, dd.root)}
 
 
-def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]],
-                hour: int) -> list[tuple[str, pl.DataFrame]]:
-    """Phase 1 of one hour as a pure function: the raw ``files`` (see :func:`phase1_files`)
-    in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
-    can run this anywhere the files can be read)."""
+def phase1_points(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                  shard: Shard) -> Phase1Points:
+    """The point half of phase 1 for one shard: the metric points of its hosts (the hour's,
+    plus one sample gap before it) -> the hour's GPU and engine tables for those hosts."""
     lo, hi = hour, hour + HOUR_NS
     gap_ns = int(cfg.max_sample_gap_s * NS)
     # A NaN or infinite reading (a Prometheus staleness marker, a broken sensor, a hostile
     # client: OTLP allows them, so the collector keeps them) is no reading.
     finite = pl.col(c.VALUE).is_finite() | pl.col(c.VALUE).is_null()
+    wanted = pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left") & finite
     points = read_raw(files["metrics"], _SIGNALS["metrics"],
-                      pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left") & finite,
+                      wanted if shard.whole else wanted & shard.point_filter(),
                       _COLUMNS["metrics"], _CATEGORICAL["metrics"],
                       within=(c.TS_NS, lo - gap_ns, hi))
     in_hour = pl.col(c.TS_NS) >= lo
     points = as_split(points)  # once for the three samples stages
     hour_points = points.filter(in_hour)
     mapping = instance_gpus(hour_points)
-    spans = read_raw(files["spans"], _SIGNALS["spans"],
-                     (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo),
-                     _COLUMNS["spans"], _CATEGORICAL["spans"])
-    requests = normalize(spans, mapping, cfg.dimension_map()).filter(
-        pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
     gpu_pts = gpu_points(points)  # once for gpu_samples and the energy
     gpu = gpu_samples(gpu_pts, cfg.max_sample_gap_s, cfg.gpu_sample_interval_s)
     # Measured energy per slot from the native points now, while they are in memory: phase 2
     # reads these few rows instead.
     slots = en.gpu_slot_energy(gpu_pts, cfg.slot_s, lo, cfg.max_sample_gap_s)
     eng = engine_samples(points).filter(in_hour)
-    return [(t.REQUESTS, requests), (t.GPU_SAMPLES, gpu.filter(in_hour)),
-            (t.ENGINE_SAMPLES, eng), (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots),
-            (t.ENGINE_CONFIGS, engine_configs(hour_points)),
-            (t.GPU_HEALTH, gpu_health(hour_points))]
+    return Phase1Points(mapping, [
+        (t.GPU_SAMPLES, gpu.filter(in_hour)), (t.ENGINE_SAMPLES, eng),
+        (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots),
+        (t.ENGINE_CONFIGS, engine_configs(hour_points)), (t.GPU_HEALTH, gpu_health(hour_points))])
+
+
+def phase1_spans(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
+                 mapping: pl.DataFrame) -> Phase1Spans:
+    """The span half of phase 1 for one shard: the spans of its trace bucket overlapping the
+    hour -> the requests arriving in the hour. ``mapping``: the whole hour's
+    ``instance_gpus`` (a request's model may come from its engine's labels)."""
+    lo, hi = hour, hour + HOUR_NS
+    overlap = (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo)
+    spans = read_raw(files["spans"], _SIGNALS["spans"],
+                     overlap if shard.whole else overlap & shard.span_filter(),
+                     _COLUMNS["spans"], _CATEGORICAL["spans"])
+    requests = normalize(spans, mapping, cfg.dimension_map())
+    # Across shards, a failed gateway request takes its engine's service from the engine's
+    # requests of every shard (see shardreduce.gateway_services): each shard gives its own.
+    services = None if shard.whole else engine_services(requests)
+    return Phase1Spans(requests.filter(pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left")),
+                       services)
+
+
+def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                shards: list[Shard] | None = None) -> list[tuple[str, pl.DataFrame]]:
+    """Phase 1 of one hour as a pure function: the raw ``files`` (see :func:`phase1_files`)
+    in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
+    can run this anywhere the files can be read).
+
+    ``shards`` (:func:`~pipeline.shards.plan_hour`; None: one): the point halves run shard by
+    shard, then the span halves with the hour's merged ``instance_gpus``, and the pieces are
+    merged (:mod:`pipeline.shardreduce`) into the same partitions as one shard gives, so only
+    one shard's raw rows are in memory at a time."""
+    shards = shards or [Shard(0, 1)]
+    points = [phase1_points(cfg, files, hour, shard) for shard in shards]
+    mapping = merge_by_host([p.mapping for p in points])
+    spans = [phase1_spans(cfg, files, hour, shard, mapping) for shard in shards]
+    return merge_phase1(points, spans)
 
 
 @dataclass

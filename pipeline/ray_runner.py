@@ -16,6 +16,11 @@ files are the same bytes (tests/pipeline/test_ray_runner.py checks it against th
 runner); only the small request-energy rows of requests crossing into a dirty hour come back
 as frames, for the driver's read-modify-write of their arrival hour.
 
+A phase-1 hour cut into several (host group x hour) shards (:mod:`pipeline.shards`, a big
+fleet's hour) is a small graph of tasks instead (:func:`submit_phase1`): each shard's point
+half and span half is a task, so no task holds more than one shard's raw rows, and a merge
+task returns the hour's encoded partitions as the one-task hour does.
+
 Phase 2 of hour h reads the phase-1 partitions up to ``h + 1 h + max_request_s + gap + slot``:
 it is submitted as soon as those are published (so the two phases overlap, as locally). Tasks
 read the data directory themselves, so every node must see it at the same path (one machine,
@@ -37,6 +42,7 @@ import ray
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
+from fleetlens.pipeline.phases import phase1_points, phase1_spans
 from fleetlens.pipeline.runner import (
     Phase2Output,
     Pipeline,
@@ -47,6 +53,8 @@ from fleetlens.pipeline.runner import (
     phase2_hour,
 )
 from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.shardreduce import Phase1Points, Phase1Spans, merge_by_host, merge_phase1
+from fleetlens.pipeline.shards import Shard, plan_hour
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, write_bytes_atomic
 
@@ -119,10 +127,60 @@ def _timed(phase: int, hour: int, began: tuple[float, float], out: object
 
 @ray.remote(**_TASK)
 def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int
-                 ) -> tuple[list[Encoded], TaskTime]:
+                 ) -> tuple[list[Encoded], list[TaskTime]]:
+    """Phase 1 of an hour in one shard: one task."""
     began = time.time(), time.process_time()
     parts = [encode(table, frame) for table, frame in phase1_hour(cfg, files, hour)]
-    return _timed(1, hour, began, parts)
+    out, took = _timed(1, hour, began, parts)
+    return out, [took]
+
+
+# Phase 1 of an hour in several shards: the same functions as the local runner's
+# phase1_hour, each shard's half a task, so no task holds more than one shard's raw rows.
+# The tasks pass their results by reference (Ray resolves them on the node that needs them);
+# the driver waits for the merge alone, as for a one-shard hour.
+@ray.remote(**_TASK)
+def _points_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard
+                 ) -> tuple[Phase1Points, TaskTime]:
+    began = time.time(), time.process_time()
+    return _timed(1, hour, began, phase1_points(cfg, files, hour, shard))
+
+
+@ray.remote(**_TASK)
+def _mapping_task(*points: tuple[Phase1Points, TaskTime]) -> pl.DataFrame:
+    """The hour's instance_gpus, which every span half needs (a request's model)."""
+    return merge_by_host([p.mapping for p, _ in points])
+
+
+@ray.remote(**_TASK)
+def _spans_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
+                mapping: pl.DataFrame) -> tuple[Phase1Spans, TaskTime]:
+    began = time.time(), time.process_time()
+    return _timed(1, hour, began, phase1_spans(cfg, files, hour, shard, mapping))
+
+
+@ray.remote(**_TASK)
+def _merge_task(hour: int, shards: int, *halves: tuple[object, TaskTime]
+                ) -> tuple[list[Encoded], list[TaskTime]]:
+    """The hour's partitions from its shards' halves (points first, then spans), encoded."""
+    began = time.time(), time.process_time()
+    points, spans = [h for h, _ in halves[:shards]], [h for h, _ in halves[shards:]]
+    parts = [encode(table, frame) for table, frame in merge_phase1(points, spans)]
+    out, took = _timed(1, hour, began, parts)
+    return out, [*(t for _, t in halves), took]
+
+
+def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                  shards: list[Shard]) -> ray.ObjectRef:
+    """Phase 1 of ``hour`` on the cluster: one task for one shard, else a point task per
+    shard, the merged mapping, a span task per shard and the merge. The ref resolves to the
+    encoded partitions and the tasks' times."""
+    if len(shards) == 1:
+        return _phase1_task.remote(cfg, files, hour)
+    points = [_points_task.remote(cfg, files, hour, shard) for shard in shards]
+    mapping = _mapping_task.remote(*points)
+    spans = [_spans_task.remote(cfg, files, hour, shard, mapping) for shard in shards]
+    return _merge_task.remote(hour, len(shards), *points, *spans)
 
 
 @ray.remote(**_TASK)
@@ -210,7 +268,8 @@ class RayPipeline(Pipeline):
                 elif todo1:
                     hour = todo1.popleft()
                     files = phase1_files(state, self.dd, self.cfg, hour)
-                    run1.append((hour, _phase1_task.remote(self.cfg, files, hour)))
+                    shards = plan_hour(state, self.cfg, hour)
+                    run1.append((hour, submit_phase1(self.cfg, files, hour, shards)))
                 else:
                     break
             heads = [queue[0][1] for queue in (run1, run2) if queue]
@@ -220,7 +279,7 @@ class RayPipeline(Pipeline):
             if run1 and run1[0][1] in ready:
                 hour, ref = run1.popleft()
                 parts, took = ray.get(ref)
-                self.task_times.append(took)
+                self.task_times.extend(took)
                 self._flush()  # at most one hour of output waiting to be written
                 for part in parts:
                     self._write(hour, part, summary)

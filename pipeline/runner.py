@@ -61,6 +61,7 @@ from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
 )
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.shards import plan_hour
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, damaged_error, unreadable_files
 
@@ -105,8 +106,11 @@ class Pipeline:
     def _phase1(self, state: PipelineState, hour: int) -> list[tuple[str, pl.DataFrame]]:
         """Phase 1 of one hour: raw segments in, the hour's partitions out (not yet published).
 
-        Reads nothing any other hour's phase 1 writes, so hours can run side by side."""
-        return phase1_hour(self.cfg, phase1_files(state, self.dd, self.cfg, hour), hour)
+        Reads nothing any other hour's phase 1 writes, so hours can run side by side. Its
+        (host group x hour) shards (:mod:`pipeline.shards`) run one after the other on this
+        thread, so a big hour holds one shard's raw rows at a time."""
+        return phase1_hour(self.cfg, phase1_files(state, self.dd, self.cfg, hour), hour,
+                           plan_hour(state, self.cfg, hour))
 
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
                 dirty2: set[int], summary: RunSummary) -> None:

@@ -1,0 +1,149 @@
+"""Phase 1 in (host group x hour) shards gives the same files as one shard per hour, for any
+shard size, on a random fleet with gateways on hosts of their own (a request's spans on two
+hosts) and failed gateway requests (a value taken across requests)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fleetlens.pipeline import phases
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.shards import Shard, plan, plan_hour, trace_bucket
+from fleetlens.pipeline.state import PipelineState
+from fleetlens.pipeline.storage import DataDir, parquet_files
+from tests.pipeline.fleet import Fleet, make_fleet, write_batches
+from tests.pipeline.rawdata import NS, span, vllm_span
+
+HOSTS = 9
+GATEWAYS = ("gw-a", "gw-z")  # one sorts before every engine host, one after
+
+
+def _with_gateways(fleet: Fleet) -> Fleet:
+    """Every third request behind a gateway span on a gateway host (its engine span its
+    child), and per engine host a failed gateway request no engine answered, routed to an
+    instance whose only answered request is in another trace (so another shard)."""
+    batches = []
+    for batch in fleet.span_batches:
+        out = []
+        for row in batch:
+            trace = int(row[c.TRACE_ID], 16)
+            if trace % 3 == 0:
+                row = {**row, c.PARENT_SPAN_ID: f"{2:016x}"}
+                out.append(span(trace, 2, a.GATEWAY_SPAN, start_ns=row[c.START_NS] - NS // 50,
+                                end_ns=row[c.END_NS] + NS // 50, kind=2, service="gateway",
+                                host=GATEWAYS[trace % 2]))
+            out.append(row)
+        batches.append(out)
+    start = min(r[c.START_NS] for b in fleet.span_batches for r in b)
+    extra = []
+    for h in range(HOSTS):
+        instance, ts = f"h{h}-lonely", start + (h * 97 + 13) * NS
+        extra.append(vllm_span(10_000_000 + 2 * h, start_ns=ts, host=f"h{h}", service="chat",
+                               res_extra={a.SERVICE_INSTANCE_ID: instance}))
+        extra.append(span(10_000_001 + 2 * h, 2, a.GATEWAY_SPAN, start_ns=ts + NS,
+                          end_ns=ts + 2 * NS, kind=2, service="gateway", status=2,
+                          host=GATEWAYS[h % 2],
+                          attrs={a.SERVER_ADDRESS: f"h{h}", a.FLEETLENS_INSTANCE_ID: instance}))
+    batches[1] = batches[1] + extra
+    return Fleet(batches, fleet.point_batches, fleet.distinct_requests + 2 * HOSTS)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Fleet:
+    return _with_gateways(make_fleet(seed=7, hosts=HOSTS, seconds=600, rps=1.5))
+
+
+def _run(root: Path, fleet: Fleet, cfg: PipelineConfig) -> dict[str, str]:
+    dd = DataDir(root)
+    write_batches(dd, fleet)
+    Pipeline(dd, cfg).run_once(full=True)
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for table in OUTPUTS for p in parquet_files(dd.derived(table))}
+
+
+@pytest.fixture(scope="module")
+def one_shard(tmp_path_factory, fleet) -> dict[str, str]:
+    return _run(tmp_path_factory.mktemp("one") / "data", fleet, PipelineConfig())
+
+
+@pytest.mark.parametrize("per_shard", [1, 2, 7, HOSTS + len(GATEWAYS)])
+def test_any_shard_size_gives_the_same_files(tmp_path: Path, fleet, one_shard, per_shard,
+                                             monkeypatch) -> None:
+    seen: list[int] = []
+    real = phases.phase1_spans
+
+    def spy(cfg, files, hour, shard, mapping):
+        seen.append(shard.count)
+        return real(cfg, files, hour, shard, mapping)
+
+    monkeypatch.setattr(phases, "phase1_spans", spy)
+    cfg = replace(PipelineConfig(), hosts_per_shard=per_shard)
+    files = _run(tmp_path / "data", fleet, cfg)
+    hosts = HOSTS + len(GATEWAYS)
+    assert set(seen) == {-(-hosts // per_shard)}  # the hours really ran in that many shards
+    assert files == one_shard
+    assert any("requests" in name for name in files)
+
+
+def test_the_fleet_exercises_what_crosses_shards(one_shard, tmp_path: Path, fleet) -> None:
+    """The failed gateway requests exist and took their engine's service, and gateway
+    overhead was joined: the sweep above compares something."""
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    Pipeline(dd, replace(PipelineConfig(), hosts_per_shard=1)).run_once(full=True)
+    requests = pl.read_parquet(list(parquet_files(dd.derived("requests"))))
+    failed = requests.filter(pl.col(c.SOURCE) == "gateway")
+    assert failed.height == HOSTS
+    assert failed.get_column(c.SERVICE_NAME).unique().to_list() == ["chat"]
+    assert requests.get_column(c.NETWORK_S).is_not_null().sum() > 100
+
+
+def test_plan_covers_every_host_once() -> None:
+    hosts = [f"h{i}" for i in range(10)]
+    shards = plan(hosts, 3)
+    assert [s.count for s in shards] == [4] * 4
+    frame = pl.DataFrame({c.HOST_NAME: [*hosts, "new-host", None]})
+    taken = [frame.filter(s.point_filter()).get_column(c.HOST_NAME).to_list() for s in shards]
+    assert sorted(sum(taken, []), key=str) == sorted([*hosts, "new-host", None], key=str)
+    assert taken[0] == ["h0", "h1", "h2"]
+    assert plan(hosts, 10) == [Shard(0, 1)] and plan(hosts, 50) == [Shard(0, 1)]
+
+
+def test_trace_bucket_depends_on_the_id_only() -> None:
+    ids = pl.Series([f"{i:032x}" for i in range(1000)] + ["not-hex", "", "ab"])
+    buckets = pl.select(trace_bucket(pl.lit(ids), 7)).to_series()
+    assert buckets.min() == 0 and buckets.max() == 6
+    assert buckets[-3:].to_list() == [0, 0, 0xab % 7]
+    assert buckets.value_counts().get_column("count").min() > 100  # spread evenly
+
+
+def test_shard_size_is_chosen_from_rows_per_host_hour() -> None:
+    from fleetlens.pipeline.state import Segment
+
+    hour = 0
+    state = PipelineState(watermarks={f"h{i}": 0 for i in range(8)})
+    # 8M rows in the hour over 8 hosts: 1M per host-hour
+    state.segments["a"] = Segment("metrics", 1, hour, hour + 3600 * NS - 1, 8_000_000)
+    cfg = replace(PipelineConfig(), shard_rows=3_000_000)
+    assert [len(s.hosts) for s in plan_hour(state, cfg, hour)] == [3, 3, 6]  # last: the rest
+    assert plan_hour(state, PipelineConfig(), hour) == [Shard(0, 1)]  # 8M rows: one shard
+    # a segment half in the hour counts half
+    state.segments["b"] = Segment("spans", 1, hour - 3600 * NS, hour + 3600 * NS - 1,
+                                  12_000_000)
+    assert len(plan_hour(state, PipelineConfig(), hour)) == 2
+
+
+def test_shard_settings_are_validated() -> None:
+    from fleetlens.pipeline.schema.settings import ConfigError
+
+    for bad in ({"shard_rows": 0}, {"hosts_per_shard": -1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            replace(PipelineConfig(), **bad).validate()
