@@ -32,10 +32,12 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from fleetlens.pipeline.schema.bursts import BURST_RATIO
 from fleetlens.simulator.control import MIN_DELTA_S, MIN_RATIO, LatencyProbe
 
-#: a minute is a surge minute at this multiple of the look-back's median minute of arrivals
-SURGE_RATIO = 1.5
+#: a minute is a surge minute at this multiple of the look-back's median minute of arrivals:
+#: a burst as the analytics define it (one constant, pipeline.schema.bursts)
+SURGE_RATIO = BURST_RATIO
 #: the look-back for the usual minute, minutes
 LOOKBACK_MIN = 30
 #: fewest earlier minutes before a minute is judged: the analytics judge a series from its

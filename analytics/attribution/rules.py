@@ -23,6 +23,7 @@ from fleetlens.analytics.attribution.phases import PhaseSplit
 from fleetlens.analytics.attribution.signals import Signals, delta, ratio, value
 from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema.bursts import BURST_RATIO
 from fleetlens.pipeline.schema.causes import subject as fmt_subject
 
 #: Score floor for a cause with evidence but little measured excess in its phases; small
@@ -191,7 +192,8 @@ def rate_led_demand(f: Facts) -> float:
     """A surge of demand the arrivals led: more requests *and* longer ones (random fleet
     28009's clean control: a replayed trace's burst of new conversations, arrivals x1.4
     with prompts x1.6, read as long prompts, x1.4 alone being a weak surge). It counts when
-    the arrivals rose by a burst's x1.3 (fully at x1.4), the tokens asked for per second
+    the arrivals rose by a burst (:data:`~fleetlens.pipeline.schema.bursts.BURST_RATIO`, x1.3;
+    fully 0.1 above it), the tokens asked for per second
     by x1.5 (fully at x1.9), and the arrivals carried at least :data:`SURGE_RATE_PART` of
     that growth: prompts x3 beside arrivals x1.3 are the prompts' doing. A replayed trace
     drifts x1.2-1.3 in arrivals with prompts x1.3-1.4 by itself (random fleet 27011):
@@ -199,7 +201,7 @@ def rate_led_demand(f: Facts) -> float:
     r, d = ratio(f.signals.scope.get("rps")), demand_ratio(f)
     if r <= 1 or d <= 1 or math.log(r) < SURGE_RATE_PART * math.log(d):
         return 0.0
-    return clip01((d - 1.5) / 0.4) * clip01((r - 1.3) / 0.1)
+    return clip01((d - 1.5) / 0.4) * clip01((r - BURST_RATIO) / 0.1)
 
 
 def surge_strength(f: Facts) -> float:

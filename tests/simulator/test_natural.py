@@ -45,7 +45,7 @@ def test_a_burst_that_slowed_requests_is_a_natural_surge() -> None:
 def test_a_burst_that_slowed_nothing_or_a_slowdown_without_a_burst_is_not() -> None:
     assert natural_surges(_probe(slow_ttft=0.05)) == []  # served without a queue
     assert natural_surges(_probe(burst_factor=1.0)) == []  # slower, same arrivals
-    assert natural_surges(_probe(burst_factor=1.3)) == []  # under 1.5x the usual minute
+    assert natural_surges(_probe(burst_factor=1.2)) == []  # under the burst ratio, x1.3
     assert natural_surges(_probe(burst=(3, 5), slow=(3, 9))) == []  # under 5 minutes' look-back
 
 
@@ -54,6 +54,27 @@ def test_a_burst_in_the_first_quarter_hour_is_labelled_as_the_analytics_judge_it
     # 10 is an incident there, so it is a natural surge here (random fleet 37005's control)
     (surge,) = natural_surges(_probe(burst=(10, 12), slow=(10, 16)))
     assert surge.start_ns == START_NS + 10 * MIN and surge.arrivals_ratio == 2.5
+
+
+def test_a_burst_is_one_definition_for_the_labeller_and_the_analytics() -> None:
+    # x1.4 arrivals with latency moved: the analytics may call it a surge (rate-led demand
+    # counts from the burst ratio), so the labeller must know it as natural (it wanted x1.5)
+    (surge,) = natural_surges(_probe(burst_factor=1.4))
+    assert surge.arrivals_ratio == 1.4
+    from types import SimpleNamespace
+
+    from fleetlens.analytics.attribution.rules import rate_led_demand
+    from fleetlens.pipeline.schema.bursts import BURST_RATIO
+    from fleetlens.simulator.natural import SURGE_RATIO
+
+    assert SURGE_RATIO == BURST_RATIO
+
+    def demand(arrivals: float) -> float:  # twice the tokens asked for, arrivals x ``arrivals``
+        scope = {"rps": (1.0, arrivals), c.INPUT_TOKENS: (100.0, 200.0 / arrivals),
+                 c.OUTPUT_TOKENS: (100.0, 200.0 / arrivals)}
+        return rate_led_demand(SimpleNamespace(signals=SimpleNamespace(scope=scope)))
+
+    assert demand(BURST_RATIO - 0.01) == 0.0 < demand(BURST_RATIO + 0.05)
 
 
 def test_the_labeller_starts_judging_where_the_warm_up_band_does() -> None:
