@@ -134,23 +134,21 @@ def notify_new(folder: Path, analysis: Analysis, config: AnalyticsConfig,
         queues = {k: state["hooks"].get(k, {"pending": [], "open": {}}) for k in hooks}
         snapshots = {i: native_body(current[i], causes) for i in first}
         for ident in first:
-            if ident in aliases:  # confirms a provisional incident: an update of its post
-                for prov in aliases[ident]:
-                    if f"{TRIGGER}:{prov}" not in bodies:
-                        continue  # opened and confirmed before its post was queued
-                    update = confirmed_body(bodies[f"{TRIGGER}:{prov}"], current[ident],
-                                            causes)
-                    bodies[f"{UPDATE}:{prov}"] = update
-                    _echo(echo, update)
-                    for queue in queues.values():
-                        queue["pending"].append([UPDATE, prov])
-                if any(f"{TRIGGER}:{p}" in bodies for p in aliases[ident]):
-                    continue
+            if any(f"{TRIGGER}:{p}" in bodies for p in aliases.get(ident, ())):
+                continue  # it confirms a provisional incident: posted as its update
             _echo(echo, snapshots[ident])
             if current[ident].get(c.DETECTOR) == PROVISIONAL_DETECTOR:
                 bodies[f"{TRIGGER}:{ident}"] = snapshots[ident]
             for queue in queues.values():
                 queue["pending"].append([TRIGGER, ident])
+        for prov, ident in ({} if view is None else view.newly_confirmed).items():
+            if f"{TRIGGER}:{prov}" not in bodies or ident not in current:
+                continue  # never posted (then its incident was, as itself)
+            update = confirmed_body(bodies[f"{TRIGGER}:{prov}"], current[ident], causes)
+            bodies[f"{UPDATE}:{prov}"] = update
+            _echo(echo, update)
+            for queue in queues.values():
+                queue["pending"].append([UPDATE, prov])
         if view is not None:
             _withdraw(view, bodies, queues, hooks)
             for ident, provs in aliases.items():  # a confirmed one lasts as its incident

@@ -61,6 +61,8 @@ class View:
     #: Confirmed ones whose confirming incident is analysed now: its id -> their ids (one
     #: service-wide incident may confirm the queues of several hosts).
     confirmed: dict[str, list[str]] = field(default_factory=dict)
+    #: Confirmed in this run: id -> the confirming incident's id (an update to post).
+    newly_confirmed: dict[str, str] = field(default_factory=dict)
     #: Withdrawn in this run: id -> its row.
     withdrawn: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: How long one waits for confirmation, s (said in the withdrawal).
@@ -132,6 +134,7 @@ def advance(folder: Path, found: list[tuple[Candidate, Guess]], incidents: pl.Da
             inc = _confirming(row, analysed, within_ns, window_ns)
             if inc is not None:
                 item.update(status=CONFIRMED, **{"as": inc[c.INCIDENT_ID]})
+                view.newly_confirmed[ident] = inc[c.INCIDENT_ID]
             elif end_ns is not None and end_ns >= row[c.START_NS] + within_ns:
                 item["status"] = WITHDRAWN
                 view.withdrawn[ident] = row
