@@ -4,6 +4,11 @@ compared with the rest of the search's requests, by the dimension comparison att
 uses for incidents (:func:`analytics.attribution.dimensions.compare_dimensions`: lift and
 share of excess per host, GPU, instance, model, region, prompt-length bucket, ...).
 
+Beyond the score (:mod:`analytics.traces.compare_rank`): values the same band holds as much
+outside the selection's span are ranked after those the span has more of, values selecting
+the same requests are one difference, and an instance names the GPUs it holds (a request
+names no GPU of an instance on several).
+
 Input: a :class:`~analytics.traces.query.TraceQuery` (its filters; sort and page ignored)
 over ``requests`` (``spans`` for attribute filters, ``instance_gpus`` for GPUs) and a
 :class:`Selection`. Output: a :class:`Comparison`, each difference with the search that
@@ -18,7 +23,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from fleetlens.analytics.attribution.context import with_gpu
-from fleetlens.analytics.attribution.dimensions import compare_dimensions
+from fleetlens.analytics.attribution.dimensions import add_buckets, compare_dimensions
+from fleetlens.analytics.traces import compare_rank as rank
 from fleetlens.analytics.traces.attr_sql import match_traces
 from fleetlens.analytics.traces.drill import drill_query
 from fleetlens.analytics.traces.heatmap import METRICS
@@ -89,6 +95,29 @@ class Difference:
     #: the search opening the selected requests with this value (None: no filter for it)
     query: TraceQuery | None
     trace_ids: tuple[str, ...]
+    #: other ``dimension=value`` selecting exactly the same requests of the view
+    same_as: tuple[str, ...] = ()
+    #: the GPUs of the instance it names (itself or one of ``same_as``)
+    gpus: tuple[str, ...] = ()
+    #: its share of the requests in the same band outside the span (None: too few there)
+    outside_share: float | None = None
+
+    @property
+    def at_any_time(self) -> bool:
+        """The band holds the value as much outside the span as in it: it describes the
+        band (long prompts are slow at any time), not what happened in the span."""
+        return self.outside_share is not None and self.selected_share <= self.outside_share
+
+    def note(self) -> str:
+        """What else the difference is: the same requests' other names, its instance's
+        GPUs, and whether the band holds it at any time."""
+        parts = [f"same requests as {', '.join(self.same_as)}"] if self.same_as else []
+        if self.gpus:
+            parts.append(f"on {'GPU' if len(self.gpus) == 1 else 'GPUs'} "
+                         f"{' '.join(self.gpus)}")
+        if self.at_any_time:
+            parts.append(f"as common in this band outside the span ({self.outside_share:.0%})")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -125,7 +154,9 @@ def view_frame(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> pl.DataFram
         ).pl() if _has(cursor, t.INSTANCE_GPUS) else pl.DataFrame()
     finally:
         cursor.close()
-    return with_gpu(frame, mapping) if mapping.height else frame
+    if not mapping.height:
+        return frame
+    return rank.with_instance_gpus(with_gpu(frame, mapping), mapping)
 
 
 def _has(cursor: duckdb.DuckDBPyConnection, table: str) -> bool:
@@ -143,24 +174,31 @@ def compare(frame: pl.DataFrame, selection: Selection, query: TraceQuery | None 
         selection: the time span and latency band.
         query: the view's search; each difference's ``query`` narrows it to the selection
             and the value (``None``: no drill-down searches).
-        top: differences returned at most (those with a lift above 1, best score first).
+        top: differences returned at most (those with a lift above 1: the values the span
+            has more of than the band outside it first, best score first within each).
     """
     inside = frame.filter(selection.mask())
     # The rest: every other request with a value of the metric (a one-token answer has no
     # TPOT, so it is in neither side of a TPOT comparison).
     rest = frame.filter(pl.col(selection.metric).is_not_null() & ~selection.mask())
-    findings = compare_dimensions(inside, rest, selection.metric,
-                                  [d for d in DIMENSIONS if d in frame.columns], selected=True)
+    findings = [f for f in compare_dimensions(
+        inside, rest, selection.metric, [d for d in DIMENSIONS if d in frame.columns],
+        selected=True) if f.score > 0]
+    ordered = rank.order(findings, rank.outside_shares(rank.outside_band(frame, selection),
+                                                       findings))
+    outside = {id(f): share for f, share in ordered}
     slowest = inside.sort(selection.metric, descending=True)
     diffs = []
-    for f in (f for f in findings if f.score > 0):
-        if len(diffs) == top:
-            break
+    for group in rank.same_requests(
+            lambda: add_buckets(pl.concat([inside, rest])), [f for f, _ in ordered])[:top]:
+        f = group[0]
         matching = slowest.filter(_value_mask(slowest, f.dimension, f.value))
         diffs.append(Difference(
             f.dimension, f.value, f.slow_share, f.baseline_share, f.lift, f.share_of_excess,
             f.score, drill_query(query, selection, f.dimension, f.value) if query else None,
-            tuple(matching[c.TRACE_ID].head(TRACE_IDS))))
+            tuple(matching[c.TRACE_ID].head(TRACE_IDS)),
+            tuple(f"{g.dimension}={g.value}" for g in group[1:]),
+            rank.instance_gpus(frame, group), outside[id(f)]))
     return Comparison(selection, inside.height, rest.height, diffs)
 
 

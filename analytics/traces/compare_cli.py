@@ -34,8 +34,10 @@ _EARLIEST, _LATEST = 0, 2**63 - 1
 
 def differences_frame(result: Comparison, *extra: str) -> pl.DataFrame:
     """One row per difference: rank, dimension, value, shares, lift, share of excess, the
-    command opening its selected requests (empty when no filter expresses the dimension)
-    and the trace ids of its slowest selected requests."""
+    command opening its selected requests (empty when no filter expresses the dimension),
+    the trace ids of its slowest selected requests, the values selecting the same requests
+    (``same_as``), its instance's GPUs, its share of the band outside the span and whether
+    that is as high (``at_any_time``), and the note saying so."""
     import polars as pl
 
     from fleetlens.analytics.traces.drill import command_of
@@ -45,9 +47,12 @@ def differences_frame(result: Comparison, *extra: str) -> pl.DataFrame:
         "selected_share": round(d.selected_share, 4), "rest_share": round(d.rest_share, 4),
         "lift": round(d.lift, 3), c.SHARE_OF_EXCESS: round(d.share_of_excess, 4),
         "command": command_of(d.query, *extra) if d.query else "",
-        "trace_ids": list(d.trace_ids),
+        "trace_ids": list(d.trace_ids), "same_as": list(d.same_as), "gpus": list(d.gpus),
+        "outside_share": None if d.outside_share is None else round(d.outside_share, 4),
+        "at_any_time": d.at_any_time, "note": d.note(),
     } for rank, d in enumerate(result.differences, start=1)], schema_overrides={
-        "trace_ids": pl.List(pl.String)})
+        "trace_ids": pl.List(pl.String), "same_as": pl.List(pl.String),
+        "gpus": pl.List(pl.String), "outside_share": pl.Float64})
 
 
 def _table(frame: pl.DataFrame) -> str:
@@ -55,12 +60,12 @@ def _table(frame: pl.DataFrame) -> str:
     from fleetlens.analytics.cli_table import _table as new_table
 
     table = new_table()
-    for name in ("#", "dimension=value", "selected", "rest", "lift", "of excess"):
-        _column(table, name, justify="left" if name == "dimension=value" else "right")
+    for name in ("#", "dimension=value", "selected", "rest", "lift", "of excess", "note"):
+        _column(table, name, justify="left" if name in ("dimension=value", "note") else "right")
     for row in frame.iter_rows(named=True):
         _row(table, row["rank"], f"{row['dimension']}={row['value']}",
              f"{row['selected_share']:.0%}", f"{row['rest_share']:.0%}", f"x{row['lift']:.1f}",
-             f"{row[c.SHARE_OF_EXCESS]:.0%}")
+             f"{row[c.SHARE_OF_EXCESS]:.0%}", row["note"])
     lines = [f"{row['rank']}. {row['command'] or 'traces: ' + ' '.join(row['trace_ids'])}"
              for row in frame.iter_rows(named=True)]
     return _render(table) + "\nOpen the selected requests of each:\n" + "\n".join(lines) + "\n"

@@ -61,6 +61,7 @@ def heatmap_section(query: TraceQuery) -> None:
         "traces": trace_heatmap.link(d.query) if d.query else f"trace?id={d.trace_ids[0]}",
         "difference": f"{d.dimension}={d.value}", "selected": d.selected_share,
         "rest": d.rest_share, "lift": d.lift, "share of excess": d.share_of_excess,
+        "note": d.note(),
     } for d in result.differences])
     pct = st.column_config.NumberColumn(format="percent")
     st.dataframe(shown, hide_index=True, key="hm_differences", column_config={
