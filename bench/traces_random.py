@@ -12,7 +12,14 @@ is the page filtered to the service whose requests moved (the control's verdict 
 or, for a subject that is a service, the whole fleet (a service filter would leave nothing
 to tell it from). The comparison is the page's own
 (:func:`analytics.traces.compare.compare` over :func:`~analytics.traces.compare.view_frame`);
-its top difference ``dimension=value`` is compared with the injected subject.
+its top difference ``dimension=value`` is compared with the injected subject *at the
+requests' grain*:
+
+- a GPU that no request of the view carries (a GPU of an engine instance on several GPUs:
+  a request names its instance) is the instance holding it (``instance_gpus``): that is
+  the finest thing the comparison can name, and it names the GPUs the instance holds;
+- the top difference matches when it is the subject or names the same requests of the view
+  (its ``same_as``: a host's only instance, an instance's only GPU).
 
     .venv/bin/python bench/traces_random.py [--fleets 12] [--seed 35] [--size small]
                                             [--workdir DIR]   (fleets already there reused)
@@ -37,6 +44,7 @@ from fleetlens.analytics.attribution.dimensions import (  # noqa: E402
     metric_column,
 )
 from fleetlens.analytics.traces.compare import Selection, compare, view_frame  # noqa: E402
+from fleetlens.analytics.traces.compare_rank import GPUS_COLUMN  # noqa: E402
 from fleetlens.analytics.traces.heatmap import METRICS  # noqa: E402
 from fleetlens.analytics.traces.query import TraceQuery  # noqa: E402
 from fleetlens.pipeline.schema import columns as c  # noqa: E402
@@ -55,22 +63,22 @@ class Case:
 
     fleet: str
     cause: str
+    #: the injected subject, and the subject at the requests' grain (:func:`at_grain`)
+    injected: str
     subject: str
     metric: str
     selected: int
     top: str | None
     #: the subject's place among the differences (1: first; None: not among them)
     rank: int | None
-    #: whether any request of the view has the subject's value (a GPU of an instance on
-    #: several GPUs is no value of its requests: only its instance or host can be named)
+    #: whether any request of the view has the subject's value
     resolvable: bool
-    #: the first difference against the view's requests outside the span in the same band
-    #: (an experiment, not the page's comparison; see ``slow_outside``)
-    outside_top: str | None
+    #: the top difference is the band outside the span's as much as the span's
+    top_at_any_time: bool = False
 
     @property
     def matched(self) -> bool:
-        return self.top == self.subject
+        return self.rank == 1
 
 
 def quantile_of(window_metric: str) -> float:
@@ -89,29 +97,27 @@ def slow_band(frame: pl.DataFrame, start_ns: int, end_ns: int, metric: str,
     return Selection(metric, start_ns, end_ns, low=None if low is None else float(low))
 
 
-def ranked_differences(frame: pl.DataFrame, selection: Selection) -> tuple[list[str], int]:
-    """The comparison's differences as ``dimension=value``, best first, and how many
-    requests the selection holds."""
+def ranked_differences(frame: pl.DataFrame, selection: Selection
+                       ) -> tuple[list[set[str]], int, bool]:
+    """The comparison's differences, best first, each as the ``dimension=value`` names of
+    the requests it selects (itself and its ``same_as``); how many requests the selection
+    holds; whether the first is at any time (as common in the band outside the span)."""
     result = compare(frame, selection, top=RANKED)
-    return [f"{d.dimension}={d.value}" for d in result.differences], result.selected
+    names = [{f"{d.dimension}={d.value}", *d.same_as} for d in result.differences]
+    first = result.differences[0].at_any_time if result.differences else False
+    return names, result.selected, first
 
 
-def slow_outside(view: pl.DataFrame, selection: Selection) -> str | None:
-    """The first difference of the selection against the view's requests *outside* its
-    span *in the same band* (slow against slow: prompt and output lengths, which slow any
-    request, cancel out). An experiment beside the page's comparison (selection against
-    the rest of the view), printed with ``--slow-outside``."""
-    from fleetlens.analytics.attribution.dimensions import compare_dimensions
-    from fleetlens.analytics.traces.compare import DIMENSIONS
-
-    arrival, value = pl.col(c.ARRIVAL_NS), pl.col(selection.metric)
-    outside = view.filter(((arrival < selection.start_ns) | (arrival >= selection.end_ns))
-                          & (value >= (selection.low or 0.0)))
-    found = [f for f in compare_dimensions(view.filter(selection.mask()), outside,
-                                           selection.metric,
-                                           [d for d in DIMENSIONS if d in view.columns],
-                                           selected=True) if f.score > 0]
-    return f"{found[0].dimension}={found[0].value}" if found else None
+def at_grain(view: pl.DataFrame, subject: str) -> str:
+    """``subject`` as the requests of ``view`` can name it: a GPU no request carries is the
+    instance holding it (``instance_gpus``, as :func:`view_frame` attaches it), several
+    instances joined by ``|``; anything else is itself."""
+    dimension, _, gpu = subject.partition("=")
+    if dimension != c.GPU_UUID or resolvable(view, subject) or GPUS_COLUMN not in view.columns:
+        return subject
+    held = view.filter(pl.col(GPUS_COLUMN).cast(pl.String).str.split(" ").list.contains(gpu))
+    instances = sorted(set(held[c.INSTANCE_ID]))
+    return f"{c.INSTANCE_ID}={'|'.join(instances)}" if instances else subject
 
 
 def resolvable(view: pl.DataFrame, subject: str) -> bool:
@@ -150,14 +156,17 @@ def score_incidents(frame: pl.DataFrame, fleet: str, incidents: list[dict],
         view = view_of(frame, inc["subject"], verdict.get("service", ""))
         band = slow_band(view, inc[c.START_NS], inc[c.END_NS], metric,
                          quantile_of(verdict["metric"]))
-        ranked, selected = ranked_differences(view, band)
+        ranked, selected, any_time = ranked_differences(view, band)
         if selected < MIN_SELECTED:
             left_out.append(f"{what}: {selected} requests in its {metric} band")
             continue
-        rank = ranked.index(inc["subject"]) + 1 if inc["subject"] in ranked else None
-        cases.append(Case(fleet, inc["cause"], inc["subject"], verdict["metric"], selected,
-                          ranked[0] if ranked else None, rank,
-                          resolvable(view, inc["subject"]), slow_outside(view, band)))
+        subject = at_grain(view, inc["subject"])
+        dimension, _, values = subject.partition("=")
+        wanted = {f"{dimension}={v}" for v in values.split("|")}
+        rank = next((i for i, names in enumerate(ranked, start=1) if wanted & names), None)
+        cases.append(Case(fleet, inc["cause"], inc["subject"], subject, verdict["metric"],
+                          selected, " = ".join(sorted(ranked[0])) if ranked else None, rank,
+                          resolvable(view, subject.split("|")[0]), any_time))
     return cases, left_out
 
 
@@ -193,11 +202,14 @@ def main() -> None:
         found, left_out = fleet_cases(fleet_dir)
         cases += found
         for case in found:
-            print(f"{case.fleet} {case.cause:18s} {case.subject:48s} {case.metric:10s} "
-                  f"{case.selected:6d} selected, first: {case.top} "
+            grain = "" if case.subject == case.injected else (
+                f" (at the requests' grain: {case.subject})")
+            print(f"{case.fleet} {case.cause:18s} {case.injected}{grain} {case.metric} "
+                  f"{case.selected} selected, first: {case.top}"
+                  f"{' (at any time)' if case.top_at_any_time else ''} "
                   f"{'MATCH' if case.matched else f'miss (subject rank {case.rank})'}"
-                  f"{'' if case.resolvable else ', subject no value of the requests'}; "
-                  f"slow vs slow outside: {case.outside_top}", flush=True)
+                  f"{'' if case.resolvable else ', subject no value of the requests'}",
+                  flush=True)
         for note in left_out:
             print(f"  left out: {note}", flush=True)
     matched = sum(case.matched for case in cases)
@@ -208,9 +220,9 @@ def main() -> None:
     named = [case for case in cases if case.resolvable]
     print(f"  of those whose subject is a value of their requests: "
           f"{sum(case.matched for case in named)} of {len(named)}; subject in the first 3: "
-          f"{sum(bool(case.rank and case.rank <= 3) for case in cases)} of {len(cases)}")
-    print(f"  experiment, slow against slow outside the span: "
-          f"{sum(case.outside_top == case.subject for case in cases)} of {len(cases)}")
+          f"{sum(bool(case.rank and case.rank <= 3) for case in cases)} of {len(cases)}; "
+          f"GPUs counted as their instance: "
+          f"{sum(case.subject != case.injected for case in cases)}")
     by_cause: dict[str, list[int]] = {}
     for case in cases:
         by_cause.setdefault(case.cause, [0, 0])[case.matched] += 1

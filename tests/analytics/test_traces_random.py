@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.traces_random import quantile_of, score_incidents, slow_band, view_of
+from bench.traces_random import at_grain, quantile_of, score_incidents, slow_band, view_of
 from fleetlens.analytics.traces.compare import view_frame
 from fleetlens.analytics.traces.query import TraceQuery
 from fleetlens.pipeline.schema import columns as c
@@ -75,3 +75,39 @@ def test_the_band_starts_at_the_baseline_quantile_outside_the_span(fleet) -> Non
     outside = frame.filter((frame[c.ARRIVAL_NS] < start) | (frame[c.ARRIVAL_NS] >= end))
     assert band.low == pytest.approx(outside[c.QUEUE_S].quantile(0.9))
     assert (band.start_ns, band.end_ns, band.high) == (start, end, None)
+
+
+@pytest.fixture(scope="module")
+def two_gpu_view(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """test_traces_compare_rank's fleet: h3's one instance on two GPUs slow in the span."""
+    from fleetlens.pipeline.schema import conform
+    from tests.analytics.test_traces_compare_rank import fleet, mapping
+    from tests.dashboard.synth import write_table
+
+    root = DataDir(tmp_path_factory.mktemp("traces-random-gpus") / "data")
+    write_table(root, t.REQUESTS, conform(fleet(), t.REQUESTS), c.ARRIVAL_NS)
+    write_table(root, t.INSTANCE_GPUS, conform(mapping(), t.INSTANCE_GPUS), None)
+    con = connect(root, tables=(t.REQUESTS, t.INSTANCE_GPUS))
+    try:
+        return view_frame(con, TraceQuery())
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("injected", ["gpu_uuid=GPU-f", "host_name=h3", "instance_id=h3-i0"])
+def test_a_gpu_of_a_two_gpu_instance_is_its_instance_and_its_host_the_same_requests(
+        two_gpu_view, injected: str) -> None:
+    """No request carries GPU-f (its instance runs on GPU-e and GPU-f): at the requests'
+    grain the subject is the instance, which the comparison names first; the host, whose
+    only instance it is, selects the same requests and matches too."""
+    from tests.analytics.test_traces_compare_rank import SPAN
+
+    inc = {"cause": "slow_gpu", "subject": injected, c.START_NS: SPAN[0], c.END_NS: SPAN[1]}
+    moved = {"valid": True, "metric": "ttft_p90", "service": ""}
+    (case,), left_out = score_incidents(two_gpu_view, "synth", [inc], [moved])
+    assert left_out == [] and case.injected == injected
+    assert case.subject == (f"{c.INSTANCE_ID}=h3-i0" if injected.startswith(c.GPU_UUID)
+                            else injected)
+    assert case.matched and case.rank == 1 and case.resolvable
+    assert case.top == f"{c.HOST_NAME}=h3 = {c.INSTANCE_ID}=h3-i0"
+    assert at_grain(two_gpu_view, "gpu_uuid=GPU-a") == "gpu_uuid=GPU-a"  # a one-GPU instance
