@@ -13,6 +13,13 @@ Peer, measured in the same run: a minimal Streamlit page (a title and a metric, 
 the framework's floor; each page's warm ratio to it is printed.
 
     .venv/bin/python bench/dashboard.py [--data-dir DIR] [--hours 24] [--reps 7]
+                                        [--pages traces,trace]   (a subset, by file name)
+
+The Traces page is run three ways: its default search with the heatmap of every request in
+the range (no selection), the same with the injected incident's slow band selected (the
+heatmap's comparison: ``hm_*`` in the URL, as a box drawn on it leaves them), and a search
+narrowed to the incident's host and an hour. The trace explorer (``trace?id=``) is run from a
+link (with the arrival time) and with the id typed by hand.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from tests.dashboard.synth import Fleet, build_all  # noqa: E402
 
 APP = REPO / "dashboard" / "app.py"
 PAGES = ["overview", "incidents", "incident_detail", "baselines", "kv_cache", "energy",
-         "leaderboard", "trace", "sql"]
+         "leaderboard", "traces", "trace", "sql"]
 BUDGET_MS = 300.0
 FLOOR_PAGE = "import streamlit as st\n"
 
@@ -54,9 +61,11 @@ def measure(page: str, reps: int, query: dict[str, str]) -> tuple[float, float, 
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(APP), default_timeout=600)
-    at.run()  # the default page, so navigation to ``page`` is a normal switch
+    # The link's parameters before the first run: the sidebar takes its range and scope from
+    # the URL only when it first draws them (set after it, a link's range was ignored).
     for key, value in query.items():
         at.query_params[key] = value
+    at.run()  # the default page, so navigation to ``page`` is a normal switch
     at.switch_page(f"views/{page}.py")
     st.cache_data.clear()
     st.cache_resource.clear()
@@ -77,12 +86,34 @@ def floor(reps: int) -> float:
     return statistics.median(timed_run(at)[0] for _ in range(reps))
 
 
+def traces_runs(fleet: Fleet) -> list[tuple[str, str, dict[str, str]]]:
+    """The Traces page's runs: its default search and heatmap, the injected incident's slow
+    band selected on it (queue time over 0.3 s during the incident: the host's KV pressure),
+    and a search of the incident's host over the hour around it."""
+    host, start, end = fleet.incident
+    band = {"hm": "queue_s", "hm_from": str(start), "hm_to": str(end), "hm_min": "0.3"}
+    hour = {"range": "custom", "from": _minute(start - 1800 * 10**9),
+            "to": _minute(start + 1800 * 10**9), "host": host, "sort": "-queue_s"}
+    return [("traces (search)", "traces", {}), ("traces (select)", "traces", band),
+            ("traces (1 host)", "traces", hour)]
+
+
+def _minute(ns: int) -> str:
+    """``ns`` as the sidebar's custom-range URL form (whole minutes, UTC)."""
+    import datetime as dt
+
+    moment = dt.datetime.fromtimestamp(ns // 10**9 // 60 * 60, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%MZ")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="reuse or create the data set here")
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--rps-per-gpu", type=float, default=0.4)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--pages", default=",".join(PAGES),
+                        help="comma-separated page files to run (default: all)")
     args = parser.parse_args()
     root = DataDir(args.data_dir or Path(tempfile.mkdtemp(prefix="fleetlens-bench-")) / "d")
     fleet = Fleet(hosts=8, gpus_per_host=8, hours=args.hours, rps_per_gpu=args.rps_per_gpu)
@@ -108,6 +139,9 @@ def main() -> None:
     # A link from the dashboard carries the arrival time; an id typed by hand does not.
     runs[PAGES.index("trace")] = ("trace (link)", "trace", {"id": trace, "t": str(arrival[0][0])})
     runs.insert(PAGES.index("trace") + 1, ("trace (typed id)", "trace", {"id": trace}))
+    runs[PAGES.index("traces"):PAGES.index("traces") + 1] = traces_runs(fleet)
+    wanted = set(args.pages.split(","))
+    runs = [run for run in runs if run[1] in wanted]
     base = floor(args.reps)
     print(f"\nfloor (minimal Streamlit page, script time): {base:.2f} ms\n")
     print(f"{'page':<16} {'cold ms':>8} {'warm ms':>8} {'warm/floor':>10} {'wall ms':>8}"
