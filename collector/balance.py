@@ -159,10 +159,16 @@ class PeerServer:
     def __init__(self, setup: PeerSetup, slot: int, handle: Handler, max_bytes: int) -> None:
         self.setup, self.slot, self.handle, self.max_bytes = setup, slot, handle, max_bytes
         path = setup.socket_path(slot)
+        # A temporary-files cleaner may have removed the folder of a long-running collector.
+        os.makedirs(setup.directory, mode=0o700, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # left by this slot's predecessor (killed)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
+        try:
+            self.sock.bind(path)
+        except OSError:
+            self.sock.close()
+            raise
         self.sock.listen(64)
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="peers", daemon=True)

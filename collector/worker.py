@@ -177,8 +177,12 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     peer_server = None
     if peers is not None:  # after replay: peers hand over only to a worker that serves
         ingest.balancer = Balancer(peers, slot)
-        peer_server = PeerServer(peers, slot, ingest.export_for_peer, config.max_request_bytes)
-        peer_server.start()
+        try:
+            peer_server = PeerServer(peers, slot, ingest.export_for_peer,
+                                     config.max_request_bytes)
+            peer_server.start()
+        except OSError as exc:  # this worker still hands over; it only takes nothing
+            log.warning("cannot take Exports from the other workers: %s", exc)
     grpc_server = start_grpc(config, ingest, threads=GRPC_THREADS)
     limit = open_files_limit()  # raised to the hard limit by the supervisor already
     kept = (SCRAPE_SLOTS if metrics_sock else 0) + descriptors(

@@ -265,3 +265,37 @@ def test_a_busy_peer_gets_nothing_more(pair) -> None:
     assert balancer.pick() == 1
     setup.set_running(1, BUSY)
     assert balancer.pick() is None  # the peer is busy, though it runs fewer than five
+
+
+def test_socket_folders_of_killed_collectors_are_removed(tmp_path) -> None:
+    """SIGKILL skips the supervisor's cleanup: the next start removes the folders whose
+    supervisor is gone (28 were left in /tmp by one test-suite run before)."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = tmp_path / f"{balance_board.PREFIX}{gone}-abc"
+    live = tmp_path / f"{balance_board.PREFIX}{os.getpid()}-def"
+    other = tmp_path / "fleetlens-peers-notapid-x"
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "w0.sock").touch()
+    assert balance_board.remove_stale(str(tmp_path)) == 1
+    assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_a_removed_socket_folder_is_made_again() -> None:
+    """A temporary-files cleaner may remove the folder under a long-running collector: a
+    worker restarted then must still serve its peers, not fail to start."""
+    setup = balance_board.create(2)
+    balance_board.remove(setup)
+    server = PeerServer(setup, 1, lambda *args: b"ok", max_bytes=1 << 20)
+    server.start()
+    balancer = Balancer(setup, 0)
+    try:
+        assert balancer.send(1, 1, "grpc", None, b"spans") == b"ok"
+    finally:
+        balancer.close()
+        server.close()
+        balance_board.remove(setup)
