@@ -18,6 +18,12 @@ tasks' CPU seconds against their wall seconds and each node's busy seconds, with
 average: on a shared machine a second node only helps while a second core is free.
 
     .venv/bin/python bench/scale.py --hours 2 --repeat 3
+
+``--memory`` instead prints the peak memory of each phase-1 task of one hour against the
+fleet's size (``bench/scale_memory.py``: 64, 256 and 1,024 GPUs by default, each task a
+process of its own; issue 36):
+
+    .venv/bin/python bench/scale.py --memory --gpus 64 256 1024
 """
 
 from __future__ import annotations
@@ -183,12 +189,43 @@ def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
     return runs
 
 
+def memory(args: argparse.Namespace) -> None:
+    """Peak memory per phase-1 task for one hour of each fleet size (bench/scale_memory.py)."""
+    from fleetlens.pipeline.config import PipelineConfig
+
+    spec = importlib.util.spec_from_file_location("scale_memory",
+                                                  REPO / "bench" / "scale_memory.py")
+    scale_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale_memory)
+    shard_rows = args.shard_rows or PipelineConfig().shard_rows
+    print(f"machine: {bench_pipeline.machine()}; shard_rows {shard_rows:,}", flush=True)
+    rows = []
+    for gpus in args.gpus:
+        began = time.perf_counter()
+        rows.append(scale_memory.measure(bench_pipeline, gpus, shard_rows, args.unsharded_max))
+        scale_memory.report(rows[-1:])
+        print(f"  ({time.perf_counter() - began:.0f} s with the generation)", flush=True)
+    scale_memory.report(rows)
+    print(json.dumps(rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=float, default=2.0,
                         help="hours of the bench fleet to generate (the bench day is 24)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per setup")
+    parser.add_argument("--memory", action="store_true",
+                        help="peak memory per phase-1 task against fleet size instead")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024],
+                        help="fleet sizes for --memory (4 GPUs per host)")
+    parser.add_argument("--shard-rows", type=int, default=None,
+                        help="--memory: raw rows per shard [default: the pipeline's]")
+    parser.add_argument("--unsharded-max", type=int, default=256,
+                        help="--memory: also run the hour unsharded up to this many GPUs")
     args = parser.parse_args()
+    if args.memory:
+        memory(args)
+        return
     root = Path(tempfile.mkdtemp(prefix="fleetlens-scale-"))
     try:
         began = time.perf_counter()

@@ -1,0 +1,168 @@
+"""Peak memory per phase-1 task against fleet size (``bench/scale.py --memory``).
+
+For each fleet size (GPUs, 4 per host, one vLLM instance per GPU) it generates one hour the
+way ``bench/pipeline.py`` generates the bench day (116 requests/s per 64 GPUs, 10 Hz
+``hw.power`` + ``hw.energy`` per GPU, engine metrics at 1 Hz, the mapping gauge every 10 s),
+plans the hour's (host group x hour) shards (:func:`pipeline.shards.plan_hour`, the default
+``shard_rows`` unless ``--shard-rows``) and runs every task in a fresh process of its own,
+reading its peak RSS (``VmHWM``) when it ends:
+
+- ``points``: one shard's point half (its hosts' metric points -> GPU and engine tables);
+- ``spans``: one shard's span half (its trace bucket's spans -> requests);
+- ``hour``: the whole hour as the local runner runs it (every shard one after the other, then
+  the merge): what one thread of ``--runner local`` holds;
+- ``unsharded``: the hour in one shard, as before issue 36 (skipped above ``--unsharded-max``
+  GPUs: it needs about 1 GB per 64 GPUs);
+- ``phase 2``: energy and windows of the hour, still one task per hour (not sharded yet).
+
+A fresh Python with Polars, PyArrow and fleetlens imported holds about 150 MiB before any
+data: it is in every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import polars as pl
+
+REPO = Path(__file__).resolve().parents[1]
+
+_TASK = """
+import json, resource, sys, time
+sys.path.insert(0, {repo!r})
+import polars as pl
+from fleetlens.pipeline import phases
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.shards import Shard
+args = json.loads({args!r})
+cfg, files, hour = PipelineConfig(), args["files"], args["hour"]
+shards = [Shard(s[0], s[1], tuple(s[2]), s[3]) for s in args["shards"]]
+began = time.perf_counter()
+if args["mode"] == "points":
+    out = phases.phase1_points(cfg, files, hour, shards[0])
+    out.mapping.write_parquet(args["mapping"])
+    rows = sum(f.height for _, f in out.tables)
+elif args["mode"] == "spans":
+    mapping = pl.read_parquet(args["mapping"])
+    rows = phases.phase1_spans(cfg, files, hour, shards[0], mapping).requests.height
+elif args["mode"] == "phase2":
+    from fleetlens.pipeline.storage import DataDir
+    out = phases.phase2_hour(DataDir(args["data"]), cfg, hour, {{hour}})
+    rows = out.windows.height + out.request_energy.height
+else:
+    from fleetlens.pipeline.partitions import publish
+    from fleetlens.pipeline.storage import DataDir
+    parts = phases.phase1_hour(cfg, files, hour, shards)
+    rows = sum(f.height for _, f in parts)
+    if args["data"]:  # the hour's phase-1 partitions, for the phase-2 task
+        for table, frame in parts:
+            publish(DataDir(args["data"]), table, hour, frame)
+use = resource.getrusage(resource.RUSAGE_SELF)
+hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
+print(json.dumps({{"rss_mb": hwm / 1024, "cpu_s": use.ru_utime + use.ru_stime,
+                  "wall_s": time.perf_counter() - began, "rows": rows}}))
+"""
+
+
+def generate(bench: ModuleType, root: Path, gpus: int, hour: int) -> tuple[int, int]:
+    """One hour of a ``gpus``-GPU fleet at the bench day's rates, as raw segments of about
+    one minute each (the generator holds one minute of points at a time)."""
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+
+    bench.GPUS, bench.HOSTS = gpus, gpus // bench.GPUS_PER_HOST
+    bench.RPS = 10_000_000 / 86_400 * gpus / 64
+    dd, rng = DataDir(root), np.random.default_rng(1)
+    energy0 = np.full(gpus, 1e7)
+    spans = points = seq = 0
+    step = bench.HOUR_NS // 60
+    for lo in range(hour, hour + bench.HOUR_NS, step):
+        for frame, table in ((bench.make_spans(rng, lo, lo + step), t.SPANS),
+                             (bench.make_points(rng, lo, lo + step, energy0), t.METRIC_POINTS)):
+            seq += 1
+            write_parquet_atomic(frame, dd.raw_segment_path(t.table(table).raw_signal, hour,
+                                                            "gen", seq))
+            spans += frame.height if table == t.SPANS else 0
+            points += frame.height if table == t.METRIC_POINTS else 0
+    return spans, points
+
+
+def _task(mode: str, files: dict, hour: int, shards: list, mapping: str, data: str = ""
+          ) -> dict:
+    args = json.dumps({"mode": mode, "files": files, "hour": hour, "mapping": mapping,
+                       "data": data,
+                       "shards": [[s.index, s.count, list(s.hosts), s.rest] for s in shards]})
+    out = subprocess.run([sys.executable, "-c", _TASK.format(repo=str(REPO), args=args)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(bench: ModuleType, gpus: int, shard_rows: int, unsharded_max: int) -> dict:
+    """Generate one hour of ``gpus`` GPUs and run its phase-1 tasks; their peaks."""
+    from dataclasses import replace
+
+    from fleetlens.pipeline.config import PipelineConfig
+    from fleetlens.pipeline.discovery import discover
+    from fleetlens.pipeline.phases import phase1_files
+    from fleetlens.pipeline.shardreduce import merge_by_host
+    from fleetlens.pipeline.shards import Shard, plan_hour
+    from fleetlens.pipeline.state import PipelineState
+    from fleetlens.pipeline.storage import DataDir
+
+    cfg = replace(PipelineConfig(), shard_rows=shard_rows)
+    with tempfile.TemporaryDirectory(prefix="fleetlens-mem-") as tmp:
+        root = Path(tmp) / "data"
+        hour = (1_790_000_000 * bench.NS) // bench.HOUR_NS * bench.HOUR_NS
+        spans, points = generate(bench, root, gpus, hour)
+        dd, state = DataDir(root), PipelineState()
+        discover(dd, state, int(cfg.max_sample_gap_s * bench.NS), cfg.lateness_s * bench.NS)
+        files = phase1_files(state, dd, cfg, hour)
+        shards = plan_hour(state, cfg, hour)
+        pieces, point_runs, span_runs = [], [], []
+        for shard in shards:
+            path = str(Path(tmp) / f"mapping-{shard.index}.parquet")
+            point_runs.append(_task("points", files, hour, [shard], path))
+            pieces.append(pl.read_parquet(path))
+        mapping = str(Path(tmp) / "mapping.parquet")
+        merge_by_host(pieces).write_parquet(mapping)
+        for shard in shards:
+            span_runs.append(_task("spans", files, hour, [shard], mapping))
+        whole = _task("hour", files, hour, shards, mapping, str(root))
+        phase2 = _task("phase2", files, hour, shards, mapping, str(root))
+        single = (_task("hour", files, hour, [Shard(0, 1)], mapping)
+                  if gpus <= unsharded_max else None)
+    return {"gpus": gpus, "spans": spans, "points": points, "shards": len(shards),
+            "hosts_per_shard": len(shards[0].hosts) if len(shards) > 1 else gpus // 4,
+            "points_task_mb": max(r["rss_mb"] for r in point_runs),
+            "spans_task_mb": max(r["rss_mb"] for r in span_runs),
+            "task_cpu_s": sum(r["cpu_s"] for r in point_runs + span_runs),
+            "hour_mb": whole["rss_mb"], "hour_cpu_s": whole["cpu_s"],
+            "phase2_mb": phase2["rss_mb"], "phase2_cpu_s": phase2["cpu_s"],
+            "unsharded_mb": single and single["rss_mb"],
+            "unsharded_cpu_s": single and single["cpu_s"]}
+
+
+def report(rows: list[dict]) -> None:
+    """One line per fleet size, then the spread of the per-task peaks."""
+    for r in rows:
+        unsharded = (f"{r['unsharded_mb']:.0f} MiB, {r['unsharded_cpu_s']:.1f} CPU-s"
+                     if r["unsharded_mb"] else "not run")
+        print(f"{r['gpus']:5d} GPUs ({r['spans']:,} spans, {r['points']:,} points): "
+              f"{r['shards']} shard(s) of {r['hosts_per_shard']} hosts; peak per task: point "
+              f"half {r['points_task_mb']:.0f} MiB, span half {r['spans_task_mb']:.0f} MiB "
+              f"({r['task_cpu_s']:.1f} CPU-s in all); the whole hour on one thread "
+              f"{r['hour_mb']:.0f} MiB ({r['hour_cpu_s']:.1f} CPU-s); unsharded {unsharded}; "
+              f"phase 2 of the hour (one task, not sharded) {r['phase2_mb']:.0f} MiB "
+              f"({r['phase2_cpu_s']:.1f} CPU-s)",
+              flush=True)
+    peaks = [max(r["points_task_mb"], r["spans_task_mb"]) for r in rows]
+    print(f"largest task peak / smallest across the fleet sizes: "
+          f"{max(peaks) / min(peaks):.2f} (target <= 1.5)")
