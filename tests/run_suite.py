@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM = ("tests/agent/test_vllm_e2e.py", "tests/agent/test_vllm_incidents.py")
 #: Ray clusters and the two-node object-store runs: alone, on every core, at the end.
 ALONE = ("tests/analytics/test_ray_analyze.py", "tests/pipeline/test_ray_runner.py",
-         "tests/pipeline/test_object_store_e2e.py")
+         "tests/pipeline/test_ray_shards.py", "tests/pipeline/test_object_store_e2e.py")
 
 
 def pytest(args: Sequence[str], cpus: set[int] | None = None,
