@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleetlens.pipeline.schema.bursts import BURST_RATIO
 from fleetlens.pipeline.schema.settings import require
 
 #: Severities a provisional incident may page with (those of `incidents`, no "warning":
@@ -48,8 +49,9 @@ class ProvisionalConfig:
     #: second before the queue formed).
     lookback_s: float = 300.0
     #: Prompt tokens computed per second at least this multiple of the look-back's: the
-    #: arrivals rose, the guess is ``traffic_surge`` (a queue with no more work is not).
-    surge_ratio: float = 1.3
+    #: arrivals rose, the guess is ``traffic_surge`` (a queue with no more work is not); by
+    #: default a burst as everything else defines it (pipeline.schema.bursts).
+    surge_ratio: float = BURST_RATIO
     #: A provisional incident that no latency or failure incident on its scope confirmed
     #: within this many analysis windows after it began is withdrawn (the span-based
     #: incident needs ``consecutive`` windows plus the slow requests' own time to end).
