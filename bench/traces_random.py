@@ -194,11 +194,19 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetlens-traces-random-"))
     began = time.perf_counter()
     cases: list[Case] = []
+    failed: list[str] = []
     for i in range(args.fleets):
         doc = random_fleet(args.seed * 1000 + i, SMALL if args.size == "small" else FULL)
         fleet_dir = workdir / doc["fleet"]["name"]
         if not (fleet_dir / "verdicts.json").exists():
-            run_fleet(doc, workdir)
+            try:
+                run_fleet(doc, workdir)
+            except Exception as exc:  # noqa: BLE001 - one fleet's failure ends no draw
+                # A fleet whose pipeline or analytics run fails has no verdicts to score: it
+                # is listed (and counted below), and the draw goes on with the next one.
+                failed.append(f"{doc['fleet']['name']}: {type(exc).__name__}: {exc}")
+                print(f"  fleet failed: {failed[-1]}", flush=True)
+                continue
         found, left_out = fleet_cases(fleet_dir)
         cases += found
         for case in found:
@@ -217,6 +225,8 @@ def main() -> None:
           f"{len(cases)} incidents ({args.fleets} fleets, seeds {args.seed * 1000}.."
           f"{args.seed * 1000 + args.fleets - 1}, --size {args.size}; "
           f"{time.perf_counter() - began:.0f} s; fleets in {workdir})")
+    if failed:
+        print(f"  {len(failed)} fleet(s) failed before scoring: {'; '.join(failed)}")
     named = [case for case in cases if case.resolvable]
     print(f"  of those whose subject is a value of their requests: "
           f"{sum(case.matched for case in named)} of {len(named)}; subject in the first 3: "
