@@ -160,8 +160,11 @@ def shared_by_peers(f: Facts, host: str) -> float:
     power cap). A peer that took load the slow host shed is slower too, but less: the
     part by which ``host`` is slower than its peers' median is kept."""
     own = f.signals.hosts.get(host, {})
-    peers = [slowdown(v) for h, v in f.signals.hosts.items()
-             if h != host and measured(v.get("tpot"))]
+    # A peer whose decode time per token reads 0 in the incident decoded nothing there (its
+    # engine down or idle): it says nothing about a shared slowdown, and a median of 0 divided
+    # by (random fleets 41010 and 41013 stopped their analytics run on it).
+    peers = [x for x in (slowdown(v) for h, v in f.signals.hosts.items()
+                         if h != host and measured(v.get("tpot"))) if x > 0]
     if not peers or not measured(own.get("tpot")):
         return 0.0
     typical = statistics.median(peers)
