@@ -178,7 +178,7 @@ def _cli(*args: str) -> str:
 MERGE_GAP_WINDOWS = 3
 
 
-def diagnose(data: DataDir, tmp: Path, window_s: int) -> Diagnosis:
+def diagnose(data: DataDir, tmp: Path, window_s: int, analytics: str = "") -> Diagnosis:
     """``fleetlens pipeline --full`` and ``fleetlens analyze`` with ``window_s`` windows and
     ``merge_gap_s`` scaled to them (the other settings are the defaults), then the incidents
     table and each incident's causes as ``fleetlens incidents`` / ``explain`` print them.
@@ -186,10 +186,11 @@ def diagnose(data: DataDir, tmp: Path, window_s: int) -> Diagnosis:
     Time is compressed (10 s windows, not a minute): the baselines count windows, so they
     scale by themselves, but the merge gap is in seconds; left at 180 s it would be 18
     windows, six times the production default, and glue incidents minutes apart (a warm-up
-    blip 80 s into the run swallowed the surge 2 minutes later, on one starved core)."""
+    blip 80 s into the run swallowed the surge 2 minutes later, on one starved core).
+    ``analytics`` is more TOML lines for the ``[analytics]`` table."""
     config = tmp / "fleetlens.toml"
     config.write_text(f"[pipeline]\nwindow_s = {window_s}\n[analytics]\nwindow_s = {window_s}\n"
-                      f"merge_gap_s = {MERGE_GAP_WINDOWS * window_s}\n")
+                      f"merge_gap_s = {MERGE_GAP_WINDOWS * window_s}\n{analytics}")
     where = ["--data-dir", str(data.root), "--config", str(config)]
     _cli("pipeline", *where, "--full", "--no-progress")
     _cli("analyze", *where)

@@ -98,6 +98,14 @@ CHANGE_AFTER_HANG_S = 195
 CHANGED_LOAD_S, CHANGED_DRAIN_S = 70.0, 45.0
 #: share of the load sent through the gateway
 GATEWAY_SHARE = 1 / 3
+#: The steady phase is this timeline's baseline, judged by the rolling baseline from its
+#: 20th window, as the scenario was designed (the surge comes at the 20th); the warm-up band
+#: (which judges from the 5th, on its own benches and tests: bench/warmup.py,
+#: tests/analytics/test_baselines.py) is left out here. On its one core beside its own load
+#: generator, collector and gateway the tiny model's TTFT p50 drifts past the band's 30%
+#: floor in the first minutes: twice in five runs an incident opened 75-80 s in and ran on
+#: into the surge, even with the merge gap scaled to 30 s.
+WARMUP = "warmup_min_windows = 20\n"
 
 
 @dataclass
@@ -279,7 +287,7 @@ def run_timeline(tmp: Path) -> tuple[DataDir, list[Routed], list[Request], dict,
 def diagnosed(tmp: Path, data: DataDir, events: dict, report: dict) -> Run:
     """The real pipeline and analytics on the data dir, with 10 s windows."""
     t0 = time.monotonic()
-    diagnosis = diagnose(data, tmp, WINDOW_S)
+    diagnosis = diagnose(data, tmp, WINDOW_S, WARMUP)
     report["diagnose_s"] = round(time.monotonic() - t0, 1)
     print("\n" + diagnosis.printed)
     result = Run(diagnosis, data, scan(data, t.REQUESTS).collect(), events, report)
