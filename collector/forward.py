@@ -44,6 +44,7 @@ from fleetlens.collector.forward_health import QuarantineSize, RefusalStreak
 from fleetlens.collector.signals import BY_CODE, Signal
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import (
+    ReadResult,
     Wal,
     orphan_dirs,
     quarantine,
@@ -194,12 +195,17 @@ class ForwardSink:
             self._seal()
         while self._queue:
             path = self._queue[0]
-            done, torn = self._forward_file(path)
+            done, result = self._forward_file(path)
             if not done:
                 return False
             self._queue.pop(0)
             self._queued_bytes -= path.stat().st_size
-            if torn:
+            if result.torn_tail_bytes:
+                self.telemetry.add("wal_torn_tails")
+                log.warning("WAL %s: forwarded %d records; a torn tail of %d bytes (a write cut "
+                            "short, never acknowledged) dropped", path, len(result.records),
+                            result.torn_tail_bytes)
+            if result.unreadable_bytes:
                 quarantine(path)  # its readable records went out; keep the rest for a human
             else:
                 path.unlink()
@@ -208,17 +214,17 @@ class ForwardSink:
         self.telemetry.set("forward_pending_bytes", self.pending_bytes)
         return True
 
-    def _forward_file(self, path: Path) -> tuple[bool, int]:
+    def _forward_file(self, path: Path) -> tuple[bool, ReadResult]:
         """Send the records of ``path`` the central collector has not acknowledged yet;
-        returns whether all went out, and the file's unreadable bytes."""
+        returns whether all went out, and what was read."""
         result = read_segment(path)
         records = result.records
         cursor = Cursor(path)
         try:
             for first, end in batches(records, cursor.sent, self.config.max_batch_bytes):
                 if not self._send(path, records, first, end, cursor):
-                    return False, result.torn_bytes
-            return True, result.torn_bytes
+                    return False, result
+            return True, result
         finally:
             cursor.close()
 

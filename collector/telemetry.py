@@ -38,7 +38,8 @@ SERIES: dict[str, tuple[str, str]] = {
     "wal_bytes": ("counter", "Bytes appended to the write-ahead log."),
     "wal_fsyncs": ("counter", "fdatasync calls on the write-ahead log (group commits)."),
     "wal_replayed_records": ("counter", "WAL records replayed at start-up."),
-    "wal_torn_tails": ("counter", "WAL files that ended in a torn frame at replay."),
+    "wal_torn_tails": ("counter", "WAL files that ended in a torn frame (a write cut short) "
+                       "at replay or forwarding."),
     "queue_bytes": ("gauge", "Bytes buffered and not yet published."),
     "refused_spans": ("counter", "Spans of requests refused whole or in part (partial success)."),
     "refused_data_points": ("counter", "Metric data points of requests refused whole or in "

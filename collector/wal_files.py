@@ -5,10 +5,13 @@ A frame is::
     u32 length | u32 crc32(body) | body = u8 signal | u64 received_ns | payload (OTLP bytes)
 
 :func:`read_segment` skips a bad frame by its length and CRC and keeps the good frames after
-it. :func:`orphan_dirs` finds the directories of dead writers (also a hidden ``.new-*`` one
-whose rename power loss undid); :func:`remove_dir` deletes one after replay, moving any file
-with unreadable bytes to ``wal/.quarantine/`` instead of deleting it. The writer is
-:mod:`fleetlens.collector.wal`.
+it. It tells two kinds of loss apart: a *torn tail* (the last write cut short by SIGKILL or
+power loss: never acknowledged, since an acknowledgement waits for the fsync of the whole
+frame) and *unreadable bytes* (a CRC-failing frame, a corrupted length with good frames or a
+whole body after it: possibly acknowledged). :func:`orphan_dirs` finds the directories of dead
+writers (also a hidden ``.new-*`` one whose rename power loss undid); :func:`remove_dir`
+deletes one after replay, moving any file with unreadable bytes to ``wal/.quarantine/``
+instead of deleting it. The writer is :mod:`fleetlens.collector.wal`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from fleetlens.collector.durable import make_dirs_durable
 from fleetlens.collector.telemetry import log
@@ -49,10 +54,20 @@ class Record:
 
 @dataclass
 class ReadResult:
-    """The good records of one WAL file and how many of its bytes could not be read."""
+    """The good records of one WAL file and the bytes that could not be read.
+
+    ``unreadable_bytes`` may have held acknowledged records (keep the file for a human);
+    ``torn_tail_bytes`` are the cut-short last write, which nobody was told is stored.
+    """
 
     records: list[Record]
-    torn_bytes: int
+    unreadable_bytes: int = 0
+    torn_tail_bytes: int = 0
+
+    @property
+    def lost_bytes(self) -> int:
+        """Every byte of the file not returned as a record."""
+        return self.unreadable_bytes + self.torn_tail_bytes
 
 
 def _good_frame(data: bytes, pos: int) -> int | None:
@@ -83,13 +98,49 @@ def _after_zeros(data: bytes, pos: int) -> int | None:
     return None
 
 
+def _next_good_frame(data: bytes, pos: int) -> int | None:
+    """Start of the first CRC-valid frame after ``pos``, or None.
+
+    Only offsets whose length field fits in the file are CRC-checked (found with numpy in
+    one pass): a search over a torn tail of several MiB stays in milliseconds.
+    """
+    start = pos + 1
+    count = len(data) - FRAME_HEADER.size - start + 1
+    if count <= 0:
+        return None
+    raw = np.frombuffer(data, dtype=np.uint8)
+    length = np.zeros(count, dtype=np.uint64)
+    for shift in range(4):  # little-endian u32 at every offset
+        length |= raw[start + shift:start + shift + count].astype(np.uint64) << (8 * shift)
+    offsets = np.arange(start, start + count, dtype=np.uint64)
+    fits = (length >= BODY_HEAD.size) & (offsets + FRAME_HEADER.size + length <= len(data))
+    for candidate in np.flatnonzero(fits):
+        if _good_frame(data, start + int(candidate)) is not None:
+            return start + int(candidate)
+    return None
+
+
+def _cut_short(data: bytes, pos: int) -> bool:
+    """Whether the frame at ``pos`` has the only shape a write cut short can leave: a sane
+    length that runs past the end of the file, over bytes that are not a whole body under
+    its CRC (that would be a frame whose length was corrupted after it was written)."""
+    length, crc = FRAME_HEADER.unpack_from(data, pos)
+    if length < BODY_HEAD.size or pos + FRAME_HEADER.size + length <= len(data):
+        return False
+    body = memoryview(data)[pos + FRAME_HEADER.size:]
+    return not (len(body) >= BODY_HEAD.size and zlib.crc32(body) == crc)
+
+
 def read_segment(path: Path) -> ReadResult:
     """Read every CRC-valid frame of ``path``, skipping bad ones.
 
     A frame whose length fits in the file but whose CRC fails is skipped by its length (a
-    flipped bit costs that frame only). A run of zero bytes is skipped to the next good frame.
-    Anything else (a length that runs past the end: the torn tail of a write cut short by
-    SIGKILL or power loss) ends the read. ``torn_bytes`` counts every byte not returned.
+    flipped bit costs that frame only). A run of zero bytes, or a length that runs past the
+    end with a good frame after it (a corrupted length), is skipped to the next good frame;
+    all of these count as ``unreadable_bytes``. What is left when no good frame follows is
+    the torn tail of a write cut short (``torn_tail_bytes``) if it has that shape (fewer
+    bytes than a header, or a header whose length runs past the end over an incomplete
+    body); otherwise (zeros, a whole body under a corrupted length) it is unreadable too.
     """
     data = path.read_bytes()
     records: list[Record] = []
@@ -106,12 +157,15 @@ def read_segment(path: Path) -> ReadResult:
                 records.append(Record(signal, received_ns, body[BODY_HEAD.size:]))
             pos = end
             continue
-        resume = _after_zeros(data, pos) if length == 0 else None
+        resume = _after_zeros(data, pos) if length == 0 else _next_good_frame(data, pos)
         if resume is None:
             break
         bad += resume - pos
         pos = resume
-    return ReadResult(records, bad + len(data) - pos)
+    tail = len(data) - pos
+    if tail >= FRAME_HEADER.size and not _cut_short(data, pos):
+        return ReadResult(records, bad + tail, 0)  # zeros, a bad length: not a cut write
+    return ReadResult(records, bad, tail)
 
 
 def orphan_dirs(root: Path) -> Iterator[tuple[Path, int]]:
@@ -161,10 +215,12 @@ def remove_dir(directory: Path, lock_fd: int) -> None:
     """Delete a replayed WAL directory and release its lock.
 
     A file with unreadable bytes is quarantined, never deleted: what could not be read
-    may still be recovered by hand.
+    may still be recovered by hand. A torn tail alone is no reason to keep a file: it was
+    never acknowledged, and a quarantine that grows with every crash would fill the edge's
+    bound (``forward.max_pending_bytes``) and need a human after each one.
     """
     for path in segments(directory):
-        if read_segment(path).torn_bytes:
+        if read_segment(path).unreadable_bytes:
             quarantine(path)
         else:
             path.unlink(missing_ok=True)

@@ -73,10 +73,14 @@ def replay_orphans(data_dir: DataDir, ingest: Ingest, segs: Segments, telemetry:
         tables: dict[int, list[Any]] = defaultdict(list)
         for path in segments(directory):
             result = read_segment(path)
-            if result.torn_bytes:
+            if result.torn_tail_bytes:
                 telemetry.add("wal_torn_tails")
-                log.warning("WAL %s: ignored a torn tail of %d bytes after %d complete records",
-                            path, result.torn_bytes, len(result.records))
+                log.warning("WAL %s: ignored a torn tail of %d bytes (a write cut short, never "
+                            "acknowledged) after %d complete records",
+                            path, result.torn_tail_bytes, len(result.records))
+            if result.unreadable_bytes:
+                log.error("WAL %s: %d unreadable bytes (kept in wal/.quarantine/); %d records "
+                          "read", path, result.unreadable_bytes, len(result.records))
             for record in result.records:
                 try:
                     sig, table = ingest.replay_table(record)

@@ -98,6 +98,8 @@ def test_restart_replays_the_wal_and_reports_a_torn_tail(tmp_path) -> None:
     with running_collector(data, config=config) as col:
         assert col.stop() == 0
         log = col.logs()
-    assert "ignored a torn tail of 6 bytes after 2 complete records" in log
+    assert "ignored a torn tail of 6 bytes (a write cut short, never acknowledged) after 2 " \
+        "complete records" in log
     assert scan(DataDir(data), "spans").collect().height == 50
     assert not list((data / "wal").rglob("*.wal"))
+    assert not (data / "wal" / ".quarantine").exists()  # nothing acknowledged was unreadable
