@@ -147,3 +147,51 @@ def test_shard_settings_are_validated() -> None:
     for bad in ({"shard_rows": 0}, {"hosts_per_shard": -1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             replace(PipelineConfig(), **bad).validate()
+
+
+_KILLED_IN_A_SHARD = """
+import os, signal, sys, time
+from dataclasses import replace
+from pathlib import Path
+from fleetlens.pipeline import phases
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.runner import Pipeline
+from fleetlens.pipeline.storage import DataDir
+real = phases.phase1_spans
+def dying(cfg, files, hour, shard, mapping):
+    # The last shard of a later hour, mid-run, once the first hour (on the other phase-1
+    # thread) is published.
+    if hour > int(sys.argv[2]) and shard.index == shard.count - 1:
+        for _ in range(3000):
+            if any((Path(sys.argv[1]) / "derived" / "requests").rglob("*.parquet")):
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(cfg, files, hour, shard, mapping)
+phases.phase1_spans = dying
+Pipeline(DataDir(sys.argv[1]), replace(PipelineConfig(), hosts_per_shard=3)).run_once()
+"""
+
+
+def test_a_run_killed_in_a_shard_is_redone_and_the_files_are_the_same(
+        tmp_path: Path, fleet, one_shard) -> None:
+    """The local runner's process is SIGKILLed inside a shard's span half, after earlier
+    hours were published: the next run (the state was never saved) redoes every hour and
+    the files are the one-shard bytes."""
+    import subprocess
+    import sys
+
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    repo = Path(__file__).resolve().parents[2]
+    first = min(r[c.START_NS] for batch in fleet.span_batches for r in batch)
+    died = subprocess.run([sys.executable, "-c", _KILLED_IN_A_SHARD, str(dd.root),
+                           str(first - first % (3600 * NS))],
+                          cwd=repo, capture_output=True, text=True, timeout=300)
+    assert died.returncode == -9, died.stderr[-2000:]
+    assert not (dd.root / "state" / "pipeline.json").exists()
+    assert any(parquet_files(dd.derived("requests"))), "killed before any hour was published"
+    Pipeline(dd, replace(PipelineConfig(), hosts_per_shard=3)).run_once()
+    files = {str(p.relative_to(dd.root)): hashlib.sha256(p.read_bytes()).hexdigest()
+             for table in OUTPUTS for p in parquet_files(dd.derived(table))}
+    assert files == one_shard
