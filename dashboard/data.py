@@ -18,6 +18,8 @@ import duckdb
 import streamlit as st
 
 from fleetlens.analytics.traces import compare, detail, otlp_export, search, side_by_side
+from fleetlens.analytics.traces.compare import compare as compare_selection
+from fleetlens.analytics.traces.heatmap import heatmap
 from fleetlens.dashboard import (
     capacity_view,
     explore,
@@ -152,6 +154,31 @@ def _shared(name: str, root: str, present: tuple[str, ...], epoch: int,
     return retry_vanished(lambda: QUERIES[name](con, *args))
 
 
+#: Results computed from a shared frame, as costly as a query over a day of requests (the
+#: selection's comparison: 0.4 s), so cached alike, keyed by the frame's query and their own
+#: arguments: a rerun that changes neither (a click elsewhere on the page) computes nothing.
+DERIVED: dict[str, Callable[..., Any]] = {"trace_heatmap": heatmap,
+                                          "trace_compare": compare_selection}
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def _derived(name: str, source: tuple[Any, ...], root: str, present: tuple[str, ...],
+             epoch: int, args: tuple[Any, ...], kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    frame = _shared(source[0], root, present, epoch, source[1:])
+    return DERIVED[name](frame, *args, **dict(kwargs))
+
+
+def load_derived(name: str, source: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
+    """``DERIVED[name](load(*source), *args, **kwargs)``, cached per :func:`cache_epoch` like
+    :func:`load`; ``source`` names one of :data:`SHARED_RESULTS` and its arguments."""
+    if source[0] not in SHARED_RESULTS:
+        raise ValueError(f"{source[0]!r} is not a shared result")
+    root = data_dir()
+    epoch = cache_epoch(root, config().cache_ttl_s)
+    return _derived(name, source, str(root.root), present_tables(root), epoch, args,
+                    tuple(sorted(kwargs.items())))
+
+
 #: Per data directory: (data version, when that epoch began, epoch number).
 _EPOCHS: dict[str, tuple[tuple[int, ...], float, int]] = {}
 
@@ -210,3 +237,4 @@ def clear() -> None:
     """Drop cached results (the Refresh button)."""
     _cached.clear()
     _shared.clear()
+    _derived.clear()

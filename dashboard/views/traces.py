@@ -10,8 +10,6 @@ import plotly.graph_objects as go
 import polars as pl
 import streamlit as st
 
-from fleetlens.analytics.traces.compare import compare
-from fleetlens.analytics.traces.heatmap import heatmap
 from fleetlens.analytics.traces.query import SearchError, TraceQuery
 from fleetlens.dashboard import data, trace_heatmap, trace_search, ui
 from fleetlens.pipeline.schema import columns as c
@@ -25,8 +23,7 @@ def heatmap_section(query: TraceQuery) -> None:
     metric = st.selectbox("Latency", trace_heatmap.LABELS, key="hm_metric",
                           format_func=trace_heatmap.LABELS.get)
     view = dataclasses.replace(query, sort=c.ARRIVAL_NS, descending=True, offset=0)
-    frame = data.load("trace_view", view)
-    grid = heatmap(frame, metric, min_width_s=60)
+    grid = data.load_derived("trace_heatmap", ("trace_view", view), metric, min_width_s=60)
     if not grid.total:
         st.info(f"No request of this search has a {trace_heatmap.LABELS[metric]}.")
         return
@@ -52,7 +49,7 @@ def heatmap_section(query: TraceQuery) -> None:
     if st.button("Clear selection", key="hm_clear"):
         state["hm_sel"] = None
         st.rerun()
-    result = compare(frame, selection, view)
+    result = data.load_derived("trace_compare", ("trace_view", view), selection, view)
     st.caption(f"{result.selected:,} requests selected, {result.rest:,} in the rest of the view")
     if not result.differences:
         st.info("No dimension value stands out in the selection.")

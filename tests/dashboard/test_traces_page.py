@@ -159,7 +159,8 @@ def test_on_the_real_demo_the_cli_and_the_page_find_the_same_requests(
 
 def test_a_traces_view_is_shared_between_reruns_not_copied(demo_data, monkeypatch) -> None:
     """The view of a whole day is millions of rows: ``cache_data`` unpickled a copy on every
-    rerun (0.65 s of the page's 1.0 s warm). The same object comes back until Refresh."""
+    rerun (0.65 s of the page's 1.0 s warm), and the heatmap and the comparison were computed
+    again on each. The same objects come back until Refresh."""
     from fleetlens.analytics.traces.query import TraceQuery
     from fleetlens.dashboard import data
 
@@ -169,6 +170,14 @@ def test_a_traces_view_is_shared_between_reruns_not_copied(demo_data, monkeypatc
     assert first.height > 0
     assert data.load("trace_view", TraceQuery()) is first
     assert data.load("trace_view", TraceQuery(error=True)) is not first  # its own entry
+    grid = data.load_derived("trace_heatmap", ("trace_view", TraceQuery()), c.E2E_S,
+                             min_width_s=60)
+    assert grid.total and data.load_derived(
+        "trace_heatmap", ("trace_view", TraceQuery()), c.E2E_S, min_width_s=60) is grid
+    assert data.load_derived("trace_heatmap", ("trace_view", TraceQuery()), c.TTFT_S,
+                             min_width_s=60) is not grid
     data.clear()
     again = data.load("trace_view", TraceQuery())
     assert again is not first and again.equals(first)
+    with pytest.raises(ValueError, match="not a shared result"):
+        data.load_derived("trace_heatmap", ("trace_search", TraceQuery()), c.E2E_S)
