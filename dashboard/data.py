@@ -82,6 +82,7 @@ QUERIES: dict[str, Callable[..., Any]] = {
     "slow_requests": explore.slow_requests,
     "trace_search": search.search,
     "trace_view": compare.view_frame,
+    "trace_view_metric": compare.view_metric,
     "request_row": side_by_side.request_row,
     "median_row": side_by_side.median_row,
     "trace_otlp_json": otlp_export.otlp_json,
@@ -143,7 +144,7 @@ def _cached(name: str, root: str, present: tuple[str, ...], epoch: int,
 #: unpickles a copy on every rerun (0.65 s of the page's 1.0 s there); these are kept as
 #: they are instead and shared by the reruns and sessions that ask for the same thing. Pages
 #: never modify a loaded frame (Polars operations return new ones).
-SHARED_RESULTS = frozenset({"trace_view"})
+SHARED_RESULTS = frozenset({"trace_view", "trace_view_metric"})
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

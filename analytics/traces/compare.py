@@ -139,15 +139,7 @@ def view_frame(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> pl.DataFram
     """
     cursor = con.cursor()  # a cursor of its own: attribute matches are a temporary table
     try:
-        columns = describe(cursor, t.REQUESTS)
-        bind = Params()
-        condition = where(query, columns, bind)
-        if query.attrs or query.span_names:
-            condition = f"{condition} AND {match_traces(cursor, query)}"
-        wanted = [n for n in dict.fromkeys([*_COLUMNS, *DIMENSIONS]) if n in columns]
-        frame = cursor.sql(
-            f"SELECT {', '.join(f'r.{quote(n)}' for n in wanted)} FROM "
-            f"{quote(t.REQUESTS)} r WHERE {condition}", params=bind.values).pl()
+        frame = _select(cursor, query, [*_COLUMNS, *DIMENSIONS])
         mapping = cursor.sql(
             f"SELECT DISTINCT {quote(c.INSTANCE_ID)}, {quote(c.GPU_UUID)} FROM "
             f"{quote(t.INSTANCE_GPUS)} WHERE coalesce({quote(c.GPU_UUID)}, '') <> ''"
@@ -157,6 +149,37 @@ def view_frame(con: duckdb.DuckDBPyConnection, query: TraceQuery) -> pl.DataFram
     if not mapping.height:
         return frame
     return rank.with_instance_gpus(with_gpu(frame, mapping), mapping)
+
+
+def view_metric(con: duckdb.DuckDBPyConnection, query: TraceQuery, metric: str) -> pl.DataFrame:
+    """The same requests as :func:`view_frame` with only ``arrival_ns`` and ``metric``: what a
+    heatmap reads. Over a day of 2.2M requests 0.08 s against 1.1-1.5 s for the whole view,
+    which a page then reads only once a selection asks for a comparison.
+
+    Raises:
+        SearchError: a filter the data cannot answer, or ``metric`` not a latency metric.
+    """
+    if metric not in METRICS:
+        raise SearchError(f"{metric!r} is not one of {', '.join(METRICS)}")
+    cursor = con.cursor()
+    try:
+        return _select(cursor, query, [c.ARRIVAL_NS, metric])
+    finally:
+        cursor.close()
+
+
+def _select(cursor: duckdb.DuckDBPyConnection, query: TraceQuery,
+            names: list[str]) -> pl.DataFrame:
+    """``names`` (those ``requests`` has) of every request ``query`` selects."""
+    columns = describe(cursor, t.REQUESTS)
+    bind = Params()
+    condition = where(query, columns, bind)
+    if query.attrs or query.span_names:
+        condition = f"{condition} AND {match_traces(cursor, query)}"
+    wanted = [n for n in dict.fromkeys(names) if n in columns]
+    return cursor.sql(
+        f"SELECT {', '.join(f'r.{quote(n)}' for n in wanted)} FROM "
+        f"{quote(t.REQUESTS)} r WHERE {condition}", params=bind.values).pl()
 
 
 def _has(cursor: duckdb.DuckDBPyConnection, table: str) -> bool:

@@ -23,7 +23,9 @@ def heatmap_section(query: TraceQuery) -> None:
     metric = st.selectbox("Latency", trace_heatmap.LABELS, key="hm_metric",
                           format_func=trace_heatmap.LABELS.get)
     view = dataclasses.replace(query, sort=c.ARRIVAL_NS, descending=True, offset=0)
-    grid = data.load_derived("trace_heatmap", ("trace_view", view), metric, min_width_s=60)
+    # The grid reads two columns; the whole view only once a selection is compared.
+    grid = data.load_derived("trace_heatmap", ("trace_view_metric", view, metric), metric,
+                             min_width_s=60)
     if not grid.total:
         st.info(f"No request of this search has a {trace_heatmap.LABELS[metric]}.")
         return

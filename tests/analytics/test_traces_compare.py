@@ -12,7 +12,13 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from fleetlens.analytics.traces.compare import Selection, compare, compare_data_dir, view_frame
+from fleetlens.analytics.traces.compare import (
+    Selection,
+    compare,
+    compare_data_dir,
+    view_frame,
+    view_metric,
+)
 from fleetlens.analytics.traces.drill import bucket_bounds, command_of, drill_query
 from fleetlens.analytics.traces.heatmap import heatmap
 from fleetlens.analytics.traces.query import SearchError, TraceQuery
@@ -181,3 +187,29 @@ def test_the_cli_names_the_slow_instance_with_a_command_that_opens_it(root: Data
 def test_the_cli_says_when_nothing_stands_out(root: DataDir) -> None:
     stdout, note = run_compare(root, "--min-latency", "100")
     assert json.loads(stdout) == [] and "0 requests selected" in note
+
+
+@pytest.mark.parametrize("query", [TraceQuery(), TraceQuery(regions=("eu",)),
+                                   TraceQuery(instances=("h2-i1",), start_ns=SLOW[1])],
+                         ids=["all", "a region", "an instance from a time"])
+def test_the_heatmap_of_two_columns_is_the_heatmap_of_the_whole_view(
+        root: DataDir, query: TraceQuery) -> None:
+    """The Traces page draws its heatmap from :func:`view_metric` (two columns) and reads the
+    whole view only for a comparison: the same requests, the same grid."""
+    con = connect(root, tables=(t.REQUESTS,))
+    try:
+        whole = view_frame(con, query)
+        for metric in (c.E2E_S, c.TTFT_S):
+            two = view_metric(con, query, metric)
+            assert two.columns == [c.ARRIVAL_NS, metric]
+            assert two.sort(c.ARRIVAL_NS).equals(whole.select(c.ARRIVAL_NS, metric)
+                                                 .sort(c.ARRIVAL_NS))
+            mine, theirs = (heatmap(f, metric, min_width_s=60) for f in (two, whole))
+            assert mine.total and mine.total == theirs.total
+            assert (mine.time_edges_ns, mine.latency_edges) == (theirs.time_edges_ns,
+                                                                theirs.latency_edges)
+            assert mine.cells.equals(theirs.cells)
+        with pytest.raises(SearchError, match="not one of"):
+            view_metric(con, query, c.INPUT_TOKENS)
+    finally:
+        con.close()
