@@ -4,14 +4,19 @@ Typed columnar conversion: one pass over the protobuf objects appends to one Pyt
 column (no ``MessageToDict``). Promoted gen_ai.* attributes go to their typed columns and stay
 out of the ``attributes`` JSON; a promoted key whose value has the wrong type stays in the JSON
 and leaves its column null.
+
+Where the C span kernel is built (``collector/span_kernel.py``), it decodes the spans of the
+common shape and hands the others back to :func:`_span_row`, which stays the reference.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterator
 from typing import Any
 
+from fleetlens.collector import span_kernel
 from fleetlens.collector.decode_common import (
     EMPTY_OBJECT,
     ITEM_ERRORS,
@@ -23,7 +28,6 @@ from fleetlens.collector.decode_common import (
     any_value,
     attribute_map,
     bounded_json,
-    check_count,
     decode_resource,
     dumps,
     hex_id,
@@ -40,6 +44,7 @@ from fleetlens.collector.lite_spans import (
     read_header,
     varint,
 )
+from fleetlens.collector.span_events import events_json, links_json
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -53,38 +58,12 @@ _PROMOTED: dict[str, tuple[str, tuple[type, ...]]] = {
 }
 
 
-def _events(span: Any, limits: Limits) -> str:
-    out = []
-    for event in span.events:
-        attrs, dropped = attribute_map(event.attributes, limits)
-        out.append({
-            c.TS_NS: check_count(event.time_unix_nano, "event time_unix_nano"),
-            c.NAME: limits.text(event.name),
-            c.ATTRIBUTES: attrs,
-            c.DROPPED_ATTRIBUTES_COUNT: event.dropped_attributes_count + dropped,
-        })
-    return dumps(out)
-
-
-def _links(span: Any, limits: Limits) -> str:
-    out = []
-    for link in span.links:
-        attrs, dropped = attribute_map(link.attributes, limits)
-        out.append({
-            c.TRACE_ID: hex_id(link.trace_id, 16, "link trace_id"),
-            c.SPAN_ID: hex_id(link.span_id, 8, "link span_id"),
-            c.TRACE_STATE: limits.name(link.trace_state), c.ATTRIBUTES: attrs,
-            c.DROPPED_ATTRIBUTES_COUNT: link.dropped_attributes_count + dropped,
-            c.FLAGS: link.flags,
-        })
-    return dumps(out)
-
-
 #: Per-span columns in the order :func:`_span_row` returns them; promoted columns follow.
 _OWN = (c.TRACE_ID, c.SPAN_ID, c.PARENT_SPAN_ID, c.TRACE_STATE, c.FLAGS, c.NAME, c.KIND,
         c.START_NS, c.END_NS, c.STATUS_CODE, c.STATUS_MESSAGE, c.ATTRIBUTES, c.EVENTS, c.LINKS,
         c.DROPPED_ATTRIBUTES_COUNT, c.DROPPED_EVENTS_COUNT, c.DROPPED_LINKS_COUNT)
 _PROMOTED_ORDER = tuple(col for col, _ in _PROMOTED.values())
+_ROW_COLUMNS = (*_OWN, *_PROMOTED_ORDER)
 #: promoted key -> (index in the promoted part of a row, accepted types, is float column)
 _PROMOTED_SLOT = {key: (i, types, types is _FLOAT_TYPES)
                   for i, (key, (_, types)) in enumerate(_PROMOTED.items())}
@@ -296,10 +275,47 @@ def _span_row(span: Any, limits: Limits) -> tuple:
     return (
         trace_id, span_id, parent, trace_state, span.flags, name,
         span.kind, start, end, status.code, message, attributes_json,
-        _events(span, limits) if span.events else _EMPTY_LIST,
-        _links(span, limits) if span.links else _EMPTY_LIST,
+        events_json(span, limits) if span.events else _EMPTY_LIST,
+        links_json(span, limits) if span.links else _EMPTY_LIST,
         dropped, span.dropped_events_count, span.dropped_links_count, *promoted,
     )
+
+
+class _LiteScope:
+    """One ScopeSpans of the lite view, decoded span by span by :func:`_span_row`."""
+
+    def __init__(self, spans: Any) -> None:
+        self.spans, self.count = spans, len(spans)
+
+    def skip(self, limits: Limits) -> None:
+        """Rejected whole: nothing to do (the lite view's check covered its fields)."""
+
+    def columns(self, limits: Limits, out: Outcome, index: int) -> list[Any] | None:
+        """The accepted spans' columns (None if none); rejections go to ``out``."""
+        rows = []
+        for span in self.spans:
+            try:
+                rows.append(_span_row(span, limits))
+            except ITEM_ERRORS as error:
+                out.reject(f"span {index}", error)
+            index += 1
+        return list(zip(*rows, strict=True)) if rows else None
+
+
+def _lite_scopes(raw: bytes, limits: Limits) -> Iterator[tuple[Any, str, Any, str, Any]]:
+    """The request's scopes through the lite view (the Python path)."""
+    # The same request with span attributes as bytes (collector.lite_spans): the real parse
+    # validated it, this view only reads it faster.
+    lite = LiteRequest.FromString(raw)
+    # Unknown fields anywhere but in span attributes (bytes in this view, see _full_kv):
+    # dropping them changes the view's size. A few times cheaper than walking the real tree.
+    lite.DiscardUnknownFields()
+    if lite.ByteSize() != len(raw):
+        limits.unknown_fields = True
+    for resource_spans in lite.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            yield (resource_spans.resource, resource_spans.schema_url, scope_spans.scope,
+                   scope_spans.schema_url, _LiteScope(scope_spans.spans))
 
 
 def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames,
@@ -313,7 +329,7 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
         names: the service/host cardinality cap, and the model names' (``admit_model``).
         received_ns: the value of ``received_ns`` for every row.
         payload: the protobuf bytes ``request`` was parsed from, when the caller has them
-            (saves re-encoding it for the attribute-bytes view).
+            (saves re-encoding it).
 
     Returns:
         The accepted rows as columns (exactly ``SPAN_COLUMNS``), with the number of rejected
@@ -321,57 +337,63 @@ def decode_spans(request: Any, limits: Limits, names: NameLimiter | RequestNames
     """
     out = Outcome(columns={name: [] for name in SPAN_COLUMNS})
     cols = out.columns
-    own_columns = [cols[name] for name in (*_OWN, *_PROMOTED_ORDER)]
     index = 0
-    # The same request with span attributes as bytes (collector.lite_spans): the real parse
-    # above already validated it, this view only reads it faster.
     raw = request.SerializeToString() if payload is None else payload
-    lite = LiteRequest.FromString(raw)
-    # Unknown fields anywhere but in span attributes (bytes in this view, see _full_kv):
-    # dropping them changes the view's size. A few times cheaper than walking the real tree.
-    lite.DiscardUnknownFields()
-    if lite.ByteSize() != len(raw):
-        limits.unknown_fields = True
-    for resource_spans in lite.resource_spans:
-        for scope_spans in resource_spans.scope_spans:
-            scope = scope_spans.scope
-            try:
-                resource = decode_resource(resource_spans.resource, limits, names)
-                scope_attrs, _ = attribute_map(scope.attributes, limits)
-                scope_json = bounded_json(scope_attrs, limits) if scope_attrs else EMPTY_OBJECT
-            except ITEM_ERRORS as error:  # a bad resource or scope rejects all of its spans
-                for _ in scope_spans.spans:
-                    out.reject(f"span {index}", error)
-                    index += 1
-                continue
-            rows = []
-            for span in scope_spans.spans:
-                try:
-                    rows.append(_span_row(span, limits))
-                except ITEM_ERRORS as error:
-                    out.reject(f"span {index}", error)
+    # The compiled kernel where built (collector/span_kernel.py), else the Python path.
+    scopes = span_kernel.scopes(raw, limits)
+    for resource_msg, resource_url, scope, scope_url, spans in \
+            _lite_scopes(raw, limits) if scopes is None else scopes:
+        try:
+            resource = decode_resource(resource_msg, limits, names)
+            scope_attrs, _ = attribute_map(scope.attributes, limits)
+            scope_json = bounded_json(scope_attrs, limits) if scope_attrs else EMPTY_OBJECT
+        except ITEM_ERRORS as error:  # a bad resource or scope rejects all of its spans
+            spans.skip(limits)
+            for _ in range(spans.count):
+                out.reject(f"span {index}", error)
                 index += 1
-            if not rows:
-                continue
-            for column, values in zip(own_columns, zip(*rows, strict=True), strict=True):
-                column.extend(values)
-            models = cols[c.GEN_AI_REQUEST_MODEL]
-            for i in range(len(models) - len(rows), len(models)):
-                if models[i] is not None:
-                    models[i] = names.admit_model(models[i])
-            shared = {
-                c.SERVICE_NAME: resource.service_name, c.HOST_NAME: resource.host_name,
-                c.RESOURCE_ATTRIBUTES: resource.json,
-                c.RESOURCE_SCHEMA_URL: limits.name(resource_spans.schema_url),
-                c.SCOPE_NAME: limits.name(scope.name), c.SCOPE_VERSION: limits.name(scope.version),
-                c.SCOPE_ATTRIBUTES: scope_json,
-                c.SCOPE_SCHEMA_URL: limits.name(scope_spans.schema_url),
-                c.RECEIVED_NS: received_ns,
-            }
-            for name, value in shared.items():
-                cols[name].extend([value] * len(rows))
-            out.rows += len(rows)
-            out.shared_chars += len(rows) * shared_chars(shared)
+            continue
+        columns = spans.columns(limits, out, index)
+        index += spans.count
+        if columns is None:
+            continue
+        count = len(columns[0])
+        for name, values in zip(_ROW_COLUMNS, columns, strict=True):
+            span_kernel.extend(cols, name, values)
+        models = cols[c.GEN_AI_REQUEST_MODEL]
+        # A scope's spans mostly name one model: a name admitted as itself is in the
+        # budget's seen set, so it is asked once per scope (an overflow still per span).
+        admitted: dict[str, str] = {}
+        for i in range(len(models) - count, len(models)):
+            model = models[i]
+            if model is not None:
+                kept = admitted.get(model)
+                if kept is None:
+                    kept = names.admit_model(model)
+                    if kept == model:
+                        admitted[model] = kept
+                models[i] = kept
+        shared = {
+            c.SERVICE_NAME: resource.service_name, c.HOST_NAME: resource.host_name,
+            c.RESOURCE_ATTRIBUTES: resource.json,
+            c.RESOURCE_SCHEMA_URL: limits.name(resource_url),
+            c.SCOPE_NAME: limits.name(scope.name), c.SCOPE_VERSION: limits.name(scope.version),
+            c.SCOPE_ATTRIBUTES: scope_json,
+            c.SCOPE_SCHEMA_URL: limits.name(scope_url),
+            c.RECEIVED_NS: received_ns,
+        }
+        for name, value in shared.items():
+            cols[name].extend([value] * count)
+        out.rows += count
+        out.shared_chars += count * shared_chars(shared)
     out.truncated = limits.truncated
     out.unknown_fields = limits.unknown_fields
     return out
+
+
+#: The promoted keys as the kernel reads them: (UTF-8 key, 0 str / 1 float / 2 int).
+span_kernel.configure(
+    tuple((key.encode(), 0 if types == (str,) else 1 if types is _FLOAT_TYPES else 2)
+          for key, (_, types) in _PROMOTED.items()),
+    EMPTY_OBJECT, _EMPTY_LIST, _span_row, _attributes_json,
+    (_ROW_COLUMNS.index(c.GEN_AI_REQUEST_MODEL),))  # names.admit_model may replace values

@@ -106,3 +106,14 @@ def varint(kvb: bytes, offset: int) -> int | None:
             value &= (1 << 64) - 1  # upb keeps the low 64 bits of a long varint
             return value - (1 << 64) if value >= 1 << 63 else value
     return None
+
+
+def _lite_class(name: str) -> Any:
+    return message_factory.GetMessageClass(
+        descriptor_pool.Default().FindMessageTypeByName(f"{_LITE_PACKAGE}.{name}"))
+
+
+#: The view's Span and ScopeSpans: what the span kernel (collector/span_kernel.py) hands
+#: back to Python, one span or one scope's bytes at a time.
+LiteSpan = _lite_class("Span")
+LiteScopeSpans = _lite_class("ScopeSpans")

@@ -23,10 +23,12 @@ from typing import Any
 import h11
 from google.protobuf import json_format
 
+from fleetlens.collector import span_kernel
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.errors import PermanentError
 from fleetlens.collector.ingest import Ingest
 from fleetlens.collector.otlp_json import parse_json
+from fleetlens.collector.rows import to_table
 from fleetlens.collector.signals import LOGS, METRICS, SIGNALS, SPANS, Signal
 from fleetlens.collector.telemetry import Telemetry
 from fleetlens.pipeline.schema import columns as c
@@ -107,6 +109,22 @@ class Decoders:
             return  # refused as a whole: nothing accepted, nothing stored
         self.check(signal, request, data)
 
+    def spans_differential(self, data: bytes) -> None:
+        """Target: ``data`` as a span Export, decoded by the C kernel and by Python alone;
+        the outcomes (columns, counts, messages, flags) or the refusals must be identical.
+        Without the kernel built it is the ``spans_pb`` target."""
+        kernel = span_kernel.KERNEL
+        if kernel is not None:
+            kernel.walk(data)  # any bytes: never a crash (the kernel's own input check)
+        try:
+            request = self.ingest.parse(SPANS, data)
+        except PermanentError:
+            return
+        if kernel is None:
+            self.check(SPANS, request, data)
+            return
+        assert differential_outcomes(CONFIG, data) is not None
+
     def json(self, signal: Signal, data: bytes) -> None:
         """Target: ``data`` as an OTLP/JSON Export request of ``signal``."""
         try:
@@ -114,6 +132,49 @@ class Decoders:
         except PermanentError:
             return
         self.check(signal, request, request.SerializeToString())
+
+
+def differential_outcomes(config: CollectorConfig, payload: bytes) -> tuple[Any, ...] | None:
+    """The outcome of a parsed span Export by the kernel, checked equal to Python's.
+
+    Each side gets a fresh :class:`Ingest` (the name budgets start equal). Returns the
+    kernel's outcome fields, or None when both refused the same way.
+    """
+    results = []
+    kernel = span_kernel.KERNEL
+    try:
+        for chosen in (kernel, None):
+            span_kernel.KERNEL = chosen
+            ingest = Ingest(config, None, Telemetry())
+            request = SPANS.request.FromString(payload)
+            try:
+                out = ingest.decode(SPANS, request, RECEIVED_NS, payload)
+            except Exception as exc:  # noqa: BLE001 - compared below, kernel against Python
+                results.append((type(exc), str(exc)))
+                continue
+            for name, values in out.columns.items():  # the kernel's Arrow arrays, if any
+                if hasattr(values, "__arrow_array__"):
+                    assert values.__arrow_array__().to_pylist() == list(values), name
+            stored = to_table(SPANS, out).to_pydict()  # what the buffer and Parquet get
+            results.append((stored, out.columns, out.rows, out.rejected, out.messages,
+                            out.truncated, out.unknown_fields, out.shared_chars,
+                            ingest.names.overflowed, ingest.models.overflowed))
+    finally:
+        span_kernel.KERNEL = kernel
+    kernel_side, python_side = results
+    assert kernel_side == python_side, _first_difference(kernel_side, python_side)
+    return None if isinstance(kernel_side[0], type) else kernel_side[1:]
+
+
+def _first_difference(left: tuple[Any, ...], right: tuple[Any, ...]) -> str:
+    for i, (a, b) in enumerate(zip(left, right, strict=False)):
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                cols = [k for k in a if a.get(k) != b.get(k)]
+                return f"field {i}: columns {cols}: {[a[k][:3] for k in cols[:2]]} " \
+                       f"vs {[b[k][:3] for k in cols[:2]]}"
+            return f"field {i}: kernel {a!r:.300} vs python {b!r:.300}"
+    return "different lengths"
 
 
 def parse_request(raw: bytes) -> tuple[str, dict[str, str], bytes] | None:
@@ -257,6 +318,7 @@ def targets(decoders: Decoders) -> dict[str, Callable[[bytes], None]]:
     for signal in SIGNALS:
         found[f"{signal.folder}_pb"] = lambda d, s=signal: decoders.protobuf(s, d)
         found[f"{signal.folder}_json"] = lambda d, s=signal: decoders.json(s, d)
+    found["spans_kernel"] = decoders.spans_differential
     return found
 
 
