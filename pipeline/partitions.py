@@ -154,6 +154,12 @@ def read_raw(files: list[str], table: str, predicate: pl.Expr,
 
 #: Rows of small segments gathered before one cast and filter (bounds the unfiltered rows held).
 _BATCH_ROWS = 1 << 20
+#: Rows decoded at once from one segment: a bigger segment is read in runs of row groups of
+#: about this many rows (:func:`row_group_runs`). A segment holds every host's rows, so a
+#: (host group x hour) shard keeps a small part of each: decoding a whole segment of a big
+#: fleet (1.4M rows a minute at 1,024 GPUs) held about 200 MB more than the shard keeps,
+#: growing with the fleet (bench/scale.py --memory).
+_READ_ROWS = 1 << 18
 
 
 def row_groups_within(metadata: pq.FileMetaData, column: str, lo: int, hi: int) -> list[int]:
@@ -174,6 +180,28 @@ def row_groups_within(metadata: pq.FileMetaData, column: str, lo: int, hi: int) 
             continue
         keep.append(group)
     return keep
+
+
+def row_group_runs(metadata: pq.FileMetaData, groups: list[int] | None,
+                   rows: int = _READ_ROWS) -> list[list[int]] | None:
+    """``groups`` of a file (None: all) in consecutive runs of at most ``rows`` rows (a run
+    holds at least one group); None when one read of the whole file is as small (the file
+    has at most ``rows`` rows, or one group)."""
+    every = list(range(metadata.num_row_groups))
+    chosen = every if groups is None else groups
+    if groups is None and (metadata.num_rows <= rows or len(every) <= 1):
+        return None
+    runs: list[list[int]] = []
+    size = 0
+    for group in chosen:
+        count = metadata.row_group(group).num_rows
+        if runs and size + count <= rows:
+            runs[-1].append(group)
+            size += count
+        else:
+            runs.append([group])
+            size = count
+    return runs
 
 
 def _read_dictionaries(files: list[str], spec: t.Table, names: list[str], predicate: pl.Expr,
@@ -216,16 +244,23 @@ def _read_dictionaries(files: list[str], spec: t.Table, names: list[str], predic
             wanted = [n for n in names if n in present]
             groups = (None if within is None
                       else row_groups_within(metadata, *within))
-            if groups is None or len(groups) == metadata.num_row_groups:
-                arrow = handle.read(columns=wanted, use_threads=False)
-            else:  # (no group at all: an empty table with the file's schema)
-                arrow = handle.read_row_groups(groups, columns=wanted, use_threads=False)
-        frame = pl.from_arrow(arrow)
-        assert isinstance(frame, pl.DataFrame)
-        batch.append(frame)
-        rows += frame.height
-        if rows >= _BATCH_ROWS:
-            flush()
+            if groups is not None and len(groups) == metadata.num_row_groups:
+                groups = None
+            runs = row_group_runs(metadata, groups, _READ_ROWS)
+            if runs is None:
+                pieces = [handle.read(columns=wanted, use_threads=False)]
+            elif not runs:  # no group at all: an empty table with the file's schema
+                pieces = [handle.read_row_groups([], columns=wanted, use_threads=False)]
+            else:
+                pieces = (handle.read_row_groups(run, columns=wanted, use_threads=False)
+                          for run in runs)
+            for arrow in pieces:
+                frame = pl.from_arrow(arrow)
+                assert isinstance(frame, pl.DataFrame)
+                batch.append(frame)
+                rows += frame.height
+                if rows >= _BATCH_ROWS:
+                    flush()
     if batch:
         flush()
     return pl.concat(out) if len(out) > 1 else out[0]

@@ -97,3 +97,46 @@ def test_phase1_passes_its_time_range(monkeypatch) -> None:
     phases.phase1_hour(PipelineConfig(), {"metrics": [], "spans": []}, hour)
     gap = int(PipelineConfig().max_sample_gap_s * NS)
     assert (c.TS_NS, hour - gap, hour + 3600 * NS) in seen
+
+
+@pytest.mark.parametrize("read_rows", [1, 10, 25, 1000])
+def test_a_big_segment_is_decoded_in_runs_of_row_groups(tmp_path: Path, monkeypatch,
+                                                        read_rows: int) -> None:
+    """A segment of more than ``_READ_ROWS`` rows is decoded a few row groups at a time (a
+    shard keeps a small part of a segment holding every host's rows: decoding it whole held
+    memory growing with the fleet), and the rows read are the same, in the same order."""
+    files = [_segment(tmp_path / "a.parquet", [T0 + k * NS for k in range(50)]),
+             _segment(tmp_path / "b.parquet", [T0 + (k * 7 % 50) * NS for k in range(50)])]
+    lo, hi = T0 + 5 * NS, T0 + 45 * NS
+    whole = _read(files, lo, hi, within=False)
+    runs: list[list[int]] = []
+    real = pq.ParquetFile.read_row_groups
+
+    def counting(self, groups, *args, **kwargs):
+        runs.append(list(groups))
+        return real(self, groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counting)
+    monkeypatch.setattr(partitions, "_READ_ROWS", read_rows)
+    monkeypatch.setattr(partitions, "_BATCH_ROWS", 20)  # several casts and filters too
+    for within in (False, True):
+        runs.clear()
+        assert_frame_equal(_read(files, lo, hi, within=within), whole)
+        assert all(len(run) * ROWS_PER_GROUP <= max(read_rows, ROWS_PER_GROUP)
+                   for run in runs)
+        if read_rows < 50:
+            assert runs and sorted(g for run in runs for g in run) == sorted(
+                g for f in files
+                for g in (row_groups_within(pq.read_metadata(f), c.TS_NS, lo, hi)
+                          if within else range(5)))
+        else:
+            assert not runs or within  # whole files, unless groups are skipped
+
+
+def test_row_group_runs(tmp_path: Path) -> None:
+    meta = pq.read_metadata(_segment(tmp_path / "a.parquet", [T0 + k * NS for k in range(50)]))
+    assert partitions.row_group_runs(meta, None, 50) is None  # small enough: one read
+    assert partitions.row_group_runs(meta, None, 20) == [[0, 1], [2, 3], [4]]
+    assert partitions.row_group_runs(meta, None, 5) == [[0], [1], [2], [3], [4]]
+    assert partitions.row_group_runs(meta, [1, 2, 4], 20) == [[1, 2], [4]]
+    assert partitions.row_group_runs(meta, [], 20) == []
