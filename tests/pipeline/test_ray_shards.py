@@ -1,10 +1,12 @@
 """``--runner ray`` with phase 1 in several shards per hour (each shard's halves and the merge
 as tasks of their own, on a real two-node cluster on 127.0.0.1) writes the local runner's
-one-shard bytes."""
+one-shard bytes, also when the node running a shard task is killed mid-run."""
 
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -13,7 +15,7 @@ from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import OUTPUTS, Pipeline
 from fleetlens.pipeline.storage import DataDir, parquet_files
 from tests.pipeline.fleet import make_fleet, write_batches
-from tests.pipeline.raycluster import connected_cluster
+from tests.pipeline.raycluster import connected_cluster, task_titles
 from tests.pipeline.test_shards import _with_gateways
 
 
@@ -44,3 +46,50 @@ def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster) -> No
     # 11 hosts in shards of 3: 4 shards, each a point task and a span task, then the merge
     phase1 = [took for took in job.task_times if took.phase == 1]
     assert len(phase1) == summary.dirty_hours * (2 * 4 + 1)
+
+
+@pytest.mark.slow
+def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
+        tmp_path, cluster, capfd) -> None:
+    """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs a shard's
+    point or span task: Ray reruns that task on the head, and any task whose result lived on
+    the dead node (a finished half the merge still needs), and the files are still the local
+    runner's one-shard bytes. Last in this module: it leaves one node."""
+    from fleetlens.pipeline.ray_runner import RayPipeline
+
+    # Three hours of 9 hosts in shards of 3: 12 shard tasks an hour, half of them on the
+    # worker node (the tasks are spread), each long enough to be caught running.
+    fleet = _with_gateways(make_fleet(seed=5, hosts=9, seconds=2 * 3600, rps=0.3,
+                                      sample_hz=0.5, batches=2))
+    local, remote = DataDir(tmp_path / "local"), DataDir(tmp_path / "ray")
+    write_batches(local, fleet)
+    write_batches(remote, fleet)
+    Pipeline(local, PipelineConfig()).run_once(full=True)
+    worker = cluster.nodes[1]
+    killed: list[str] = []
+    done = threading.Event()
+
+    def kill_while_it_runs_a_shard_task() -> None:
+        while not done.is_set():
+            running = [n for n in task_titles(worker)
+                       if n.startswith(("ray::_points_task", "ray::_spans_task"))]
+            if running:
+                cluster.kill(worker)
+                killed.extend(running)
+                return
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=kill_while_it_runs_a_shard_task, daemon=True)
+    watcher.start()
+    try:
+        job = RayPipeline(remote, replace(PipelineConfig(), hosts_per_shard=3),
+                          address=cluster.address)
+        summary = job.run_once(full=True)
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    assert killed, "the worker node ran none of the shard tasks"
+    assert worker.poll() is not None
+    assert "will be retried" in capfd.readouterr().out  # Ray's driver reran a task
+    assert summary.dirty_hours >= 3
+    assert _digest(remote) == _digest(local) and len(_digest(local)) > 10
