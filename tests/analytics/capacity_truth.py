@@ -21,8 +21,12 @@ x its value at batch 1, interpolated between the two bracketing rates of a bisec
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import statistics
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fleetlens.simulator import parse_scenario
 from fleetlens.simulator.run import run
@@ -31,6 +35,7 @@ from fleetlens.simulator.run import run
 STEADY_S, WARM_S = 600.0, 60.0
 #: bisection rounds on the arrival rate (the bracket shrinks to 1/2^ROUNDS of its width)
 ROUNDS = 7
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -93,3 +98,12 @@ def steady_truth(doc: dict, tp: int, top_rate: float, ratio: float = 1.5) -> Tru
     batch = lo.batch + share * (hi.batch - lo.batch)
     rps = lo.rps + share * (hi.rps - lo.rps)
     return Truth(batch, rps, rps / tp, one.tpot_p50, tuple(runs))
+
+
+def in_fresh_interpreter(fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` in a spawned interpreter. The sweep allocates millions of objects, and
+    the garbage collections they set off in a pytest process that has run the rest of the
+    suite crashed once (SIGSEGV while collecting, in a pure-Python line of the simulator:
+    an object some C extension left broken); a fresh interpreter holds only the simulator."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()

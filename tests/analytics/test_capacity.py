@@ -47,7 +47,10 @@ def test_knee_and_its_arrival_rate_follow_the_step_time_physics() -> None:
     assert row[c.STEP_BASE_S] == pytest.approx(ramp.base_s, rel=0.05)
     assert row[c.STEP_PER_SEQ_S] == pytest.approx(ramp.per_seq_s, rel=0.1)
     assert row[c.TPOT_SLO_S] == pytest.approx(1.5 * row[c.TPOT_BATCH1_S])
-    assert row[c.BATCH_MIN] == pytest.approx(1.0) and row[c.BATCH_MAX] == pytest.approx(140)
+    # a window's batch is the gauge's time average: the last 5 s of the batch-1 window run
+    # from its last sample to the next window's first (batch 4.6), 1.15 in all
+    assert row[c.BATCH_MIN] == pytest.approx(1.0, abs=0.2)
+    assert row[c.BATCH_MAX] == pytest.approx(140)
 
 
 def test_goodput_counts_requests_meeting_every_slo_per_gpu() -> None:
