@@ -33,6 +33,8 @@ CROWDED_DAMP = 0.8
 #: least part of the demand's growth (in log terms) the arrivals carry for a surge of
 #: demand to be a traffic surge (:func:`rate_led_demand`)
 SURGE_RATE_PART = 0.4
+#: Arrivals (x the usual) at which they alone make a surge's full strength.
+SURGE_FULL_RATIO = 2.25
 
 
 def clip01(x: float) -> float:
@@ -166,7 +168,7 @@ def _where(subject: str) -> str:
 def traffic_surge(f: Facts) -> Candidate:
     rps = f.signals.scope.get("rps")
     r = ratio(rps)
-    by_rate = clip01((r - 1.25) / 1.0)
+    by_rate = surge_strength(f)
     by_demand = rate_led_demand(f)
     strength = max(by_rate, by_demand)
     waiting = sum(value(v.get("waiting")) for v in f.signals.hosts.values())
@@ -205,7 +207,11 @@ def rate_led_demand(f: Facts) -> float:
 
 
 def surge_strength(f: Facts) -> float:
-    return clip01((ratio(f.signals.scope.get("rps")) - 1.25) / 1.0)
+    """How much the arrivals alone say surge: nothing below a burst
+    (:data:`~fleetlens.pipeline.schema.bursts.BURST_RATIO`: the labeller's definition too;
+    this ramp began at x1.25 before), fully at :data:`SURGE_FULL_RATIO`."""
+    r = ratio(f.signals.scope.get("rps"))
+    return clip01((r - BURST_RATIO) / (SURGE_FULL_RATIO - BURST_RATIO))
 
 
 def long_prompt_strength(f: Facts) -> float:
