@@ -76,6 +76,14 @@ def test_a_burst_is_one_definition_for_the_labeller_and_the_analytics() -> None:
 
     assert demand(BURST_RATIO - 0.01) == 0.0 < demand(BURST_RATIO + 0.05)
 
+    from fleetlens.analytics.attribution.rules import surge_strength
+
+    def by_rate(arrivals: float) -> float:  # arrivals alone (the ramp began at x1.25 before)
+        scope = {"rps": (1.0, arrivals)}
+        return surge_strength(SimpleNamespace(signals=SimpleNamespace(scope=scope)))
+
+    assert by_rate(BURST_RATIO - 0.01) == 0.0 < by_rate(BURST_RATIO + 0.05)
+
 
 def test_the_labeller_starts_judging_where_the_warm_up_band_does() -> None:
     from fleetlens.analytics.config import AnalyticsConfig
