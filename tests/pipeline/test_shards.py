@@ -13,6 +13,7 @@ import pytest
 
 from fleetlens.pipeline import phases
 from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.discovery import discover
 from fleetlens.pipeline.runner import OUTPUTS, Pipeline
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c
@@ -195,3 +196,27 @@ def test_a_run_killed_in_a_shard_is_redone_and_the_files_are_the_same(
     files = {str(p.relative_to(dd.root)): hashlib.sha256(p.read_bytes()).hexdigest()
              for table in OUTPUTS for p in parquet_files(dd.derived(table))}
     assert files == one_shard
+
+
+def test_the_merge_drops_the_pieces_it_merged(tmp_path: Path, fleet) -> None:
+    """merge_phase1 empties the lists of halves it is given (the local runner's thread passes
+    the only references, so each table's pieces are freed once merged) and returns what the
+    halves merged gave before."""
+    from fleetlens.pipeline.shardreduce import merge_by_host, merge_phase1
+
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    state, cfg = PipelineState(), PipelineConfig()
+    discover(dd, state, int(cfg.max_sample_gap_s * NS), cfg.lateness_s * NS)
+    hour = max(h for h in {s.min_ns - s.min_ns % (3600 * NS) for s in state.segments.values()})
+    files = phases.phase1_files(state, dd, cfg, hour)
+    shards = plan(list(state.watermarks), 4)
+    points = [phases.phase1_points(cfg, files, hour, s) for s in shards]
+    mapping = merge_by_host([p.mapping for p in points])
+    spans = [phases.phase1_spans(cfg, files, hour, s, mapping) for s in shards]
+    merged = merge_phase1(points, spans)
+    assert points == [] and spans == []
+    whole = phases.phase1_hour(cfg, files, hour)
+    assert [name for name, _ in merged] == [name for name, _ in whole]
+    for (_, got), (_, want) in zip(merged, whole, strict=True):
+        assert got.equals(want)
