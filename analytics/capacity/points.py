@@ -68,8 +68,10 @@ def _time_means(samples: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
     ).filter((pl.col("_seg_s") > 0) & (pl.col("_seg_s") <= window_s))
 
     def mean(value: str) -> pl.Expr:
-        seconds = pl.col("_seg_s").filter(pl.col(value).is_not_null())
-        return (pl.col(value) * pl.col("_seg_s")).sum() / seconds.sum()
+        # null (not 0/0 = NaN, which coalesce keeps) where no segment has the value: an
+        # engine that does not report the gauge (NaN reached the knee's least squares)
+        seconds = pl.col("_seg_s").filter(pl.col(value).is_not_null()).sum()
+        return pl.when(seconds > 0).then((pl.col(value) * pl.col("_seg_s")).sum() / seconds)
 
     return segments.group_by(*keys, c.WINDOW_START_NS).agg(
         mean("_running").alias("_batch_t"), mean("_kv").alias("_kv_t"))
