@@ -33,7 +33,9 @@ CROWDED_DAMP = 0.8
 #: least part of the demand's growth (in log terms) the arrivals carry for a surge of
 #: demand to be a traffic surge (:func:`rate_led_demand`)
 SURGE_RATE_PART = 0.4
-#: Arrivals (x the usual) at which they alone make a surge's full strength.
+#: The arrivals' surge strength ramps from here (x the usual; cut below a burst) to full at
+#: SURGE_FULL_RATIO.
+SURGE_RAMP_FROM = 1.25
 SURGE_FULL_RATIO = 2.25
 
 
@@ -209,9 +211,12 @@ def rate_led_demand(f: Facts) -> float:
 def surge_strength(f: Facts) -> float:
     """How much the arrivals alone say surge: nothing below a burst
     (:data:`~fleetlens.pipeline.schema.bursts.BURST_RATIO`: the labeller's definition too;
-    this ramp began at x1.25 before), fully at :data:`SURGE_FULL_RATIO`."""
+    x1.25-1.3 counted a little before), a burst itself already a little (x1.3 at capacity
+    is a surge, random fleet 29001), fully at :data:`SURGE_FULL_RATIO`."""
     r = ratio(f.signals.scope.get("rps"))
-    return clip01((r - BURST_RATIO) / (SURGE_FULL_RATIO - BURST_RATIO))
+    if r < BURST_RATIO:
+        return 0.0
+    return clip01((r - SURGE_RAMP_FROM) / (SURGE_FULL_RATIO - SURGE_RAMP_FROM))
 
 
 def long_prompt_strength(f: Facts) -> float:
