@@ -7,11 +7,15 @@ counts, messages, truncation, unknown-field flag, name budgets) or refusals must
 Seeds: ``tests/collector/fuzz_corpus/spans_pb`` and ``spans_kernel`` (findings are written to
 the latter, which ``tests/collector/test_span_kernel.py`` replays), plus vLLM requests.
 
-atheris sees the Python side's coverage only (gcc has no libFuzzer instrumentation), so
-``--asan`` loads a copy of the kernel built with AddressSanitizer and UBSan: an out-of-bounds
-read or write in the C walk aborts the run even where the outputs agree. ::
+atheris sees the Python side's coverage only (gcc has no libFuzzer instrumentation). The
+corpus it grows is kept in ``bench/out/fuzz_span_kernel/``; ``--asan`` then replays that corpus
+and 2,000 generated hostile requests (``tests/collector/test_span_kernel.py``) through a copy
+of the kernel built with AddressSanitizer and UBSan, without libFuzzer (whose coverage the
+ASan runtime would break): an out-of-bounds read or write in the C walk aborts the run even
+where the outputs agree. ::
 
-    .venv/bin/python bench/fuzz_span_kernel.py --seconds 300 [--asan]
+    .venv/bin/python bench/fuzz_span_kernel.py --seconds 300   # coverage-guided
+    .venv/bin/python bench/fuzz_span_kernel.py --asan          # its corpus, sanitized
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ sys.path.insert(0, str(REPO))
 SOURCES = ("collector/_spankernel.c", "collector/_spankernel_span.c",
            "collector/_spankernel_scope.c")
 MODULE = "fleetlens.collector._spankernel"
+#: The corpus libFuzzer grows (kept between runs; bench/out/ is not committed).
+GROWN = REPO / "bench" / "out" / "fuzz_span_kernel"
 
 
 def build_sanitized(out_dir: Path) -> Path:
@@ -42,15 +48,32 @@ def build_sanitized(out_dir: Path) -> Path:
     return target
 
 
-def fuzz(seconds: float, runs: int, work: Path, sanitized: str | None) -> None:
+def replay_sanitized(sanitized: str) -> None:
+    """The grown corpus and generated hostile requests through the sanitized kernel."""
+    import random
+
+    spec = importlib.util.spec_from_file_location(MODULE, sanitized)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[MODULE] = module  # under the kernel's own name, before anyone imports it
+    from fleetlens.collector import span_kernel
+    from tests.collector import fuzz_targets as ft
+    from tests.collector.test_span_kernel import _request
+
+    assert span_kernel.KERNEL is module, "the sanitized kernel did not load"
+    target = ft.targets(ft.Decoders())["spans_kernel"]
+    inputs = [p.read_bytes() for p in sorted(GROWN.glob("*"))] if GROWN.is_dir() else []
+    rng = random.Random(34)
+    inputs += [_request(rng) for _ in range(2000)]
+    for data in inputs:
+        target(data)
+    print(f"{len(inputs)} inputs through the sanitized kernel: no finding")
+
+
+def fuzz(seconds: float, runs: int, work: Path) -> None:
     """Run libFuzzer on the differential target in this process (libFuzzer exits)."""
     import atheris
 
-    if sanitized:  # load the sanitized build under the kernel's own name, before anyone
-        spec = importlib.util.spec_from_file_location(MODULE, sanitized)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[MODULE] = module
     with atheris.instrument_imports(include=["fleetlens", "tests"]):
         from tests.collector import fuzz_targets as ft
     from fleetlens.collector import span_kernel
@@ -67,7 +90,8 @@ def fuzz(seconds: float, runs: int, work: Path, sanitized: str | None) -> None:
     for seed in range(4):
         request = vllm_trace_request(3, seed=seed, start_ns=ft.SEED_NS)
         (work / f"vllm-{seed}").write_bytes(request.SerializeToString())
-    args = [sys.argv[0], str(work), "-timeout=10", f"-artifact_prefix={findings}/",
+    GROWN.mkdir(parents=True, exist_ok=True)
+    args = [sys.argv[0], str(GROWN), str(work), "-timeout=10", f"-artifact_prefix={findings}/",
             "-print_final_stats=1", "-max_len=65536",
             f"-max_total_time={max(1, int(seconds))}" if seconds else f"-runs={runs}"]
     atheris.Setup(args, target)
@@ -82,20 +106,24 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sanitized", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sanitized:
+        replay_sanitized(args.sanitized)
+        return
     if args.in_process:
         with tempfile.TemporaryDirectory(prefix="fleetlens-fuzz-kernel-") as work:
-            fuzz(0 if args.runs else args.seconds, args.runs, Path(work), args.sanitized)
+            fuzz(0 if args.runs else args.seconds, args.runs, Path(work))
         return
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="fleetlens-kernel-asan-") as build:
         command = [sys.executable, __file__, "--in-process", "--seconds", str(args.seconds),
                    "--runs", str(args.runs)]
         if args.asan:
-            command += ["--sanitized", str(build_sanitized(Path(build)))]
+            command = [sys.executable, __file__, "--sanitized",
+                       str(build_sanitized(Path(build)))]
             runtime = subprocess.run(["gcc", "-print-file-name=libasan.so"], text=True,
                                      capture_output=True, check=True).stdout.strip()
             env.update(LD_PRELOAD=runtime, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
-        # libFuzzer ends its process with exit(): run it in a child and report the outcome.
+        # libFuzzer ends its process with exit(), ASan aborts: a child, and its outcome.
         done = subprocess.run(command, cwd=REPO, env=env, check=False)
     print(f"fuzz spans_kernel{' (ASan)' if args.asan else ''}: "
           f"{'no finding' if done.returncode == 0 else 'FINDING'} (exit {done.returncode}); "
