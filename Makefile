@@ -15,7 +15,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # pyproject.toml says which ranges fleetlens works with; constraints.txt pins the set tested.
-$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+# The C span kernel is compiled by the install: an edited kernel source installs again, or
+# the tests would run a stale build against the Python decoder they compare it with.
+KERNEL_SOURCES := $(wildcard collector/_spankernel*.c collector/_spankernel*.h)
+$(STAMP): pyproject.toml constraints.txt $(KERNEL_SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
