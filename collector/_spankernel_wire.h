@@ -12,6 +12,12 @@
 #include <stdint.h>
 #include <string.h>
 
+/* fixed64/fixed32 are read with memcpy as protobuf stores them, little-endian: a big-endian
+ * build fails here, the optional extension is skipped and the Python decoder runs. */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the span kernel reads protobuf's little-endian fixed fields as native integers"
+#endif
+
 /* Any varint of up to 10 bytes ending before `end` (no canonical check): the low 64 bits,
  * as Python's lite_spans.varint keeps them. Returns bytes read, 0 when malformed. */
 static inline size_t sk_varint_any(const uint8_t *p, const uint8_t *end, uint64_t *out)
@@ -93,7 +99,7 @@ static inline int sk_field(const uint8_t **pp, const uint8_t *end, SkField *f)
 static inline uint64_t sk_le64(const uint8_t *p)
 {
     uint64_t v;
-    memcpy(&v, p, 8); /* the machines here are little-endian, as protobuf's fixed64 */
+    memcpy(&v, p, 8); /* little-endian, as protobuf's fixed64 (checked above) */
     return v;
 }
 
