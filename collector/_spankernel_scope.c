@@ -46,8 +46,12 @@ static int add_column(SkArrow *out, int *n, int column, int kind, Py_ssize_t cou
     if (kind == A_STRING) {
         c->offsets = PyBytes_FromStringAndSize(NULL, 8 * (count + 1));
         c->text_cap = 64 + 16 * (size_t)count;
-        if (c->offsets == NULL || (c->text = PyMem_Malloc(c->text_cap)) == NULL)
+        if (c->offsets == NULL)
             return -1;
+        if ((c->text = PyMem_Malloc(c->text_cap)) == NULL) {
+            PyErr_NoMemory(); /* PyMem_Malloc sets no exception: say why, not SystemError */
+            return -1;
+        }
         memset(PyBytes_AS_STRING(c->offsets), 0, 8);
     } else if ((c->data = PyBytes_FromStringAndSize(NULL, 8 * count)) == NULL) {
         return -1;
