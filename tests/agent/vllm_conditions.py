@@ -64,9 +64,14 @@ def check_surge(data: DataDir, events: dict[str, int], report: dict) -> None:
 
 
 def check_crash(plan: list[Routed], events: dict[str, int], report: dict) -> None:
-    """Refused at the client, 502 from the gateway, from the kill to the restart."""
-    direct = during(plan, events, "kill", "restart_ready", gateway=False)
-    via = during(plan, events, "kill", "restart_ready", gateway=True)
+    """Refused at the client, 502 from the gateway, from the kill to the restart.
+
+    Not up to ``restart_ready``: that is when the harness's readiness poll (``/v1/models``,
+    2 s timeout) got its answer, and on a loaded core the restarted server answered the
+    load's requests for tens of seconds before it answered the poll (a CI run: 86 of 213
+    direct requests "during the crash" succeeded)."""
+    direct = during(plan, events, "kill", "restart", gateway=False)
+    via = during(plan, events, "kill", "restart", gateway=True)
     report["crash"] = {
         "direct_sent": len(direct), "direct_failed": sum(r.error is not None for r in direct),
         "errors": sorted({r.error for r in direct if r.error}),
