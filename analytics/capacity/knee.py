@@ -11,6 +11,8 @@ Three limits, the smallest wins (``knee_limit`` names it):
 The arrival rate at a batch follows from Little's law on the running requests: a request
 runs for its prefill plus (output tokens - 1) x TPOT, so one instance takes
 ``rps = batch / (prefill_s + (output - 1) x tpot_p50(batch))``.
+
+The TPOT curve is fitted on the windows whose load was steady (:func:`.points.steady`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Pool:
     tpot_p99: np.ndarray
     ttft_p99: np.ndarray
     requests: np.ndarray
+    steady: np.ndarray  # bool: the window's load was steady (:func:`.points.steady`)
     context: float  # mean KV tokens per running sequence
     output: float  # mean output tokens per request
     prefill_s: float  # mean prefill time per request
@@ -108,7 +111,16 @@ def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
 def _subset(pool: Pool, keep: np.ndarray) -> Pool:
     return replace(pool, batch=pool.batch[keep], kv=pool.kv[keep],
                    tpot_p50=pool.tpot_p50[keep], tpot_p99=pool.tpot_p99[keep],
-                   ttft_p99=pool.ttft_p99[keep], requests=pool.requests[keep])
+                   ttft_p99=pool.ttft_p99[keep], requests=pool.requests[keep],
+                   steady=pool.steady[keep])
+
+
+def steady(pool: Pool, config: CapacityConfig) -> Pool:
+    """The pool's steady windows; all of them where fewer than ``min_windows`` are."""
+    keep = pool.steady
+    if keep.all() or keep.sum() < config.min_windows:
+        return pool
+    return _subset(pool, keep)
 
 
 def _sampled(pool: Pool) -> Pool:
@@ -161,9 +173,9 @@ def _judged(pool: Pool, config: CapacityConfig) -> np.ndarray:
 def find_knee(whole: Pool, tpot_slo: float | None, ttft_slo: float,
               config: CapacityConfig) -> Knee:
     """The knee of ``whole`` (module docstring); ``tpot_slo`` None: the batch-1 rule. The
-    TPOT curve is fitted on the windows around the knee (:func:`_local`); the TTFT and KV
-    limits look at every window."""
-    pool = _local(_sampled(whole), tpot_slo, config)
+    TPOT curve is fitted on the steady windows (:func:`steady`) around the knee
+    (:func:`_local`); the TTFT and KV limits look at every window."""
+    pool = _local(_sampled(steady(whole, config)), tpot_slo, config)
     w = pool.requests.astype(float)
     p50 = fit_line(pool.batch, pool.kv, pool.tpot_p50, w)
     p99 = fit_line(pool.batch, pool.kv, pool.tpot_p99, w)

@@ -23,6 +23,7 @@ from fleetlens.analytics.capacity.points import (
     MEAN_OUTPUT,
     MEAN_PREFILL,
     NS,
+    STEADY,
     latency_window,
 )
 from fleetlens.analytics.capacity.utilisation import verdict
@@ -61,6 +62,7 @@ def _pool(rows: pl.DataFrame) -> Pool:
     capacity = rows[KV_CAPACITY].drop_nulls()
     return Pool(batch=arr(c.BATCH), kv=arr(c.KV_TOKENS), tpot_p50=arr(_TPOT50),
                 tpot_p99=arr(_TPOT99), ttft_p99=arr(_TTFT99), requests=weights,
+                steady=rows[STEADY].fill_null(True).to_numpy(),
                 context=float(np.sum(arr(c.KV_TOKENS)) / np.sum(arr(c.BATCH))),
                 output=float(np.average(arr(MEAN_OUTPUT), weights=weights)),
                 prefill_s=float(np.average(np.nan_to_num(arr(MEAN_PREFILL)), weights=weights)),

@@ -30,7 +30,9 @@ SAMPLE_S = 5
 class Ramp:
     """The fleet's physics and load."""
 
-    batches: tuple[float, ...]  # the batch of each window (every instance)
+    #: the batch of each window (every instance); a pair (before, after): the load stepped
+    #: from one to the other at the window's middle
+    batches: tuple[float | tuple[float, float], ...]
     base_s: float = 0.008
     per_seq_s: float = 0.00004
     per_kv_s: float = 0.0
@@ -78,11 +80,13 @@ def ramp_tables(ramp: Ramp) -> Tables:
         uuids = [f"GPU-{i}-{g}" for g in range(ramp.tp)]
         mapping += [{c.INSTANCE_ID: inst, c.GPU_UUID: u} for u in uuids]
         gen = prompt = 0.0
-        for w, batch in enumerate(ramp.batches):
+        for w, level in enumerate(ramp.batches):
             start = T0 + w * ramp.window_s * NS
-            step = ramp.step_s(batch)
-            for k in range(ramp.window_s // SAMPLE_S):
-                gen += batch / step * SAMPLE_S
+            halves = level if isinstance(level, tuple) else (level, level)
+            samples = ramp.window_s // SAMPLE_S
+            for k in range(samples):
+                batch = halves[2 * k >= samples]
+                gen += batch / ramp.step_s(batch) * SAMPLE_S
                 prompt += ramp.rps(batch) * ramp.context * SAMPLE_S
                 engine.append({c.TS_NS: start + k * SAMPLE_S * NS, c.HOST_NAME: host,
                                c.INSTANCE_ID: inst, c.MODEL: ramp.model,
@@ -90,26 +94,13 @@ def ramp_tables(ramp: Ramp) -> Tables:
                                c.KV_CACHE_USAGE: batch * ramp.context / ramp.kv_capacity,
                                c.KV_CAPACITY_TOKENS: ramp.kv_capacity,
                                c.GENERATION_TOKENS_TOTAL: gen, c.PROMPT_TOKENS_TOTAL: prompt})
-            if ramp.idle_w:
-                gpus += [{c.TS_NS: start + k * SAMPLE_S * NS, c.HOST_NAME: host,
-                          c.GPU_UUID: u, c.GPU_MODEL: ramp.gpu_model,
-                          c.POWER_W: ramp.idle_w + ramp.per_seq_w * batch}
-                         for u in uuids for k in range(ramp.window_s // SAMPLE_S)]
-            n = rng.poisson(ramp.rps(batch) * ramp.window_s)
-            queue = (0.0 if not ramp.queue_from or batch <= ramp.queue_from
-                     else 0.5 * (batch - ramp.queue_from))
-            for _ in range(n):
-                tpot = step * rng.lognormal(0.0, ramp.noise)
-                ttft = ramp.prefill_s + queue * rng.uniform(0.5, 1.5)
-                reqs.append({c.REQUEST_ID: f"{i}-{w}-{len(reqs)}", c.SERVICE_NAME: "chat",
-                             c.MODEL: ramp.model, c.HOST_NAME: host, c.INSTANCE_ID: inst,
-                             c.ARRIVAL_NS: start + int(rng.uniform(0, ramp.window_s) * NS),
-                             c.TPOT_S: tpot, c.TTFT_S: ttft, c.PREFILL_S: ramp.prefill_s,
-                             c.DECODE_S: tpot * (ramp.output - 1),
-                             # a running sequence holds its prompt and half its output
-                             c.INPUT_TOKENS: int(ramp.context - ramp.output / 2),
-                             c.OUTPUT_TOKENS: ramp.output,
-                             c.IS_ERROR: False})
+                if ramp.idle_w:
+                    gpus += [{c.TS_NS: start + k * SAMPLE_S * NS, c.HOST_NAME: host,
+                              c.GPU_UUID: u, c.GPU_MODEL: ramp.gpu_model,
+                              c.POWER_W: ramp.idle_w + ramp.per_seq_w * batch} for u in uuids]
+            for half, batch in enumerate(halves):
+                reqs += _requests(ramp, rng, batch, start + half * ramp.window_s * NS // 2,
+                                  f"{i}-{w}-{half}", host, inst)
         if not ramp.idle_w:
             gpus += [{c.TS_NS: T0, c.HOST_NAME: host, c.GPU_UUID: u,
                       c.GPU_MODEL: ramp.gpu_model} for u in uuids]
@@ -117,6 +108,29 @@ def ramp_tables(ramp: Ramp) -> Tables:
                               conform(pl.DataFrame(engine), t.ENGINE_SAMPLES),
                               conform(pl.DataFrame(gpus), t.GPU_SAMPLES),
                               t.table(t.WINDOWS).empty(), pl.DataFrame(mapping))
+
+
+def _requests(ramp: Ramp, rng: np.random.Generator, batch: float, start: int, prefix: str,
+              host: str, inst: str) -> list[dict]:
+    """The requests that arrive in half a window at ``batch`` (each decodes at it)."""
+    step = ramp.step_s(batch)
+    n = rng.poisson(ramp.rps(batch) * ramp.window_s / 2)
+    queue = (0.0 if not ramp.queue_from or batch <= ramp.queue_from
+             else 0.5 * (batch - ramp.queue_from))
+    reqs = []
+    for k in range(n):
+        tpot = step * rng.lognormal(0.0, ramp.noise)
+        ttft = ramp.prefill_s + queue * rng.uniform(0.5, 1.5)
+        reqs.append({c.REQUEST_ID: f"{prefix}-{k}", c.SERVICE_NAME: "chat",
+                     c.MODEL: ramp.model, c.HOST_NAME: host, c.INSTANCE_ID: inst,
+                     c.ARRIVAL_NS: start + int(rng.uniform(0, ramp.window_s / 2) * NS),
+                     c.TPOT_S: tpot, c.TTFT_S: ttft, c.PREFILL_S: ramp.prefill_s,
+                     c.DECODE_S: tpot * (ramp.output - 1),
+                     # a running sequence holds its prompt and half its output
+                     c.INPUT_TOKENS: int(ramp.context - ramp.output / 2),
+                     c.OUTPUT_TOKENS: ramp.output,
+                     c.IS_ERROR: False})
+    return reqs
 
 
 def write_ramp(ramp: Ramp, data_dir: DataDir) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from fleetlens.analytics.capacity.points import GEN_TOK_S, engine_windows
+from fleetlens.analytics.capacity.points import (
+    BATCH_TREND,
+    GEN_TOK_S,
+    STEADY,
+    engine_windows,
+    steady,
+)
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import conform
 from fleetlens.pipeline.schema import tables as t
@@ -66,3 +72,29 @@ def test_an_engine_without_the_gauge_has_no_batch_not_nan() -> None:
     whole analytics run stopped, the failures test's explain)."""
     row = _first_window({s: None for s in range(0, 130, 10)})
     assert row[c.BATCH] is None and row[c.KV_CACHE_USAGE_MEAN] is None
+
+
+def test_the_batch_move_is_the_second_half_over_the_first() -> None:
+    """The load steps from 10 to 40 at the window's middle (sampled every 10 s): the
+    second half's time average minus the first's; a steady window moved nothing."""
+    row = _first_window({0: 10, 10: 10, 20: 10, 30: 40, 40: 40, 50: 40, 60: 40})
+    # segments by their middle: 5, 15, 25 s (10, 10, 25) and 35, 45, 55 s (40, 40, 40)
+    assert row[BATCH_TREND] == pytest.approx(40 - 15)
+    assert _first_window({s: 7.0 for s in range(0, 70, 10)})[BATCH_TREND] == 0.0
+    # one segment in the window: no move measured (null), not a move
+    assert _first_window({30: 5.0, 40: 5.0, 200: 9.0})[BATCH_TREND] is None
+
+
+def test_a_window_is_steady_unless_its_batch_moved_or_its_requests_did_not_balance() -> None:
+    """Steady: the batch moved by at most 2 x sqrt(batch + 1) and arrivals and completions
+    differ by at most 2 x sqrt(their sum) (the Poisson noise of a steady load)."""
+    windows = pl.DataFrame({
+        c.BATCH: [40.0, 40.0, 40.0, 40.0, 20.0, 1.0],
+        BATCH_TREND: [3.0, -12.0, 14.0, None, 0.0, 4.0],
+        c.RPS: [10.0, 10.0, 10.0, 10.0, 0.0, 0.1],
+        c.REQUESTS: [590, 610, 600, 600, 18, 6],
+    })
+    got = windows.select(steady(WINDOW_S))[STEADY].to_list()
+    # 2 x sqrt(41) = 12.8: a move of 14 is a step; the load ended (0 arrivals, 18 done);
+    # at batch 1 a move of 4 is over 2 x sqrt(2) = 2.8
+    assert got == [True, True, False, True, False, False]
