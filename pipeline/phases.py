@@ -41,6 +41,7 @@ from fleetlens.pipeline.shardreduce import (
     merge_phase1,
 )
 from fleetlens.pipeline.shards import Shard
+from fleetlens.pipeline.shardsplit import CHUNK_ROWS, Chunk, Spill, chunks, shard_rows, split_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir
 from fleetlens.pipeline.windows import windows
@@ -106,20 +107,35 @@ def phase1_files(state: PipelineState, dd: DataDir, cfg: PipelineConfig,
             "spans": state.files("spans", hour, hour + HOUR_NS, dd.root)}
 
 
-def phase1_points(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
-                  shard: Shard) -> Phase1Points:
-    """The point half of phase 1 for one shard: the metric points of its hosts (the hour's,
-    plus one sample gap before it) -> the hour's GPU and engine tables for those hosts."""
+def read_rows(cfg: PipelineConfig, signal: str, files: list[str], hour: int,
+              shard: Shard | None = None) -> pl.DataFrame:
+    """The raw rows of ``signal`` in ``files`` that phase 1 of ``hour`` reads: the finite
+    metric points from one sample gap before the hour to its end (a GPU sample's interval
+    starts there), the spans overlapping the hour; with a ``shard``, only that shard's."""
     lo, hi = hour, hour + HOUR_NS
-    gap_ns = int(cfg.max_sample_gap_s * NS)
-    # A NaN or infinite reading (a Prometheus staleness marker, a broken sensor, a hostile
-    # client: OTLP allows them, so the collector keeps them) is no reading.
-    finite = pl.col(c.VALUE).is_finite() | pl.col(c.VALUE).is_null()
-    wanted = pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left") & finite
-    points = read_raw(files["metrics"], _SIGNALS["metrics"],
-                      wanted if shard.whole else wanted & shard.point_filter(),
-                      _COLUMNS["metrics"], _CATEGORICAL["metrics"],
-                      within=(c.TS_NS, lo - gap_ns, hi))
+    split = shard is not None and not shard.whole
+    if signal == "metrics":
+        gap_ns = int(cfg.max_sample_gap_s * NS)
+        # A NaN or infinite reading (a Prometheus staleness marker, a broken sensor, a hostile
+        # client: OTLP allows them, so the collector keeps them) is no reading.
+        finite = pl.col(c.VALUE).is_finite() | pl.col(c.VALUE).is_null()
+        wanted = pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left") & finite
+        return read_raw(files, _SIGNALS[signal], wanted & shard.point_filter() if split
+                        else wanted, _COLUMNS[signal], _CATEGORICAL[signal],
+                        within=(c.TS_NS, lo - gap_ns, hi))
+    overlap = (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo)
+    return read_raw(files, _SIGNALS[signal], overlap & shard.span_filter() if split
+                    else overlap, _COLUMNS[signal], _CATEGORICAL[signal])
+
+
+def phase1_points(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                  shard: Shard, rows: pl.DataFrame | None = None) -> Phase1Points:
+    """The point half of phase 1 for one shard: the metric points of its hosts (the hour's,
+    plus one sample gap before it) -> the hour's GPU and engine tables for those hosts.
+    ``rows``: those points already read (:mod:`pipeline.shardsplit`); None: read them."""
+    lo = hour
+    points = rows if rows is not None else read_rows(cfg, "metrics", files["metrics"], hour,
+                                                     shard)
     in_hour = pl.col(c.TS_NS) >= lo
     points = as_split(points)  # once for the three samples stages
     hour_points = points.filter(in_hour)
@@ -137,15 +153,13 @@ def phase1_points(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
 
 
 def phase1_spans(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
-                 mapping: pl.DataFrame) -> Phase1Spans:
+                 mapping: pl.DataFrame, rows: pl.DataFrame | None = None) -> Phase1Spans:
     """The span half of phase 1 for one shard: the spans of its trace bucket overlapping the
     hour -> the requests arriving in the hour. ``mapping``: the whole hour's
-    ``instance_gpus`` (a request's model may come from its engine's labels)."""
+    ``instance_gpus`` (a request's model may come from its engine's labels). ``rows``: those
+    spans already read (:mod:`pipeline.shardsplit`); None: read them."""
     lo, hi = hour, hour + HOUR_NS
-    overlap = (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo)
-    spans = read_raw(files["spans"], _SIGNALS["spans"],
-                     overlap if shard.whole else overlap & shard.span_filter(),
-                     _COLUMNS["spans"], _CATEGORICAL["spans"])
+    spans = rows if rows is not None else read_rows(cfg, "spans", files["spans"], hour, shard)
     requests = normalize(spans, mapping, cfg.dimension_map())
     # Across shards, a failed gateway request takes its engine's service from the engine's
     # requests of every shard (see shardreduce.gateway_services): each shard gives its own.
@@ -155,20 +169,42 @@ def phase1_spans(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, sh
 
 
 def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
-                shards: list[Shard] | None = None) -> list[tuple[str, pl.DataFrame]]:
+                shards: list[Shard] | None = None,
+                rows: Callable[[str], int] | None = None) -> list[tuple[str, pl.DataFrame]]:
     """Phase 1 of one hour as a pure function: the raw ``files`` (see :func:`phase1_files`)
     in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
     can run this anywhere the files can be read).
 
-    ``shards`` (:func:`~pipeline.shards.plan_hour`; None: one): the point halves run shard by
-    shard, then the span halves with the hour's merged ``instance_gpus``, and the pieces are
-    merged (:mod:`pipeline.shardreduce`) into the same partitions as one shard gives, so only
-    one shard's raw rows are in memory at a time."""
+    ``shards`` (:func:`~pipeline.shards.plan_hour`; None: one): the hour's segments are read
+    once, a chunk at a time, and split into the shards' rows (:mod:`pipeline.shardsplit`,
+    kept in a scratch directory; ``rows``: a segment's rows, which size the chunks); then the
+    point halves run shard by shard, then the span halves with the hour's merged
+    ``instance_gpus``, and the pieces are merged (:mod:`pipeline.shardreduce`) into the same
+    partitions as one shard gives, so only one shard's raw rows are in memory at a time."""
     shards = shards or [Shard(0, 1)]
-    points = [phase1_points(cfg, files, hour, shard) for shard in shards]
-    mapping = merge_by_host([p.mapping for p in points])
-    spans = [phase1_spans(cfg, files, hour, shard, mapping) for shard in shards]
+    if len(shards) == 1:
+        points = [phase1_points(cfg, files, hour, shards[0])]
+        spans = [phase1_spans(cfg, files, hour, shards[0], points[0].mapping)]
+        return merge_phase1(points, spans)
+    with Spill(shards) as spill:
+        for chunk in chunks(files, rows or (lambda _path: CHUNK_ROWS)):
+            spill.add(chunk.signal, split_chunk(cfg, chunk, hour, shards))
+        points = [phase1_points(cfg, files, hour, shard,
+                                shard_rows(spill.pieces("metrics", shard.index)))
+                  for shard in shards]
+        mapping = merge_by_host([p.mapping for p in points])
+        spans = [phase1_spans(cfg, files, hour, shard, mapping,
+                              shard_rows(spill.pieces("spans", shard.index)))
+                 for shard in shards]
     return merge_phase1(points, spans)
+
+
+def split_chunk(cfg: PipelineConfig, chunk: Chunk, hour: int,
+                shards: list[Shard]) -> list[pl.DataFrame]:
+    """One chunk of the hour's segments, read once, as one piece per shard
+    (:func:`~pipeline.shardsplit.split_rows`)."""
+    return split_rows(read_rows(cfg, chunk.signal, list(chunk.files), hour), chunk.signal,
+                      shards)
 
 
 @dataclass

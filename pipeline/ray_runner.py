@@ -17,9 +17,11 @@ runner); only the small request-energy rows of requests crossing into a dirty ho
 as frames, for the driver's read-modify-write of their arrival hour.
 
 A phase-1 hour cut into several (host group x hour) shards (:mod:`pipeline.shards`, a big
-fleet's hour) is a small graph of tasks instead (:func:`submit_phase1`): each shard's point
-half and span half is a task, so no task holds more than one shard's raw rows, and a merge
-task returns the hour's encoded partitions as the one-task hour does.
+fleet's hour) is a small graph of tasks instead (:func:`submit_phase1`): a split task per
+chunk of the hour's segments reads them once and returns one piece per shard
+(:mod:`pipeline.shardsplit`), each shard's point half and span half is a task taking its
+pieces, so no task holds more than one chunk's or one shard's raw rows, and a merge task
+returns the hour's encoded partitions as the one-task hour does.
 
 Phase 2 of hour h reads the phase-1 partitions up to ``h + 1 h + max_request_s + gap + slot``:
 it is submitted as soon as those are published (so the two phases overlap, as locally). Tasks
@@ -35,6 +37,7 @@ import io
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
@@ -42,7 +45,7 @@ import ray
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
-from fleetlens.pipeline.phases import phase1_points, phase1_spans
+from fleetlens.pipeline.phases import phase1_points, phase1_spans, split_chunk
 from fleetlens.pipeline.runner import (
     Phase2Output,
     Pipeline,
@@ -55,6 +58,7 @@ from fleetlens.pipeline.runner import (
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shardreduce import Phase1Points, Phase1Spans, merge_by_host, merge_phase1
 from fleetlens.pipeline.shards import Shard, plan_hour
+from fleetlens.pipeline.shardsplit import CHUNK_ROWS, Chunk, chunks, segment_rows, shard_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, write_bytes_atomic
 
@@ -136,14 +140,23 @@ def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int
 
 
 # Phase 1 of an hour in several shards: the same functions as the local runner's
-# phase1_hour, each shard's half a task, so no task holds more than one shard's raw rows.
-# The tasks pass their results by reference (Ray resolves them on the node that needs them);
+# phase1_hour, each chunk's split and each shard's half a task, so no task holds more than one
+# chunk's or one shard's raw rows, and each segment is decoded once (by its chunk's task).
+# The tasks pass their results by reference (Ray resolves them on the node that needs them;
+# a split task returns one object per shard, so a shard task fetches only its own pieces);
 # the driver waits for the merge alone, as for a one-shard hour.
 @ray.remote(**_TASK)
-def _points_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard
-                 ) -> tuple[Phase1Points, TaskTime]:
+def _split_task(cfg: PipelineConfig, chunk: Chunk, hour: int, shards: list[Shard]
+                ) -> tuple[pl.DataFrame, ...]:
+    return tuple(split_chunk(cfg, chunk, hour, shards))
+
+
+@ray.remote(**_TASK)
+def _points_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
+                 *pieces: pl.DataFrame) -> tuple[Phase1Points, TaskTime]:
     began = time.time(), time.process_time()
-    return _timed(1, hour, began, phase1_points(cfg, files, hour, shard))
+    return _timed(1, hour, began, phase1_points(cfg, files, hour, shard,
+                                                shard_rows(list(pieces))))
 
 
 @ray.remote(**_TASK)
@@ -154,9 +167,10 @@ def _mapping_task(*points: tuple[Phase1Points, TaskTime]) -> pl.DataFrame:
 
 @ray.remote(**_TASK)
 def _spans_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
-                mapping: pl.DataFrame) -> tuple[Phase1Spans, TaskTime]:
+                mapping: pl.DataFrame, *pieces: pl.DataFrame) -> tuple[Phase1Spans, TaskTime]:
     began = time.time(), time.process_time()
-    return _timed(1, hour, began, phase1_spans(cfg, files, hour, shard, mapping))
+    return _timed(1, hour, began, phase1_spans(cfg, files, hour, shard, mapping,
+                                               shard_rows(list(pieces))))
 
 
 @ray.remote(**_TASK)
@@ -171,15 +185,25 @@ def _merge_task(hour: int, shards: int, *halves: tuple[object, TaskTime]
 
 
 def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
-                  shards: list[Shard]) -> ray.ObjectRef:
-    """Phase 1 of ``hour`` on the cluster: one task for one shard, else a point task per
-    shard, the merged mapping, a span task per shard and the merge. The ref resolves to the
-    encoded partitions and the tasks' times."""
+                  shards: list[Shard], rows: Callable[[str], int] | None = None
+                  ) -> ray.ObjectRef:
+    """Phase 1 of ``hour`` on the cluster: one task for one shard, else a split task per
+    chunk of the hour's segments (``rows``: a segment's rows, which size the chunks), a
+    point task per shard, the merged mapping, a span task per shard and the merge. The ref
+    resolves to the encoded partitions and the tasks' times."""
     if len(shards) == 1:
         return _phase1_task.remote(cfg, files, hour)
-    points = [_points_task.remote(cfg, files, hour, shard) for shard in shards]
+    split = {"metrics": [], "spans": []}
+    for chunk in chunks(files, rows or (lambda _path: CHUNK_ROWS)):
+        refs = _split_task.options(num_returns=len(shards)).remote(cfg, chunk, hour, shards)
+        split[chunk.signal].append(refs)
+    points = [_points_task.remote(cfg, files, hour, shard,
+                                  *(refs[shard.index] for refs in split["metrics"]))
+              for shard in shards]
     mapping = _mapping_task.remote(*points)
-    spans = [_spans_task.remote(cfg, files, hour, shard, mapping) for shard in shards]
+    spans = [_spans_task.remote(cfg, files, hour, shard, mapping,
+                                *(refs[shard.index] for refs in split["spans"]))
+             for shard in shards]
     return _merge_task.remote(hour, len(shards), *points, *spans)
 
 
@@ -269,7 +293,8 @@ class RayPipeline(Pipeline):
                     hour = todo1.popleft()
                     files = phase1_files(state, self.dd, self.cfg, hour)
                     shards = plan_hour(state, self.cfg, hour)
-                    run1.append((hour, submit_phase1(self.cfg, files, hour, shards)))
+                    run1.append((hour, submit_phase1(self.cfg, files, hour, shards,
+                                                     segment_rows(state, self.dd.root))))
                 else:
                     break
             heads = [queue[0][1] for queue in (run1, run2) if queue]

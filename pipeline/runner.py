@@ -62,6 +62,7 @@ from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import plan_hour
+from fleetlens.pipeline.shardsplit import segment_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, damaged_error, unreadable_files
 
@@ -108,9 +109,10 @@ class Pipeline:
 
         Reads nothing any other hour's phase 1 writes, so hours can run side by side. Its
         (host group x hour) shards (:mod:`pipeline.shards`) run one after the other on this
-        thread, so a big hour holds one shard's raw rows at a time."""
+        thread, so a big hour holds one shard's raw rows at a time, after one pass that reads
+        the hour's segments and splits them into the shards' rows (:mod:`pipeline.shardsplit`)."""
         return phase1_hour(self.cfg, phase1_files(state, self.dd, self.cfg, hour), hour,
-                           plan_hour(state, self.cfg, hour))
+                           plan_hour(state, self.cfg, hour), segment_rows(state, self.dd.root))
 
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
                 dirty2: set[int], summary: RunSummary) -> None:

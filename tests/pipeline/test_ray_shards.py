@@ -1,6 +1,7 @@
-"""``--runner ray`` with phase 1 in several shards per hour (each shard's halves and the merge
-as tasks of their own, on a real two-node cluster on 127.0.0.1) writes the local runner's
-one-shard bytes, also when the node running a shard task is killed mid-run."""
+"""``--runner ray`` with phase 1 in several shards per hour (each chunk's split, each shard's
+halves and the merge as tasks of their own, on a real two-node cluster on 127.0.0.1) writes
+the local runner's one-shard bytes, also when the node running a shard task is killed
+mid-run."""
 
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster) -> No
 @pytest.mark.slow
 def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
         tmp_path, cluster, capfd) -> None:
-    """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs a shard's
-    point or span task: Ray reruns that task on the head, and any task whose result lived on
-    the dead node (a finished half the merge still needs), and the files are still the local
-    runner's one-shard bytes. Last in this module: it leaves one node."""
+    """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs a chunk's
+    split task or a shard's point or span task: Ray reruns that task on the head, and any
+    task whose result lived on the dead node (a split's pieces or a finished half the merge
+    still needs), and the files are still the local runner's one-shard bytes. Last in this
+    module: it leaves one node."""
     from fleetlens.pipeline.ray_runner import RayPipeline
 
     # Three hours of 9 hosts in shards of 3: 12 shard tasks an hour, half of them on the
@@ -72,7 +74,8 @@ def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
     def kill_while_it_runs_a_shard_task() -> None:
         while not done.is_set():
             running = [n for n in task_titles(worker)
-                       if n.startswith(("ray::_points_task", "ray::_spans_task"))]
+                       if n.startswith(("ray::_split_task", "ray::_points_task",
+                                        "ray::_spans_task"))]
             if running:
                 cluster.kill(worker)
                 killed.extend(running)

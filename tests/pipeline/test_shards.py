@@ -81,9 +81,9 @@ def test_any_shard_size_gives_the_same_files(tmp_path: Path, fleet, one_shard, p
     seen: list[int] = []
     real = phases.phase1_spans
 
-    def spy(cfg, files, hour, shard, mapping):
+    def spy(cfg, files, hour, shard, mapping, rows=None):
         seen.append(shard.count)
-        return real(cfg, files, hour, shard, mapping)
+        return real(cfg, files, hour, shard, mapping, rows)
 
     monkeypatch.setattr(phases, "phase1_spans", spy)
     cfg = replace(PipelineConfig(), hosts_per_shard=per_shard)
@@ -159,7 +159,7 @@ from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.storage import DataDir
 real = phases.phase1_spans
-def dying(cfg, files, hour, shard, mapping):
+def dying(cfg, files, hour, shard, mapping, rows=None):
     # The last shard of a later hour, mid-run, once the first hour (on the other phase-1
     # thread) is published.
     if hour > int(sys.argv[2]) and shard.index == shard.count - 1:
@@ -168,7 +168,7 @@ def dying(cfg, files, hour, shard, mapping):
                 break
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
-    return real(cfg, files, hour, shard, mapping)
+    return real(cfg, files, hour, shard, mapping, rows)
 phases.phase1_spans = dying
 Pipeline(DataDir(sys.argv[1]), replace(PipelineConfig(), hosts_per_shard=3)).run_once()
 """
