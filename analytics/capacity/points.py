@@ -30,6 +30,9 @@ KV_CAPACITY = "_kv_capacity"
 #: decode time) and the KV tokens a running sequence holds, weighted by its decode tokens
 STEPS_S, CONTEXT_PER_TOKEN = "_steps_s", "_context_per_token"
 GEN_TOK_S = "_gen_tok_s"
+#: the share of the window's engine samples with a request running: decode steps happen
+#: only then (STEPS_S is the rate the requests saw while they decoded)
+BUSY = "_busy"
 #: the running batch's time average over the second half of the window minus that over the
 #: first (null where a half has no segment): a window the load stepped through mid-way
 BATCH_TREND = "_batch_trend"
@@ -119,6 +122,7 @@ def engine_windows(engine: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
         pl.col(c.KV_CACHE_USAGE).mean().alias(c.KV_CACHE_USAGE_MEAN),
         capacity.cast(pl.Float64).alias(KV_CAPACITY),
         (pl.col("_gen").sum() / pl.col("_dt").sum()).alias(GEN_TOK_S),
+        (pl.col(c.NUM_RUNNING) > 0).mean().alias(BUSY),
         # prompt tokens computed: those the prefix cache did not serve
         (pl.col("_prompt").sum() / pl.col("_dt").sum()
          * (1 - (pl.col("_hits").sum() / pl.col("_queries").sum()).fill_nan(0.0)

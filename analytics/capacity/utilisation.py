@@ -2,21 +2,24 @@
 
 MBU (model bandwidth utilisation) of a window: each decode step reads the weights (split
 over the TP group) and the KV cache of every running sequence. Steps per second are what
-the window's requests saw (their output tokens - 1 over their decode time); the KV read per
-second is each generated token's context (prompt + half the output, weighted by output
-tokens) x the engine's generated tokens per second, so neither depends on the sampled
-batch. ``MBU = (weights x steps/s + kv_bytes_per_token x context x tokens/s) / tp / peak HBM
-B/s``. MFU of prefill: ``2 x params x prompt tokens computed per second (those the prefix
-cache did not serve) per GPU / peak FLOP/s``. Model shapes and
-GPU figures come from :mod:`analytics.hardware` (presets plus ``[analytics]``
-``model_shapes``, ``hbm_gbps`` and ``[analytics.capacity] peak_tflops``).
+the window's requests saw (their output tokens - 1 over their decode time) x the share of
+the window's engine samples with a request running (no step while the engine idles: without
+it, windows at a batch of 0.3-2 on the simulator's fleets read 10-25 points over the
+simulator's); the KV read per second is each generated token's context (prompt + half the
+output, weighted by output tokens) x the engine's generated tokens per second, so neither
+depends on the sampled batch's size. ``MBU = (weights x steps/s x busy share +
+kv_bytes_per_token x context x tokens/s) / tp / peak HBM B/s``. MFU of prefill: ``2 x
+params x prompt tokens computed per second (those the prefix cache did not serve) per GPU /
+peak FLOP/s``. Model shapes and GPU figures come from :mod:`analytics.hardware` (presets
+plus ``[analytics]`` ``model_shapes``, ``hbm_gbps`` and ``[analytics.capacity]
+peak_tflops``).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from fleetlens.analytics.capacity.points import CONTEXT_PER_TOKEN, STEPS_S
+from fleetlens.analytics.capacity.points import BUSY, CONTEXT_PER_TOKEN, STEPS_S
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.hardware import hbm_gbps, model_shape, peak_tflops
 from fleetlens.pipeline.schema import columns as c
@@ -49,7 +52,8 @@ def with_utilisation(points: pl.LazyFrame, config: AnalyticsConfig) -> pl.LazyFr
     keys = points.select(c.MODEL, c.GPU_MODEL).unique().collect()
     figures = _figures(keys, config).lazy()
     tp = pl.col(c.TP).cast(pl.Float64)
-    bytes_s = (pl.col("_weights") * pl.col(STEPS_S) + pl.col("_kv_bytes")
+    steps_s = pl.col(STEPS_S) * pl.col(BUSY).fill_null(1.0)
+    bytes_s = (pl.col("_weights") * steps_s + pl.col("_kv_bytes")
                * pl.col(CONTEXT_PER_TOKEN) * pl.col(c.OUTPUT_TOK_S_PER_GPU) * tp) / tp
     return (points.join(figures, on=[c.MODEL, c.GPU_MODEL], how="left")
             .with_columns((bytes_s / pl.col("_bw")).alias(c.MBU),

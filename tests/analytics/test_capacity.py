@@ -150,6 +150,21 @@ def test_mbu_inverts_a_memory_bound_step() -> None:
     assert found.capacity[c.MBU][0] == pytest.approx(0.8, abs=0.01)
 
 
+def test_mbu_counts_the_steps_of_the_busy_time_only() -> None:
+    """The engine idles for the first half of each of the first ten windows, then runs 4
+    sequences at 80% of HBM: those windows read at 40%. The step rate the requests saw
+    (while they decoded) was counted over the whole window: MBU 0.79 (the simulated fleets
+    at batch 0.3-2: 10-25 points over the simulator's)."""
+    shape, (hbm, _) = MODELS["llama-3.1-8b"], GPUS["h100"]
+    rate = 0.8 * hbm * 1e9
+    ramp = Ramp(batches=(*[(0.0, 4.0)] * 10, *[4.0] * 10), base_s=shape.weight_bytes / rate,
+                per_seq_s=shape.kv_bytes_per_token * 800 / rate)
+    windows = _run(ramp).windows
+    idle = pl.col(c.WINDOW_START_NS) < T0 + 10 * WINDOW_S * 10**9
+    assert np.allclose(windows.filter(idle)[c.MBU].to_numpy(), 0.4, atol=0.01)
+    assert np.allclose(windows.filter(~idle)[c.MBU].to_numpy(), 0.8, atol=0.01)
+
+
 def test_the_verdict_names_the_nearer_roof() -> None:
     # tiny prompts: prefill uses a sliver of the FLOP/s while decode reads at ~65% of HBM
     row = _row(Ramp(batches=tuple(np.linspace(1, 100, 30)), context=50.0))
