@@ -1,0 +1,226 @@
+"""Issue 31 on a real vLLM (the CPU build, the tiny model): the passive knee that
+``fleetlens capacity`` estimates from production-like telemetry against an active sweep's,
+and the calibrated twin (``fleetlens capacity --what-if``) against a run at a higher rate.
+
+One server with ``--max-num-seqs`` :data:`SEATS` and :data:`SHAPE`'s answers:
+
+1. the active sweep (:func:`tests.agent.capacity_run.sweep`), before the agent runs, so
+   its windows are not elasticity points of the passive estimate: closed-loop concurrency
+   1, 2, 4, ... until throughput stops rising. Its knee is judged by the passive
+   estimator's own default SLO (TPOT p99 at most 1.5x its batch-1 value, TTFT p99 at most
+   2 s) from vLLM's own timings of each step, and stated as the batch it ran;
+2. the agent scrapes, and open-loop Poisson load varies as a day would, in fractions of the
+   sweep's top throughput: :data:`PHASES` (low, high, near capacity, over it);
+3. ``fleetlens pipeline`` + ``analyze`` + ``capacity`` on the data dir: the passive knee;
+4. the twin: the data dir cut to the low-rate phase (what an operator's data would hold
+   had they asked then), analysed, and ``--what-if rate=K,max_num_seqs=SEATS`` (vLLM 0.32
+   reports no ``max_num_seqs``: the operator states it) with K the high phase's rate over
+   the low one's, against the high phase's requests as the pipeline measured them.
+
+On this engine the knee is the seat limit: the CPU decode step is overhead-bound (TPOT p50
+3.1-4.4 ms from batch 1 to 8), throughput about doubles with each doubling of the
+concurrency up to the seats and not past them, and no TPOT SLO breaks below them.
+
+Margins: the issue's own for the knee (within one step of the sweep's grid: a factor 2)
+and the twin (TTFT and TPOT p50/p90 within 20%, not met yet: see :data:`TWIN_MISSES`).
+Mine: the sweep stops when a doubling gains under 10% (:data:`capacity_run.MIN_GAIN`: a
+6 s step's throughput varies by a few percent on a shared core), and below the seats each
+doubling must gain 20% (a flat step time doubles it: 47-121% measured). Every figure is
+printed. About 4 minutes on one core (server start ~37 s, sweep ~33 s, load ~165 s), so
+``make test`` runs it only with ``tests/run_suite.py --capacity``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fleetlens.analytics.capacity.config import CapacityConfig
+from fleetlens.collector.testing import running_collector
+from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import DataDir, scan
+from tests.agent.capacity_run import (
+    NS,
+    Step,
+    analysed,
+    capacity_rows,
+    cut,
+    step_latencies,
+    sweep,
+    sweep_knee,
+)
+from tests.agent.incident_load import PROMPT_WORDS, Shape
+from tests.agent.incident_run import Phase, phase_plan, running_agent, wait_for_spans
+from tests.agent.loadgen import Request, prompt_of
+from tests.agent.vllm_env import build_tiny_model, ensure_vllm_venv, free_port, running_vllm
+from tests.agent.vllm_scenario import EXPORTER_ENV
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+HOST = "capacity-host"
+INSTANCE = f"{HOST}/tiny-0"
+WINDOW_S = 10
+SEATS = 8
+#: 136-token answers (two cache blocks): short requests, many per 10 s window
+SHAPE = Shape(blocks=2)
+#: seconds per sweep step
+STEP_S = 6.0
+#: (name, fraction of the sweep's top throughput, seconds). The low phase is the twin's
+#: calibration: 9 windows, one more than ``min_windows`` (8) with window edges off phase
+PHASES = (("low", 0.25, 90.0), ("high", 0.6, 40.0), ("near", 0.85, 10.0),
+          ("over", 1.5, 20.0))
+#: the high phase's first seconds are left out of its measurement (the batch climbs from
+#: the low phase's)
+SETTLE_S = 10.0
+#: the issue's bounds
+KNEE_STEP = 2.0
+TWIN_ERROR = 0.20
+FIGURES = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+
+
+@dataclass
+class Run:
+    steps: list[Step]
+    knee: Step
+    passive: dict
+    twin: dict
+    measured_high: dict
+    report: dict
+
+
+def _config(tmp: Path) -> Path:
+    path = tmp / "fleetlens.toml"
+    path.write_text(f"[pipeline]\nwindow_s = {WINDOW_S}\n[analytics]\nwindow_s = {WINDOW_S}\n")
+    return path
+
+
+def _measured(data: DataDir, lo: int, hi: int) -> dict:
+    """TTFT and TPOT p50/p90 of the requests that arrived in [lo, hi), as the pipeline
+    measured them (the figures the twin's ``measured`` row uses)."""
+    rows = (scan(data, t.REQUESTS).filter(pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left")
+                                          & ~pl.col(c.IS_ERROR).fill_null(False))
+            .select(c.TTFT_S, c.TPOT_S).collect())
+    out = {"requests": rows.height}
+    for col in (c.TTFT_S, c.TPOT_S):
+        for q in (0.5, 0.9):
+            out[f"{col[:-2]}_p{int(q * 100)}_s"] = rows[col].quantile(q, "linear")
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Iterator[Run]:
+    tmp = tmp_path_factory.mktemp("vllm-capacity")
+    started = time.monotonic()
+    python = ensure_vllm_venv()
+    model = build_tiny_model(python, tmp / "tiny")
+    data = DataDir(tmp / "data")
+    rng = random.Random(31)
+
+    def make(at: float) -> Request:
+        return Request(at, prompt_of(rng, PROMPT_WORDS), SHAPE.max_tokens)
+
+    report: dict = {}
+    with contextlib.ExitStack() as stack:
+        col = stack.enter_context(running_collector(data.root, config={"flush_interval_s": 1.0}))
+        server = stack.enter_context(running_vllm(
+            python, model, tmp / "vllm.log", port=free_port(), otlp_endpoint=col.grpc_address,
+            service_name="vllm-capacity", extra_env=EXPORTER_ENV,
+            resource_attributes={a.SERVICE_INSTANCE_ID: INSTANCE, a.HOST_NAME: HOST},
+            args=["--max-num-seqs", str(SEATS), "--max-model-len", str(SHAPE.max_model_len)]))
+        report["server_start_s"] = round(time.monotonic() - started, 1)
+        warm_up = sweep(server.port, make, SEATS, 2.0, 4)  # left out
+        t0 = time.monotonic()
+        steps = sweep(server.port, make, SEATS, STEP_S, 4 * SEATS)
+        report["sweep_s"] = round(time.monotonic() - t0, 1)
+        top = max(s.rps for s in steps)
+        with running_agent(tmp, col.grpc_address, server.url, INSTANCE, HOST):
+            time.sleep(2.0)  # the agent's first scrapes of the idle engine
+            plan, timeline = phase_plan(rng, [Phase(n, f * top, s) for n, f, s in PHASES], make)
+            t0 = time.monotonic()
+            timeline.send(server.port, plan)
+            report["load_s"] = round(time.monotonic() - t0, 1)
+            time.sleep(3.0)  # the agent's scrapes of the drained engine
+        sent = sum(len(s.requests) for s in (*warm_up, *steps))
+        report["spans_landed"] = wait_for_spans(data, sent + len(plan), settle_s=10.0)
+    report["rates"] = {n: round(f * top, 2) for n, f, _ in PHASES}
+    step_latencies(data, steps)
+    slo = CapacityConfig()
+    knee = sweep_knee(steps, slo.tpot_ratio, slo.ttft_p99_s)
+    config = _config(tmp)
+    t0 = time.monotonic()
+    analysed(data, config)
+    passive = capacity_rows(data, config)
+    low = timeline.spans["low"]
+    calibration = cut(data, tmp / "low", *low)
+    analysed(calibration, config)
+    factor = PHASES[1][1] / PHASES[0][1]
+    hours = (low[1] - low[0]) / NS / 3600
+    twin = capacity_rows(calibration, config, "--what-if",
+                         f"rate={factor:g},max_num_seqs={SEATS}", "--hours", f"{hours:.6f}")
+    high = timeline.spans["high"]
+    measured_high = _measured(data, high[0] + int(SETTLE_S * NS), high[1])
+    report["analysis_s"] = round(time.monotonic() - t0, 1)
+    result = Run(steps, knee, passive[0] if len(passive) == 1 else {"rows": passive},
+                 {r["row"]: r for r in twin}, measured_high, report)
+    yield result
+    report["total_s"] = round(time.monotonic() - started, 1)
+    print("\nvLLM capacity run:", json.dumps({
+        **report, "sweep": [s.figures for s in steps], "sweep_knee_batch": knee.batch,
+        "passive": {k: result.passive.get(k) for k in (
+            c.KNEE_BATCH, c.KNEE_LIMIT, "knee_batch_lo", "knee_batch_hi", "knee_rps",
+            "batch_min", "batch_max", "windows_used", "tpot_slo_s", "tpot_batch1_s")},
+        "twin": {k: result.twin.get("twin (what-if)", {}).get(k) for k in FIGURES},
+        "twin_present": {k: result.twin.get("twin (present)", {}).get(k) for k in FIGURES},
+        "measured_low": {k: result.twin.get("measured", {}).get(k) for k in FIGURES},
+        "measured_high": measured_high}, default=str))
+
+
+def test_the_sweep_rises_until_the_seats_are_full(run: Run) -> None:
+    """The physics the knee rests on: below the seats each doubling of the concurrency
+    raises throughput (by 20% at least; a step time flat in the batch doubles it)."""
+    below = [s for s in run.steps if s.concurrency <= SEATS]
+    gains = [b.rps / a.rps - 1 for a, b in zip(below, below[1:], strict=False)]
+    assert min(gains) > 0.2, [s.figures for s in run.steps]
+
+
+def test_the_passive_knee_is_within_one_step_of_the_sweeps(run: Run) -> None:
+    knee = run.passive.get(c.KNEE_BATCH)
+    assert knee is not None, run.passive
+    assert run.knee.batch / KNEE_STEP <= knee <= run.knee.batch * KNEE_STEP, (
+        f"passive knee {knee:.2f} ({run.passive.get(c.KNEE_LIMIT)}), sweep's {run.knee.batch}: "
+        f"{[s.figures for s in run.steps]}")
+
+
+#: Why the twin misses on this engine (issue 31, reported to the capacity analytics): the
+#: low phase visits batches 1-3, where the CPU engine's decode step is nearly flat in the
+#: batch (the sweeps: TPOT p50 3.1-4.4 ms from batch 1 to 8) and a window's TPOT p50
+#: scatters by 10-20%, so the step-time line fitted there extrapolates far too steep: run 1
+#: (r2 0.37) 0.32 ms per sequence against 0.15 ms on every phase (the twin's TPOT p50 +38%,
+#: its TTFT p90 434 ms against 70 ms); run 2 a hinge at batch 1.17 with 2.0 ms per sequence
+#: past it, a twin engine saturating at about 3.3 req/s where the server took 12 (its own
+#: replay of the present: TPOT p50 +959%). Strict: this test fails once the twin meets the
+#: bound, and the marker goes.
+TWIN_MISSES = ("the twin's step-time fit on a low-rate period's narrow batch range "
+               "extrapolates far too steep on the CPU vLLM (issue 31)")
+
+
+@pytest.mark.xfail(strict=True, reason=TWIN_MISSES)
+def test_the_twin_calibrated_on_the_low_rate_predicts_the_high_rate(run: Run) -> None:
+    predicted = run.twin["twin (what-if)"]
+    errors = {f: predicted[f] / run.measured_high[f] - 1 for f in FIGURES
+              if predicted[f] is not None and run.measured_high[f]}
+    assert len(errors) == len(FIGURES), (run.twin, run.measured_high)
+    missed = {f: f"{e:+.0%}" for f, e in errors.items() if abs(e) > TWIN_ERROR}
+    assert not missed, (f"twin off by more than {TWIN_ERROR:.0%}: {missed}; twin "
+                        f"{[round(predicted[f] * 1e3, 2) for f in FIGURES]} ms, measured "
+                        f"{[round(run.measured_high[f] * 1e3, 2) for f in FIGURES]} ms")
