@@ -7,8 +7,12 @@ plans the hour's (host group x hour) shards (:func:`pipeline.shards.plan_hour`, 
 ``shard_rows`` unless ``--shard-rows``) and runs every task in a fresh process of its own,
 reading its peak RSS (``VmHWM``) when it ends:
 
-- ``points``: one shard's point half (its hosts' metric points -> GPU and engine tables);
-- ``spans``: one shard's span half (its trace bucket's spans -> requests);
+- ``split``: (several shards only) the hour's raw segments read once, a chunk at a time, and
+  split into the shards' pieces (:mod:`pipeline.shardsplit`), written as Arrow IPC files;
+- ``points``: one shard's point half (its hosts' metric points, from its pieces -> GPU and
+  engine tables); with several shards also run reading the raw segments itself, as before
+  the split, for the CPU it cost (every shard decoded every segment);
+- ``spans``: one shard's span half (its trace bucket's spans, from its pieces -> requests);
 - ``hour``: the whole hour as the local runner runs it (every shard one after the other, then
   the merge): what one thread of ``--runner local`` holds;
 - ``unsharded``: the hour in one shard, as before issue 36 (skipped above ``--unsharded-max``
@@ -43,14 +47,33 @@ from fleetlens.pipeline.shards import Shard
 args = json.loads({args!r})
 cfg, files, hour = PipelineConfig(), args["files"], args["hour"]
 shards = [Shard(s[0], s[1], tuple(s[2]), s[3]) for s in args["shards"]]
+segment_rows = args["rows"].__getitem__
+def pieces(signal):  # the shard's pieces the split task wrote (None: read the raw segments)
+    if not args["pieces"]:
+        return None
+    from pathlib import Path
+    from fleetlens.pipeline.shardsplit import shard_rows
+    found = sorted(Path(args["pieces"]).glob(f"{{signal}}-{{shards[0].index}}-*.arrow"),
+                   key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    return shard_rows([pl.read_ipc(p) for p in found])
 began = time.perf_counter()
-if args["mode"] == "points":
-    out = phases.phase1_points(cfg, files, hour, shards[0])
+if args["mode"] == "split":
+    from pathlib import Path
+    from fleetlens.pipeline.shardsplit import chunks
+    rows = 0
+    for n, chunk in enumerate(chunks(files, segment_rows)):
+        for i, piece in enumerate(phases.split_chunk(cfg, chunk, hour, shards)):
+            piece.write_ipc(Path(args["pieces"]) / f"{{chunk.signal}}-{{i}}-{{n}}.arrow",
+                            compression="uncompressed")
+            rows += piece.height
+elif args["mode"] == "points":
+    out = phases.phase1_points(cfg, files, hour, shards[0], pieces("metrics"))
     out.mapping.write_parquet(args["mapping"])
     rows = sum(f.height for _, f in out.tables)
 elif args["mode"] == "spans":
     mapping = pl.read_parquet(args["mapping"])
-    rows = phases.phase1_spans(cfg, files, hour, shards[0], mapping).requests.height
+    rows = phases.phase1_spans(cfg, files, hour, shards[0], mapping,
+                               pieces("spans")).requests.height
 elif args["mode"] == "phase2":
     from fleetlens.pipeline.storage import DataDir
     out = phases.phase2_hour(DataDir(args["data"]), cfg, hour, {{hour}})
@@ -58,7 +81,7 @@ elif args["mode"] == "phase2":
 else:
     from fleetlens.pipeline.partitions import publish
     from fleetlens.pipeline.storage import DataDir
-    parts = phases.phase1_hour(cfg, files, hour, shards)
+    parts = phases.phase1_hour(cfg, files, hour, shards, segment_rows)
     rows = sum(f.height for _, f in parts)
     if args["data"]:  # the hour's phase-1 partitions, for the phase-2 task
         for table, frame in parts:
@@ -93,10 +116,10 @@ def generate(bench: ModuleType, root: Path, gpus: int, hour: int) -> tuple[int, 
     return spans, points
 
 
-def _task(mode: str, files: dict, hour: int, shards: list, mapping: str, data: str = ""
-          ) -> dict:
+def _task(mode: str, files: dict, hour: int, shards: list, mapping: str, data: str = "",
+          rows: dict | None = None, pieces: str = "") -> dict:
     args = json.dumps({"mode": mode, "files": files, "hour": hour, "mapping": mapping,
-                       "data": data,
+                       "data": data, "rows": rows or {}, "pieces": pieces,
                        "shards": [[s.index, s.count, list(s.hosts), s.rest] for s in shards]})
     out = subprocess.run([sys.executable, "-c", _TASK.format(repo=str(REPO), args=args)],
                          capture_output=True, text=True, check=False)
@@ -126,28 +149,53 @@ def measure(bench: ModuleType, gpus: int, shard_rows: int, unsharded_max: int) -
         discover(dd, state, int(cfg.max_sample_gap_s * bench.NS), cfg.lateness_s * bench.NS)
         files = phase1_files(state, dd, cfg, hour)
         shards = plan_hour(state, cfg, hour)
-        pieces, point_runs, span_runs = [], [], []
-        for shard in shards:
-            path = str(Path(tmp) / f"mapping-{shard.index}.parquet")
-            point_runs.append(_task("points", files, hour, [shard], path))
-            pieces.append(pl.read_parquet(path))
-        mapping = str(Path(tmp) / "mapping.parquet")
-        merge_by_host(pieces).write_parquet(mapping)
-        for shard in shards:
-            span_runs.append(_task("spans", files, hour, [shard], mapping))
-        whole = _task("hour", files, hour, shards, mapping, str(root))
+        rows = {str(root / rel): seg.rows for rel, seg in state.segments.items()}
+        split_dir = Path(tmp) / "pieces"
+        split_dir.mkdir()
+        split = (_task("split", files, hour, shards, "", rows=rows, pieces=str(split_dir))
+                 if len(shards) > 1 else None)
+        runs: dict[str, tuple[list, list]] = {}
+        # With several shards: the halves from the split's pieces (as the runners run them
+        # now), then reading the raw segments themselves (as before the split), for the CPU.
+        for how, where in (("split", str(split_dir) if split else ""), ("read", "")):
+            if how == "read" and not split:
+                break
+            mappings, point_runs, span_runs = [], [], []
+            for shard in shards:
+                path = str(Path(tmp) / f"mapping-{shard.index}.parquet")
+                point_runs.append(_task("points", files, hour, [shard], path, pieces=where))
+                mappings.append(pl.read_parquet(path))
+            mapping = str(Path(tmp) / "mapping.parquet")
+            merge_by_host(mappings).write_parquet(mapping)
+            for shard in shards:
+                span_runs.append(_task("spans", files, hour, [shard], mapping, pieces=where))
+            runs[how] = point_runs, span_runs
+        whole = _task("hour", files, hour, shards, mapping, str(root), rows=rows)
         phase2 = _task("phase2", files, hour, shards, mapping, str(root))
         single = (_task("hour", files, hour, [Shard(0, 1)], mapping)
                   if gpus <= unsharded_max else None)
+    point_runs, span_runs = runs["split"]
+    read = runs.get("read")
     return {"gpus": gpus, "spans": spans, "points": points, "shards": len(shards),
             "hosts_per_shard": len(shards[0].hosts) if len(shards) > 1 else gpus // 4,
+            "split_task_mb": split and split["rss_mb"], "split_cpu_s": split and split["cpu_s"],
             "points_task_mb": max(r["rss_mb"] for r in point_runs),
             "spans_task_mb": max(r["rss_mb"] for r in span_runs),
-            "task_cpu_s": sum(r["cpu_s"] for r in point_runs + span_runs),
+            "task_cpu_s": sum(r["cpu_s"] for r in point_runs + span_runs)
+            + (split["cpu_s"] if split else 0.0),
+            "read_task_cpu_s": read and sum(r["cpu_s"] for r in read[0] + read[1]),
             "hour_mb": whole["rss_mb"], "hour_cpu_s": whole["cpu_s"],
             "phase2_mb": phase2["rss_mb"], "phase2_cpu_s": phase2["cpu_s"],
             "unsharded_mb": single and single["rss_mb"],
             "unsharded_cpu_s": single and single["cpu_s"]}
+
+
+def _split(r: dict) -> str:
+    """The split task's share, and the halves' CPU when each read the raw segments itself."""
+    if not r["split_task_mb"]:
+        return ""
+    return (f", the split task {r['split_task_mb']:.0f} MiB and {r['split_cpu_s']:.1f} of them; "
+            f"each shard reading the raw segments itself: {r['read_task_cpu_s']:.1f} CPU-s")
 
 
 def report(rows: list[dict]) -> None:
@@ -158,11 +206,12 @@ def report(rows: list[dict]) -> None:
         print(f"{r['gpus']:5d} GPUs ({r['spans']:,} spans, {r['points']:,} points): "
               f"{r['shards']} shard(s) of {r['hosts_per_shard']} hosts; peak per task: point "
               f"half {r['points_task_mb']:.0f} MiB, span half {r['spans_task_mb']:.0f} MiB "
-              f"({r['task_cpu_s']:.1f} CPU-s in all); the whole hour on one thread "
+              f"({r['task_cpu_s']:.1f} CPU-s in all{_split(r)}); the whole hour on one thread "
               f"{r['hour_mb']:.0f} MiB ({r['hour_cpu_s']:.1f} CPU-s); unsharded {unsharded}; "
               f"phase 2 of the hour (one task, not sharded) {r['phase2_mb']:.0f} MiB "
               f"({r['phase2_cpu_s']:.1f} CPU-s)",
               flush=True)
-    peaks = [max(r["points_task_mb"], r["spans_task_mb"]) for r in rows]
+    peaks = [max(r["points_task_mb"], r["spans_task_mb"], r["split_task_mb"] or 0)
+             for r in rows]
     print(f"largest task peak / smallest across the fleet sizes: "
           f"{max(peaks) / min(peaks):.2f} (target <= 1.5)")
