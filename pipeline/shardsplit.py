@@ -17,6 +17,8 @@ Ray runner in its object store (:mod:`pipeline.ray_runner`).
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,12 +99,38 @@ def shard_rows(pieces: list[pl.DataFrame]) -> pl.DataFrame | None:
     return pl.concat(pieces, rechunk=False) if len(pieces) > 1 else pieces[0]
 
 
+#: Scratch directories of :class:`Spill`: this prefix, the owning process id, a dash.
+_SCRATCH = "fleetlens-shards-"
+
+
+def remove_orphans(parent: Path) -> list[Path]:
+    """Remove the scratch directories under ``parent`` whose process is gone (killed mid-hour:
+    an OOM kill, a SIGKILL), which would otherwise stay, an hour of raw rows each, on every
+    restart; return them. A directory of a live process (or of one this process cannot
+    tell) stays."""
+    gone = []
+    for path in parent.glob(f"{_SCRATCH}*-*"):
+        owner = path.name[len(_SCRATCH):].split("-", 1)[0]
+        if not owner.isdigit() or int(owner) == os.getpid() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+        except OSError:  # alive, another user's
+            continue
+    return gone
+
+
 class Spill:
     """The local runner's pieces between the split and the shards: Arrow IPC files in a
-    scratch directory (``tempfile``'s, so ``$TMPDIR`` moves it), removed on close."""
+    scratch directory (``tempfile``'s, so ``$TMPDIR`` moves it), removed on close, and by
+    the next one opened if its process died first (:func:`remove_orphans`)."""
 
     def __init__(self, shards: list[Shard]) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="fleetlens-shards-")
+        remove_orphans(Path(tempfile.gettempdir()))
+        self._dir = tempfile.TemporaryDirectory(prefix=f"{_SCRATCH}{os.getpid()}-")
         self._files: dict[tuple[str, int], list[Path]] = {
             (signal, s.index): [] for signal in SIGNALS for s in shards}
 

@@ -3,6 +3,7 @@ every shard the rows, in the order, that reading every segment with its filter g
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import polars as pl
@@ -98,3 +99,28 @@ def test_shard_of_matches_every_shard_filter() -> None:
     for row, shard in enumerate(index):
         taken = [s.index for s in shards if spans.slice(row, 1).filter(s.span_filter()).height]
         assert taken == [shard]
+
+
+def test_a_dead_runners_scratch_is_removed_by_the_next(tmp_path, monkeypatch) -> None:
+    """A local runner killed mid-hour leaves its pieces (an hour of raw rows) behind; the next
+    split removes them, and not those of a live process."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from fleetlens.pipeline.shardsplit import remove_orphans
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    orphan = tmp_path / f"fleetlens-shards-{dead}-abc"
+    alive = tmp_path / "fleetlens-shards-1-def"  # init: alive, not ours to signal
+    other = tmp_path / "fleetlens-shards-x-ghi"
+    for folder in (orphan, alive, other):
+        (folder / "metrics-0-0.arrow").parent.mkdir()
+        (folder / "metrics-0-0.arrow").write_bytes(b"x")
+    with Spill(plan(["a", "b"], 1)):
+        assert not orphan.exists() and alive.exists() and other.exists()
+        mine = next(tmp_path.glob(f"fleetlens-shards-{os.getpid()}-*"))
+        assert remove_orphans(tmp_path) == [] and mine.exists()
+    assert not mine.exists()
