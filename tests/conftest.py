@@ -48,6 +48,7 @@ SERIAL_UNITS = {
     # CPU vLLM server at load plus two Ray clusters starved everything (load 18-22 on 2
     # cores: a Ray head timed out starting, the agent's exports missed their deadline).
     "real-vllm": ("tests/agent/test_vllm_incidents.py", "tests/agent/test_vllm_e2e.py",
+                  "tests/agent/test_vllm_capacity.py",
                   "tests/analytics/test_ray_analyze.py", "tests/pipeline/test_ray_runner.py",
                   "tests/pipeline/test_object_store_e2e.py"),
 }
