@@ -41,7 +41,7 @@ from fleetlens.pipeline.shardreduce import (
     merge_phase1,
 )
 from fleetlens.pipeline.shards import Shard
-from fleetlens.pipeline.shardsplit import CHUNK_ROWS, Chunk, Spill, chunks, shard_rows, split_rows
+from fleetlens.pipeline.shardsplit import Chunk, Spill, chunks, shard_rows, split_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir
 from fleetlens.pipeline.windows import windows
@@ -187,7 +187,7 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
         spans = [phase1_spans(cfg, files, hour, shards[0], points[0].mapping)]
         return merge_phase1(points, spans)
     with Spill(shards) as spill:
-        for chunk in chunks(files, rows or (lambda _path: CHUNK_ROWS)):
+        for chunk in chunks(files, rows):
             spill.add(chunk.signal, split_chunk(cfg, chunk, hour, shards))
         points = [phase1_points(cfg, files, hour, shard,
                                 shard_rows(spill.pieces("metrics", shard.index)))

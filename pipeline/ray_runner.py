@@ -58,7 +58,7 @@ from fleetlens.pipeline.runner import (
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shardreduce import Phase1Points, Phase1Spans, merge_by_host, merge_phase1
 from fleetlens.pipeline.shards import Shard, plan_hour
-from fleetlens.pipeline.shardsplit import CHUNK_ROWS, Chunk, chunks, segment_rows, shard_rows
+from fleetlens.pipeline.shardsplit import Chunk, chunks, segment_rows, shard_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, write_bytes_atomic
 
@@ -194,7 +194,7 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     if len(shards) == 1:
         return _phase1_task.remote(cfg, files, hour)
     split = {"metrics": [], "spans": []}
-    for chunk in chunks(files, rows or (lambda _path: CHUNK_ROWS)):
+    for chunk in chunks(files, rows):
         refs = _split_task.options(num_returns=len(shards)).remote(cfg, chunk, hour, shards)
         split[chunk.signal].append(refs)
     points = [_points_task.remote(cfg, files, hour, shard,

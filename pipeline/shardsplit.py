@@ -31,13 +31,17 @@ from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard, trace_bucket
 from fleetlens.pipeline.state import PipelineState
 
-#: Raw rows read at once while splitting: about what one shard of the default ``shard_rows``
-#: reads in a run of row groups, so the split holds no more than a shard task does.
-CHUNK_ROWS = 1 << 20
+#: Raw rows read at once while splitting, per signal: about what one shard of the default
+#: ``shard_rows`` decodes in a run of row groups, so a split task holds no more than a shard
+#: task does. A span (ids, names, attribute maps as strings) weighs about ten metric points:
+#: 1M spans held 1.1 GB in a split task (bench/scale.py --memory, 256 GPUs).
+CHUNK_ROWS = {"metrics": 1 << 20, "spans": 1 << 17}
 #: The shard of a row (internal; never written).
 _SHARD = "__shard"
 #: The two raw signals phase 1 reads, and their tables.
 SIGNALS = {"metrics": t.METRIC_POINTS, "spans": t.SPANS}
+#: The rows of a segment whose rows are unknown: a chunk of its own.
+_OWN_CHUNK = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -48,18 +52,18 @@ class Chunk:
     files: tuple[str, ...]
 
 
-def chunks(files: dict[str, list[str]], rows: Callable[[str], int],
-           limit: int = CHUNK_ROWS) -> list[Chunk]:
+def chunks(files: dict[str, list[str]], rows: Callable[[str], int] | None = None,
+           limits: dict[str, int] = CHUNK_ROWS) -> list[Chunk]:
     """The hour's segments (``files``, as :func:`~pipeline.phases.phase1_files` lists them)
-    in chunks of consecutive segments of at most ``limit`` rows each (``rows``: a segment's
-    rows; a bigger segment is a chunk of its own)."""
+    in chunks of consecutive segments of at most ``limits[signal]`` rows each (``rows``: a
+    segment's rows, None: unknown; a bigger or unknown segment is a chunk of its own)."""
     out: list[Chunk] = []
     for signal in SIGNALS:
         group: list[str] = []
         size = 0
         for path in files[signal]:
-            count = rows(path)
-            if group and size + count > limit:
+            count = _OWN_CHUNK if rows is None else rows(path)
+            if group and size + count > limits[signal]:
                 out.append(Chunk(signal, tuple(group)))
                 group, size = [], 0
             group.append(path)
@@ -158,6 +162,6 @@ class Spill:
 
 def segment_rows(state: PipelineState, root: object) -> Callable[[str], int]:
     """Rows of a segment by the path :meth:`PipelineState.files` gives it (one the state does
-    not know counts as a whole chunk)."""
+    not know is a chunk of its own)."""
     known = {str(root / rel): seg.rows for rel, seg in state.segments.items()}  # type: ignore[operator]
-    return lambda path: known.get(path, CHUNK_ROWS)
+    return lambda path: known.get(path, _OWN_CHUNK)

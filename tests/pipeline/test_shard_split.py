@@ -40,7 +40,7 @@ def test_split_rows_are_the_shards_filtered_reads(tmp_path, fleet) -> None:  # n
     shards = plan([h for h in state.watermarks if h != "h3"], 3)  # h3: a host no plan names
     assert len(shards) == 4
     with Spill(shards) as spill:
-        for chunk in chunks(files, segment_rows(state, dd.root), limit=2):
+        for chunk in chunks(files, segment_rows(state, dd.root), {"metrics": 2, "spans": 2}):
             spill.add(chunk.signal, phases.split_chunk(cfg, chunk, hour, shards))
         for shard in shards:
             for signal in ("metrics", "spans"):
@@ -75,11 +75,15 @@ def test_a_sharded_hour_reads_each_segment_once(tmp_path, fleet, monkeypatch) ->
 
 def test_chunks_keep_segment_order_and_size() -> None:
     files = {"metrics": ["m1", "m2", "m3", "m4"], "spans": ["s1"]}
-    rows = {"m1": 4, "m2": 5, "m3": 20, "m4": 1, "s1": 3}.__getitem__
-    assert chunks(files, rows, limit=10) == [
+    rows = {"m1": 4, "m2": 5, "m3": 20, "m4": 1, "s1": 3, "s2": 3}.__getitem__
+    limits = {"metrics": 10, "spans": 5}
+    assert chunks(files | {"spans": ["s1", "s2"]}, rows, limits) == [
         Chunk("metrics", ("m1", "m2")), Chunk("metrics", ("m3",)), Chunk("metrics", ("m4",)),
-        Chunk("spans", ("s1",))]
+        Chunk("spans", ("s1",)), Chunk("spans", ("s2",))]
     assert chunks({"metrics": [], "spans": []}, rows) == []
+    # rows unknown: a segment is a chunk of its own
+    assert chunks(files, None) == [Chunk("metrics", (f,)) for f in files["metrics"]] + [
+        Chunk("spans", ("s1",))]
 
 
 def test_shard_of_matches_every_shard_filter() -> None:
