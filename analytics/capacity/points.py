@@ -84,20 +84,27 @@ def _time_means(samples: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
         ((pl.col(c.NUM_RUNNING) + nxt[c.NUM_RUNNING]) / 2).alias("_running"),
         ((pl.col(c.KV_CACHE_USAGE) + nxt[c.KV_CACHE_USAGE]) / 2).alias("_kv"),
     ).filter((pl.col("_seg_s") > 0) & (pl.col("_seg_s") <= window_s))
+    # plain sums of seconds and value x seconds (a null value: no seconds), the second half's
+    # apart; sums are what a group-by does fastest (filtered sums cost +40% on 2M samples)
+    col, late = pl.col, pl.col("_late")
+    sums = {"_late_s": pl.when(late & col("_running").is_not_null()).then(col("_seg_s")).sum(),
+            "_late_x": pl.when(late).then(col("_running") * col("_seg_s")).sum()}
+    for value in ("_running", "_kv"):
+        sums[f"{value}_s"] = pl.when(col(value).is_not_null()).then(col("_seg_s")).sum()
+        sums[f"{value}_x"] = (col(value) * col("_seg_s")).sum()
 
-    def mean(value: str, where: pl.Expr | None = None) -> pl.Expr:
+    def mean(x: pl.Expr, seconds: pl.Expr) -> pl.Expr:
         # null (not 0/0 = NaN, which coalesce keeps) where no segment has the value: an
         # engine that does not report the gauge (NaN reached the knee's least squares)
-        inside = pl.col(value).is_not_null() if where is None else (
-            pl.col(value).is_not_null() & where)
-        seconds = pl.col("_seg_s").filter(inside).sum()
-        return pl.when(seconds > 0).then(
-            (pl.col(value) * pl.col("_seg_s")).filter(inside).sum() / seconds)
+        return pl.when(seconds > 0).then(x / seconds)
 
-    late = pl.col("_late")
-    return segments.group_by(*keys, c.WINDOW_START_NS).agg(
-        mean("_running").alias("_batch_t"), mean("_kv").alias("_kv_t"),
-        (mean("_running", late) - mean("_running", ~late)).alias(BATCH_TREND))
+    return segments.group_by(*keys, c.WINDOW_START_NS).agg(**sums).select(
+        *keys, c.WINDOW_START_NS,
+        mean(col("_running_x"), col("_running_s")).alias("_batch_t"),
+        mean(col("_kv_x"), col("_kv_s")).alias("_kv_t"),
+        (mean(col("_late_x"), col("_late_s"))
+         - mean(col("_running_x") - col("_late_x"), col("_running_s") - col("_late_s")))
+        .alias(BATCH_TREND))
 
 
 def engine_windows(engine: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
