@@ -11,7 +11,7 @@ Resource and scope columns (:data:`SHARED_COLUMNS`) carry one value per resource
 repeated on each of its rows (issue 16, item 4): they are buffered dictionary-encoded, each
 distinct text once per request plus a 4-byte index per row. A request of 400 spans under a
 1.5 MB resource is then 1.5 MB of Arrow strings, not 600 MB, and the buffer accounting
-(``Table.nbytes``) counts it once. ``Segments.publish`` writes them as plain strings.
+(:func:`table_bytes`) counts it once. ``Segments.publish`` writes them as plain strings.
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ def shared_array(values: list[Any]) -> pa.DictionaryArray:
     and only each run's value is hashed, once. Hashing every row, as Arrow's dictionary
     builder would, reads the whole repeated text: rows x size again, in CPU.
     """
+    first = values[0] if values else None
+    if first is not None and values.count(first) == len(values):
+        # The common case, one resource or scope per request: one text, every index 0
+        # (list.count compares by identity first). 7 us instead of about 30-200.
+        zeros = pa.py_buffer(bytes(4 * len(values)))
+        return pa.DictionaryArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), len(values), [None, zeros]),
+            pa.array([first], type=pa.large_string()))
     codes: dict[str, int] = {}
     run_codes: list[int] = []
     lengths: list[int] = []
@@ -74,6 +82,16 @@ def shared_array(values: list[Any]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(
         pa.array(indices, type=pa.int32(), mask=mask),
         pa.array(list(codes), type=pa.large_string()))
+
+
+def table_bytes(table: pa.Table) -> int:
+    """Bytes of the buffers ``table`` holds: what buffering it costs.
+
+    ``Table.nbytes`` counts only the bytes the rows reference, walking every array (0.065 ms
+    for a 512-span table, twice per Export: 0.25 us per span); this sums the buffers whole
+    (2.5 us), never less than what the table keeps alive.
+    """
+    return table.get_total_buffer_size()
 
 
 def build_table(signal: Signal, columns: dict[str, list[Any]]) -> pa.Table:

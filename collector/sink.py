@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from fleetlens.collector.durable import make_dirs_durable
 from fleetlens.collector.errors import Overloaded, StorageFailure
 from fleetlens.collector.faults import Faults
-from fleetlens.collector.rows import plain_schema
+from fleetlens.collector.rows import plain_schema, table_bytes
 from fleetlens.collector.signals import BY_CODE, SIGNALS, Signal
 from fleetlens.collector.telemetry import Telemetry, log
 from fleetlens.collector.wal import Wal
@@ -165,7 +165,8 @@ class Sink:
         """
         if not table.num_rows:
             return  # everything was rejected: nothing to make durable
-        if self.buffered_bytes + table.nbytes > self.max_buffered_bytes:
+        size = table_bytes(table)
+        if self.buffered_bytes + size > self.max_buffered_bytes:
             raise Overloaded(f"collector buffer full ({self.buffered_bytes} bytes); retry later")
         try:
             with self._lock:
@@ -174,7 +175,7 @@ class Sink:
                     self._oldest = time.monotonic()
                 self._tables[signal.code].append(table)
                 self._rows += table.num_rows
-                self._bytes += table.nbytes
+                self._bytes += size
             self.wal.sync(seq)
         except OSError as exc:
             self.telemetry.add("storage_failures")
