@@ -74,8 +74,11 @@ def _good(points: pl.DataFrame, requests: pl.LazyFrame, slos: pl.DataFrame) -> p
     one-token answer has no TPOT and meets that SLO)."""
     window_s = int(points[c.WINDOW_S][0])
     keys = [c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS]
+    # only the columns judged: a requests table may carry its own service, model or (null)
+    # GPU model, which would shadow the pool's in the join and match no SLO row
     judged = (requests.filter(~pl.col(c.IS_ERROR).fill_null(False))
               .with_columns(latency_window(window_s))
+              .select(*keys, c.TPOT_S, c.TTFT_S)
               .join(points.lazy().select(*keys, *POOL), on=keys)
               .join(slos.lazy(), on=POOL)
               .group_by(keys).agg(((pl.col(c.TPOT_S).is_null()

@@ -213,3 +213,20 @@ def test_each_configuration_fingerprint_is_a_pool_of_its_own() -> None:
                                  ("bbb", "chat-h01-1", 20)]
     aaa = found.capacity.filter(pl.col(c.CONFIG) == "aaa").row(0, named=True)
     assert aaa[c.KNEE_BATCH] == pytest.approx(ramp.knee(), rel=0.05)
+
+
+def test_goodput_ignores_the_pool_columns_a_requests_table_carries() -> None:
+    """The agent's requests carry their own ``gpu_model`` (null with no GPU) and service:
+    joined as they were, the requests' null shadowed the pool's GPU model and no request
+    matched an SLO row (goodput 0.00 on a real vLLM)."""
+    ramp = Ramp(batches=tuple(np.linspace(1, 140, 40)))
+    tables = ramp_tables(ramp)
+    carried = tables.requests.with_columns(pl.lit(None, pl.String).alias(c.GPU_MODEL))
+    found = analyse_capacity(dataclasses.replace(tables, requests=carried), AnalyticsConfig(),
+                             WINDOW_S)
+    plain = _run(ramp)
+    assert found.windows[c.GOOD_REQUESTS].sum() > 0.5 * found.windows[c.REQUESTS].sum()
+    assert found.windows[c.GOOD_REQUESTS].to_list() == plain.windows[c.GOOD_REQUESTS].to_list()
+    row = found.capacity.row(0, named=True)
+    assert row[c.GOODPUT_RPS_PER_GPU] == plain.capacity.row(0, named=True)[
+        c.GOODPUT_RPS_PER_GPU] > 0
