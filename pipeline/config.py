@@ -45,6 +45,11 @@ class PipelineConfig:
     shard_rows: int = 8_000_000
     #: Hosts per shard, overriding the size chosen from the data (0: from ``shard_rows``).
     hosts_per_shard: int = 0
+    #: Shards from which phase 1 of an hour reads its raw segments once and splits them into
+    #: the shards' rows (pipeline/shardsplit.py); below it each shard reads every segment
+    #: itself. The split costs about 400 ns per raw row, a shard's own read about 60: it pays
+    #: from about 6 shards (bench/scale.py --memory: 1.09x the CPU at 3 shards, 0.80x at 12).
+    split_from_shards: int = 6
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -59,6 +64,7 @@ class PipelineConfig:
                 "energy_slot_s", f"must divide window_s ({self.window_s})")
         require(self.shard_rows > 0, "shard_rows", "must be positive")
         require(self.hosts_per_shard >= 0, "hosts_per_shard", "must not be negative")
+        require(self.split_from_shards >= 2, "split_from_shards", "must be at least 2")
         require(self.max_request_s > 0, "max_request_s", "must be positive")
         require(self.max_sample_gap_s > 0, "max_sample_gap_s", "must be positive")
         step_ns = round(self.gpu_sample_interval_s * 1e9)

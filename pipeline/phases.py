@@ -175,16 +175,18 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
     can run this anywhere the files can be read).
 
-    ``shards`` (:func:`~pipeline.shards.plan_hour`; None: one): the hour's segments are read
-    once, a chunk at a time, and split into the shards' rows (:mod:`pipeline.shardsplit`,
-    kept in a scratch directory; ``rows``: a segment's rows, which size the chunks); then the
-    point halves run shard by shard, then the span halves with the hour's merged
+    ``shards`` (:func:`~pipeline.shards.plan_hour`; None: one): from
+    ``cfg.split_from_shards`` shards the hour's segments are read once, a chunk at a time,
+    and split into the shards' rows (:mod:`pipeline.shardsplit`, kept in a scratch directory;
+    ``rows``: a segment's rows, which size the chunks), below it each shard reads them
+    itself; then the point halves run shard by shard, then the span halves with the hour's merged
     ``instance_gpus``, and the pieces are merged (:mod:`pipeline.shardreduce`) into the same
     partitions as one shard gives, so only one shard's raw rows are in memory at a time."""
     shards = shards or [Shard(0, 1)]
-    if len(shards) == 1:
-        points = [phase1_points(cfg, files, hour, shards[0])]
-        spans = [phase1_spans(cfg, files, hour, shards[0], points[0].mapping)]
+    if len(shards) < cfg.split_from_shards:  # each shard reads the segments itself
+        points = [phase1_points(cfg, files, hour, shard) for shard in shards]
+        mapping = merge_by_host([p.mapping for p in points])
+        spans = [phase1_spans(cfg, files, hour, shard, mapping) for shard in shards]
         return merge_phase1(points, spans)
     with Spill(shards) as spill:
         for chunk in chunks(files, rows):

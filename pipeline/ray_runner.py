@@ -188,13 +188,15 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
                   shards: list[Shard], rows: Callable[[str], int] | None = None
                   ) -> ray.ObjectRef:
     """Phase 1 of ``hour`` on the cluster: one task for one shard, else a split task per
-    chunk of the hour's segments (``rows``: a segment's rows, which size the chunks), a
-    point task per shard, the merged mapping, a span task per shard and the merge. The ref
+    chunk of the hour's segments (``rows``: a segment's rows, which size the chunks; from
+    ``cfg.split_from_shards`` shards, below it the shard tasks read them), a point task per
+    shard, the merged mapping, a span task per shard and the merge. The ref
     resolves to the encoded partitions and the tasks' times."""
     if len(shards) == 1:
         return _phase1_task.remote(cfg, files, hour)
-    split = {"metrics": [], "spans": []}
-    for chunk in chunks(files, rows):
+    split: dict[str, list] = {"metrics": [], "spans": []}
+    # Below cfg.split_from_shards no split: each shard task reads the segments itself.
+    for chunk in chunks(files, rows) if len(shards) >= cfg.split_from_shards else ():
         refs = _split_task.options(num_returns=len(shards)).remote(cfg, chunk, hour, shards)
         split[chunk.signal].append(refs)
     points = [_points_task.remote(cfg, files, hour, shard,

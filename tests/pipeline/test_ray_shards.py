@@ -32,7 +32,8 @@ def cluster():
 
 
 @pytest.mark.slow
-def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster) -> None:
+@pytest.mark.parametrize("split_from", [2, 6])  # 4 shards: split by split tasks, or not
+def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster, split_from) -> None:
     from fleetlens.pipeline.ray_runner import RayPipeline
 
     fleet = _with_gateways(make_fleet(seed=3, hosts=9, seconds=600, rps=0.5, sample_hz=1.0))
@@ -40,8 +41,8 @@ def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster) -> No
     write_batches(local, fleet)
     write_batches(remote, fleet)
     Pipeline(local, PipelineConfig()).run_once(full=True)
-    job = RayPipeline(remote, replace(PipelineConfig(), hosts_per_shard=3),
-                      address=cluster.address)
+    job = RayPipeline(remote, replace(PipelineConfig(), hosts_per_shard=3,
+                                      split_from_shards=split_from), address=cluster.address)
     summary = job.run_once(full=True)
     assert _digest(remote) == _digest(local) and len(_digest(local)) > 10
     # 11 hosts in shards of 3: 4 shards, each a point task and a span task, then the merge
@@ -85,8 +86,8 @@ def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
     watcher = threading.Thread(target=kill_while_it_runs_a_shard_task, daemon=True)
     watcher.start()
     try:
-        job = RayPipeline(remote, replace(PipelineConfig(), hosts_per_shard=3),
-                          address=cluster.address)
+        job = RayPipeline(remote, replace(PipelineConfig(), hosts_per_shard=3,
+                                          split_from_shards=2), address=cluster.address)
         summary = job.run_once(full=True)
     finally:
         done.set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import replace
 
 import polars as pl
 
@@ -63,13 +64,21 @@ def test_a_sharded_hour_reads_each_segment_once(tmp_path, fleet, monkeypatch) ->
 
     monkeypatch.setattr(phases, "read_raw", counting)
     shards = plan(list(state.watermarks), 2)
-    assert len(shards) > 3
+    assert len(shards) >= cfg.split_from_shards
     sharded = phases.phase1_hour(cfg, files, hour, shards, segment_rows(state, dd.root))
     assert set(reads) == set(files["metrics"]) | set(files["spans"])
     assert set(reads.values()) == {1}
     whole = phases.phase1_hour(cfg, files, hour)
     assert [n for n, _ in sharded] == [n for n, _ in whole]
     for (_, got), (_, want) in zip(sharded, whole, strict=True):
+        assert got.equals(want)
+    # Below split_from_shards (the split costs more than a few shards' own reads) each shard
+    # reads every segment itself, to the same outputs.
+    reads.clear()
+    few = phases.phase1_hour(replace(cfg, split_from_shards=len(shards) + 1), files, hour,
+                             shards, segment_rows(state, dd.root))
+    assert set(reads.values()) == {len(shards)}
+    for (_, got), (_, want) in zip(few, whole, strict=True):
         assert got.equals(want)
 
 

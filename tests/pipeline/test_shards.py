@@ -145,7 +145,7 @@ def test_shard_size_is_chosen_from_rows_per_host_hour() -> None:
 def test_shard_settings_are_validated() -> None:
     from fleetlens.pipeline.schema.settings import ConfigError
 
-    for bad in ({"shard_rows": 0}, {"hosts_per_shard": -1}):
+    for bad in ({"shard_rows": 0}, {"hosts_per_shard": -1}, {"split_from_shards": 1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             replace(PipelineConfig(), **bad).validate()
 
