@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from fleetlens.analytics.capacity.points import latency_window
 from fleetlens.analytics.capacity.stage import POOL
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -37,12 +38,16 @@ def _scan(root: DataDir, table: str) -> pl.LazyFrame | None:
 def pool_data(root: DataDir, row: dict, hours: float) -> PoolData | None:
     """The telemetry of the pool of `capacity` row ``row`` over the last ``hours`` of its
     requests (None when it has none)."""
+    # the pool is its (instance, window)s, not its instances: an instance whose
+    # configuration changed served two pools, one before and one after
+    keys = [c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS]
     members = (scan(root, t.CAPACITY_WINDOWS)
                .filter(pl.all_horizontal([pl.col(k) == row[k] for k in POOL]))
-               .select(c.INSTANCE_ID).unique().collect()[c.INSTANCE_ID].to_list())
+               .select(keys).unique())
     requests = (scan(root, t.REQUESTS)
-                .filter(pl.col(c.INSTANCE_ID).is_in(members)
-                        & ~pl.col(c.IS_ERROR).fill_null(False)).collect())
+                .filter(~pl.col(c.IS_ERROR).fill_null(False))
+                .with_columns(latency_window(int(row[c.WINDOW_S])))
+                .join(members, on=keys, how="semi").drop(c.WINDOW_START_NS).collect())
     if requests.is_empty():
         return None
     end = int(requests[c.ARRIVAL_NS].max()) + 1
