@@ -47,8 +47,9 @@ class PipelineConfig:
     hosts_per_shard: int = 0
     #: Shards from which phase 1 of an hour reads its raw segments once and splits them into
     #: the shards' rows (pipeline/shardsplit.py); below it each shard reads every segment
-    #: itself. The split costs about 400 ns per raw row, a shard's own read about 60: it pays
-    #: from about 6 shards (bench/scale.py --memory: 1.09x the CPU at 3 shards, 0.80x at 12).
+    #: itself. The split costs about 300-420 ns per raw row, a shard's own read about 60: it
+    #: pays from about 6 shards (bench/scale.py --memory: 1.07-1.09x the CPU at 3 shards,
+    #: 0.57-0.80x at 12, two sittings).
     split_from_shards: int = 6
 
     def validate(self) -> None:
