@@ -10,16 +10,51 @@ visited batches by least squares (no hinge where one line fits as well). Where b
 tokens move together (one context length) the two slopes cannot be told apart: the KV term
 is then dropped and ``per_seq`` carries it. Uncertainty comes from resampling the windows
 (bootstrap), so a pool with few or scattered windows gets a wide knee interval.
+
+Each term must earn its place (issue 31: nine windows of a real vLLM at batches 1-3, whose
+TPOT scattered 10-20%, gave a slope 2-3.5x too steep and once a hinge at batch 1.2): the
+straight line's slope is kept only where an F-test (the slope's t statistic) tells it from
+none at :data:`ALPHA`, else the step time is flat at the weighted mean (the least-assuming
+model; the knee is then not from TPOT); a hinge only where the error it removes is
+significant at :data:`ALPHA` over the hinges tried (Bonferroni), besides :data:`HINGE_GAIN`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 #: a hinge must lower the weighted squared error by this share to be kept
 HINGE_GAIN = 0.05
+#: the significance level a slope or hinge must reach (two-sided, the usual 5%)
+ALPHA = 0.05
+
+
+def t_critical(alpha: float, dof: int) -> float:
+    """Student's t two-sided critical value at ``alpha`` with ``dof`` degrees of freedom
+    (Cornish-Fisher expansion around the normal quantile: within 1% from 3 dof)."""
+    z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+    v = float(dof)
+    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
+
+
+def _significant(sse_without: float, sse_with: float, n: int, params: int, extra: int,
+                 alpha: float) -> bool:
+    """Whether ``extra`` (1 or 2) more terms, ``params`` in all, lower the error
+    significantly: the F statistic against its critical value at ``alpha`` (1 numerator
+    dof: t squared; 2: the closed form ``dof / 2 x (alpha^(-2/dof) - 1)``)."""
+    dof = n - params
+    if dof < 1 or sse_without <= sse_with:
+        return False
+    if sse_with <= 0:
+        return True
+    f = (sse_without - sse_with) / extra / (sse_with / dof)
+    crit = (t_critical(alpha, dof) ** 2 if extra == 1
+            else dof / 2.0 * (alpha ** (-2.0 / dof) - 1.0))
+    return f > crit
 
 
 @dataclass(frozen=True)
@@ -94,17 +129,26 @@ def fit_line(batch: np.ndarray, kv: np.ndarray, tpot: np.ndarray, weight: np.nda
         with_kv = False
         fits = _fits(batch, tpot, weight, [ones, batch])
     straight = [f for f in fits if not np.isfinite(f[2])]
-    hinged = min((f for f in fits if np.isfinite(f[2])), key=lambda f: f[0], default=None)
-    best = straight[0] if straight else hinged
-    if hinged is not None and straight and hinged[0] < straight[0][0] * (1 - HINGE_GAIN):
-        best = hinged
+    hinges = [f for f in fits if np.isfinite(f[2])]
+    hinged = min(hinges, key=lambda f: f[0], default=None)
     mean = float(np.average(tpot, weights=weight))
-    if best is None:  # no line with non-negative slopes: flat at the mean
+    total = float(np.sum(weight * (tpot - mean) ** 2))
+    best = straight[0] if straight else None
+    # the straight line's slopes (batch, and KV tokens where identifiable) against none
+    if best is not None and not _significant(total, best[0], len(batch), len(best[1]),
+                                             len(best[1]) - 1, ALPHA):
+        best = None
+    reference = best[0] if best is not None else total
+    if hinged is not None and hinged[0] < reference * (1 - HINGE_GAIN) and _significant(
+            reference, hinged[0], len(batch), len(hinged[1]),
+            len(hinged[1]) - (len(best[1]) if best is not None else 1),
+            ALPHA / max(len(hinges), 1)):
+        best = hinged
+    if best is None:  # no slope told from none: flat at the mean
         return Line(mean, 0.0, 0.0, 0.0)
     sse, coef, hinge = best
     per_kv = float(coef[2]) if with_kv else 0.0
     above = float(coef[-1]) if np.isfinite(hinge) else 0.0
-    total = float(np.sum(weight * (tpot - mean) ** 2))
     r2 = 1.0 - sse / total if total > 0 else 1.0
     return Line(float(coef[0]), float(coef[1]), per_kv, r2, hinge, above)
 
