@@ -7,7 +7,16 @@ import polars as pl
 import pytest
 
 from fleetlens.analytics.capacity.twin import WhatIf, changed, parse_what_if
-from fleetlens.analytics.capacity.twin_report import figures, twin_energy
+from fleetlens.analytics.capacity.twin_report import (
+    ATTAINMENT,
+    TPOT50,
+    TPOT90,
+    TTFT50,
+    TTFT90,
+    figures,
+    report_table,
+    twin_energy,
+)
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.simulator.engine import DETOKENIZE_S, TOKENIZE_PER_TOKEN_S, TOKENIZE_S
@@ -85,3 +94,20 @@ def test_figures_count_unfinished_requests_as_missing_the_slo() -> None:
     assert got["j_per_token"] == pytest.approx(62.0 / 31)
     assert twin_energy([4.0, 2.0], 10.0, 2, 100.0, 300.0) == pytest.approx(
         2 * (1000 + 800) + 2 * (1000 + 400))
+
+
+def _row(name: str, ttft: float, tpot: float) -> dict:
+    return {"row": name, c.REQUESTS: 100, TTFT50: ttft, TTFT90: 2 * ttft, TPOT50: tpot,
+            TPOT90: 1.2 * tpot, ATTAINMENT: 1.0, c.GOODPUT_RPS_PER_GPU: 1.0,
+            c.J_PER_TOKEN: None, "what_if": "rate=x2"}
+
+
+def test_a_twin_that_misses_its_own_present_says_so() -> None:
+    measured = _row("measured", 0.010, 0.0035)
+    close = report_table("pool", [measured, _row("twin (present)", 0.011, 0.0033),
+                                  _row("twin (what-if)", 0.02, 0.004)], [])
+    assert "NOT VALIDATED" not in close
+    assert "TTFT p90 +10%" in close
+    far = report_table("pool", [measured, _row("twin (present)", 0.011, 0.0050),
+                                _row("twin (what-if)", 0.02, 0.004)], [])
+    assert "NOT VALIDATED: the twin's replay of the present misses TPOT p50, TPOT p90" in far
