@@ -205,16 +205,18 @@ def test_the_passive_knee_is_within_one_step_of_the_sweeps(run: Run) -> None:
         f"{[s.figures for s in run.steps]}")
 
 
-#: Why the twin misses on this engine (issue 31, reported to the capacity analytics): the
-#: low phase visits batches 1-3, where the CPU engine's decode step is nearly flat in the
-#: batch (the sweeps: TPOT p50 3.1-4.4 ms from batch 1 to 8) and a window's TPOT p50
-#: scatters by 10-20%, so the step-time line fitted there extrapolates far too steep: run 1
-#: (r2 0.37) 0.32 ms per sequence against 0.15 ms on every phase (the twin's TPOT p50 +38%,
-#: its TTFT p90 434 ms against 70 ms); run 2 a hinge at batch 1.17 with 2.0 ms per sequence
-#: past it, a twin engine saturating at about 3.3 req/s where the server took 12 (its own
-#: replay of the present: TPOT p50 +959%); run 3 (r2 0.02) 0.27 ms against 0.08 ms, a twin
-#: saturating at the high phase's 10.9 req/s (TTFT p50 604 ms against 82 ms). Strict: this
-#: test fails once the twin meets the bound, and the marker goes.
+#: Why the twin misses on this engine (issue 31): the low phase visits batches 1-3, where
+#: the CPU engine's decode step is nearly flat in the batch (the sweeps: TPOT p50 3.1-4.4 ms
+#: from batch 1 to 8) and a window's TPOT p50 scatters by 10-20%. The fit used to draw a
+#: slope 2-3.5x too steep there (once a hinge at batch 1.2); since it keeps a slope or hinge
+#: only where an F-test at 5% tells it from none, runs 1 and 3 get the flat step (the
+#: what-if's TPOT p50 -6% and -17% of the high phase's) but the TTFT still misses (p50/p90
+#: -29%/-38%, -87%/-88%: the twin's replay of the low phase itself misses TTFT p90 by
+#: -43% and -38%, and the output now says NOT VALIDATED), and run 2's low phase holds a real
+#: slope from batch 0.65 to 2 (TPOT p50 2.6 -> 4.4 ms, significant) that flattens past
+#: batch 2, so a line extrapolates it to a saturated twin (TTFT x1000). Offline on the three
+#: runs' data dirs (/tmp/cap31/pt1-pt3). Strict: this test fails once the twin meets the
+#: bound, and the marker goes.
 TWIN_MISSES = ("the twin's step-time fit on a low-rate period's narrow batch range "
                "extrapolates far too steep on the CPU vLLM (issue 31)")
 
