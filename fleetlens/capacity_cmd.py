@@ -52,8 +52,10 @@ def what_if_rows(root, row: dict, what, hours: float, config) -> tuple[list[dict
         MEASURED,
         TWIN_PRESENT,
         TWIN_WHAT_IF,
+        VALIDATED,
         busy_power,
         figures,
+        off_present,
         twin_energy,
     )
 
@@ -77,7 +79,10 @@ def what_if_rows(root, row: dict, what, hours: float, config) -> tuple[list[dict
                                            which.engines * which.tp, energy, *slos)})
     keys = {k: row[k] for k in POOL}
     labels = {MEASURED: "measured", TWIN_PRESENT: WhatIf().label(), TWIN_WHAT_IF: what.label()}
-    return [{**keys, **r, "what_if": labels[r["row"]]} for r in out], list(twin.notes)
+    # machine-readable output carries the table's NOT VALIDATED too
+    validated = not off_present(out[0], out[1])
+    return ([{**keys, **r, "what_if": labels[r["row"]], VALIDATED: validated} for r in out],
+            list(twin.notes))
 
 
 @click.command()

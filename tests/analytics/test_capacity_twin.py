@@ -54,6 +54,8 @@ def test_the_twin_replays_the_present_as_measured(low: str) -> None:
     # the stepping power is priced on the present's energy: equal by construction
     assert present["j_per_token"] == pytest.approx(measured["j_per_token"], rel=1e-6)
     assert rows["twin (what-if)"]["tpot_p50_s"] == pytest.approx(present["tpot_p50_s"])
+    # the replay of the present within 20%: the machine-readable rows say it is validated
+    assert all(r["twin_validated"] is True for r in rows.values())
 
 
 def test_a_higher_rate_is_predicted_within_20_percent_of_the_simulator(low: str,

@@ -14,6 +14,7 @@ from fleetlens.analytics.capacity.twin_report import (
     TTFT50,
     TTFT90,
     figures,
+    off_present,
     report_table,
     twin_energy,
 )
@@ -111,3 +112,7 @@ def test_a_twin_that_misses_its_own_present_says_so() -> None:
     far = report_table("pool", [measured, _row("twin (present)", 0.011, 0.0050),
                                 _row("twin (what-if)", 0.02, 0.004)], [])
     assert "NOT VALIDATED: the twin's replay of the present misses TPOT p50, TPOT p90" in far
+    # json/csv rows carry the same verdict (fleetlens capacity --what-if --format json)
+    assert off_present(measured, _row("twin (present)", 0.011, 0.0033)) == []
+    assert off_present(measured, _row("twin (present)", 0.011, 0.0050)) == ["TPOT p50",
+                                                                             "TPOT p90"]
