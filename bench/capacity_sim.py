@@ -37,9 +37,8 @@ from bench.end_to_end import run_end_to_end  # noqa: E402
 from fleetlens.analytics.attribution import Tables  # noqa: E402
 from fleetlens.analytics.capacity.analyse import analyse_capacity  # noqa: E402
 from fleetlens.pipeline.schema import columns as c  # noqa: E402
-from fleetlens.pipeline.schema import tables as t  # noqa: E402
-from fleetlens.pipeline.storage import DataDir, scan  # noqa: E402
-from tests.analytics.capacity_sim import BW_EFFICIENCY, capacity_fleet, top_rate  # noqa: E402
+from fleetlens.pipeline.storage import DataDir  # noqa: E402
+from tests.analytics.capacity_sim import capacity_fleet, mbu_errors, top_rate  # noqa: E402
 from tests.analytics.capacity_truth import in_fresh_interpreter, steady_truth  # noqa: E402
 from tests.analytics.test_capacity_sim import CONFIG  # noqa: E402
 
@@ -72,14 +71,7 @@ def estimate(seed: int, workdir: Path, residuals: bool) -> dict:
     goodput = row[c.GOODPUT_RPS_PER_GPU]
     attained = goodput * drawn["tp"] / per_instance if goodput is not None else None
     windows = found.windows.filter(pl.col(c.REQUESTS) >= 5)
-    gpus = (scan(data, t.GPU_SAMPLES).filter(pl.col(c.UTIL_GPU) > 0)
-            .with_columns((pl.col(c.TS_NS) // (WINDOW_S * 10**9) * WINDOW_S * 10**9)
-                          .alias(c.WINDOW_START_NS))
-            .group_by(c.WINDOW_START_NS).agg((pl.col(c.UTIL_MEM).mean() * BW_EFFICIENCY)
-                                             .alias("true_mbu")).collect())
-    paired = windows.group_by(c.WINDOW_START_NS).agg(pl.col(c.MBU).mean()).join(
-        gpus, on=c.WINDOW_START_NS)
-    mbu_error = (paired[c.MBU] - paired["true_mbu"]).abs()
+    mbu_error = mbu_errors(data, windows, WINDOW_S)
     out = {"seed": seed, "pool": drawn["pool"], "knee": round(row[c.KNEE_BATCH], 2),
            "true_knee": round(truth["knee_batch"], 2),
            "knee_error": round(row[c.KNEE_BATCH] / truth["knee_batch"] - 1, 4),

@@ -26,9 +26,18 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import polars as pl
+
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.storage import scan
 from fleetlens.simulator.roofline import StepModel
 from fleetlens.simulator.specs import BLOCK_TOKENS, GPU_PRESETS, MODEL_PRESETS
+
+if TYPE_CHECKING:
+    from fleetlens.pipeline.storage import DataDir
 
 STEPS = 8
 #: engine instances of a fleet (one host, two TP groups)
@@ -142,3 +151,16 @@ def capacity_fleet(seed: int) -> tuple[dict, Drawn]:
 def top_rate(doc: dict) -> float:
     """The highest arrival rate (req/s to the fleet) of a :func:`capacity_fleet` scenario."""
     return doc["workload"][0]["rate"] * max(i["magnitude"] for i in doc["incident"])
+
+
+def mbu_errors(data: DataDir, windows: pl.DataFrame, window_s: int) -> pl.Series:
+    """Per window, |the estimator's MBU (mean over ``windows``' instances) - the simulator's|:
+    its memory-busy time share (``util_mem`` of the busy GPUs) x the bandwidth it reaches."""
+    ns = window_s * 10**9
+    true = (scan(data, t.GPU_SAMPLES).filter(pl.col(c.UTIL_GPU) > 0)
+            .with_columns((pl.col(c.TS_NS) // ns * ns).alias(c.WINDOW_START_NS))
+            .group_by(c.WINDOW_START_NS).agg((pl.col(c.UTIL_MEM).mean() * BW_EFFICIENCY)
+                                             .alias("true_mbu")).collect())
+    paired = windows.group_by(c.WINDOW_START_NS).agg(pl.col(c.MBU).mean()).join(
+        true, on=c.WINDOW_START_NS)
+    return (paired[c.MBU] - paired["true_mbu"]).abs()

@@ -18,8 +18,8 @@ from fleetlens.analytics.failures.config import FailureConfig
 from fleetlens.analytics.runner import read_table
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.storage import DataDir, scan
-from tests.analytics.capacity_sim import BW_EFFICIENCY, INSTANCES, capacity_fleet, top_rate
+from fleetlens.pipeline.storage import DataDir
+from tests.analytics.capacity_sim import INSTANCES, capacity_fleet, mbu_errors, top_rate
 from tests.analytics.capacity_truth import (
     Steady,
     Truth,
@@ -42,16 +42,8 @@ def measure(seed: int, workdir: Path) -> dict:
     data = DataDir(workdir / "data")
     row = read_table(data, t.CAPACITY).row(0, named=True)
     truth = in_fresh_interpreter(steady_truth, doc, drawn.tp, top_rate(doc))
-    # the simulator's bandwidth use: its memory-busy time share x the bandwidth it reaches
     windows = read_table(data, t.CAPACITY_WINDOWS).filter(pl.col(c.REQUESTS) >= 5)
-    gpus = (scan(data, t.GPU_SAMPLES).filter(pl.col(c.UTIL_GPU) > 0)
-            .with_columns((pl.col(c.TS_NS) // (60 * 10**9) * 60 * 10**9)
-                          .alias(c.WINDOW_START_NS))
-            .group_by(c.WINDOW_START_NS).agg((pl.col(c.UTIL_MEM).mean() * BW_EFFICIENCY)
-                                             .alias("true_mbu")).collect())
-    paired = windows.group_by(c.WINDOW_START_NS).agg(pl.col(c.MBU).mean()).join(
-        gpus, on=c.WINDOW_START_NS)
-    mbu_error = (paired[c.MBU] - paired["true_mbu"]).abs()
+    mbu_error = mbu_errors(data, windows, 60)
     per_instance = row[c.KNEE_RPS] / row[c.INSTANCES]
     return {"seed": seed, "pool": f"{drawn.model} {drawn.gpu} tp{drawn.tp}",
             "knee": row[c.KNEE_BATCH], "true_knee": truth.knee_batch,
@@ -62,7 +54,7 @@ def measure(seed: int, workdir: Path) -> dict:
             "true_tpot_batch1": truth.tpot_batch1,
             "limit": row[c.KNEE_LIMIT], "extrapolated": row[c.EXTRAPOLATED],
             "mbu_error_median": float(mbu_error.median()),
-            "mbu_error_max": float(mbu_error.max()), "windows": paired.height}
+            "mbu_error_max": float(mbu_error.max()), "windows": mbu_error.len()}
 
 
 #: The issue's bounds. Measured (docs/benchmarks.md, "Capacity"; `bench/capacity_sim.py`) on
