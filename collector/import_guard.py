@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -31,3 +33,19 @@ def keep_out(*names: str) -> None:
                if not any(isinstance(f, KeepOut) and n in f.names for f in sys.meta_path)]
     if missing:
         sys.meta_path.insert(0, KeepOut(*missing))
+
+
+@contextmanager
+def kept_out(*names: str) -> Iterator[None]:
+    """Make importing any of ``names`` fail inside the block only.
+
+    For a library that imports an optional dependency at its own import (pyarrow imports
+    numpy if it can): the library is imported without it, and code that needs it later, on
+    a rare path, may still import it.
+    """
+    finder = KeepOut(*names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)

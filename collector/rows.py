@@ -16,10 +16,9 @@ distinct text once per request plus a 4-byte index per row. A request of 400 spa
 
 from __future__ import annotations
 
-from itertools import groupby
+from itertools import groupby, repeat
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from fleetlens.collector.decode_common import SHARED_COLUMNS, Outcome, Reject
@@ -77,10 +76,12 @@ def shared_array(values: list[Any]) -> pa.DictionaryArray:
         else:
             run_codes.append(codes.setdefault(value, len(codes)))
         lengths.append(len(list(run)))
-    indices = np.repeat(np.array(run_codes, dtype=np.int32), lengths)
-    mask = indices < 0 if -1 in run_codes else None
+    # No numpy in a worker (collector/supervisor.py): several runs are the rare case.
+    indices: list[int | None] = []
+    for code, length in zip(run_codes, lengths, strict=True):
+        indices.extend(repeat(None if code < 0 else code, length))
     return pa.DictionaryArray.from_arrays(
-        pa.array(indices, type=pa.int32(), mask=mask),
+        pa.array(indices, type=pa.int32()),
         pa.array(list(codes), type=pa.large_string()))
 
 

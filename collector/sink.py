@@ -82,6 +82,18 @@ def write_segment(table: pa.Table, path: Path, options: dict[str, Any]) -> None:
     write_bytes_atomic(path, write)
 
 
+def int64_views(column: pa.ChunkedArray) -> list[memoryview]:
+    """The values of a non-empty int64 column, one zero-copy view per non-empty chunk.
+
+    Neither numpy (about 11 MiB of RSS per worker, see ``collector/supervisor.py``) nor
+    ``pyarrow.compute`` (about 7 MiB): ``min``/``max`` over a view take 0.3 ms per 25,000
+    rows. A null row (the decoders write none) reads as what its slot holds, so no row is
+    ever left out of a segment.
+    """
+    return [memoryview(chunk.buffers()[1])[chunk.offset * 8:(chunk.offset + len(chunk)) * 8]
+            .cast("q") for chunk in column.chunks if len(chunk)]
+
+
 class Segments:
     """Publishes Arrow tables as raw Parquet segments named ``<writer>-<seq>``."""
 
@@ -100,14 +112,15 @@ class Segments:
         # One dictionary per column for the whole segment: Parquet's writer materializes a
         # dictionary chunk whose dictionary differs from the first one (rows x size).
         table = table.unify_dictionaries()
-        # numpy, not pyarrow.compute: loading Arrow's compute module costs each worker about
-        # 7 MiB of RSS, and the time column is int64 without nulls (zero-copy view).
-        hours = table[signal.time_column].to_numpy() // _HOUR_NS
-        first, last = int(hours.min()), int(hours.max())
-        unique = [first] if first == last else sorted(set(hours.tolist()))
+        times = int64_views(table[signal.time_column])
+        first = min(min(view) for view in times) // _HOUR_NS
+        last = max(max(view) for view in times) // _HOUR_NS
+        hours = [] if first == last else [t // _HOUR_NS for view in times for t in view]
+        unique = [first] if first == last else sorted(set(hours))
         for hour in unique:
             # The common case is one hour: write the table as is, without a filtered copy.
-            part = table if len(unique) == 1 else table.filter(pa.array(hours == hour))
+            part = table if len(unique) == 1 else table.filter(
+                pa.array([h == hour for h in hours]))
             path = self.data_dir.raw_segment_path(
                 signal.folder, hour * _HOUR_NS, self.writer_id, next(self._seq))
             options = self._options[signal.folder]

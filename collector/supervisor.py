@@ -17,12 +17,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from fleetlens.collector import balance_board
 from fleetlens.collector.config import CollectorConfig
 from fleetlens.collector.descriptors import raise_open_files_limit
-from fleetlens.collector.import_guard import keep_out
+from fleetlens.collector.import_guard import keep_out, kept_out
 from fleetlens.collector.preflight import check_ports_free, warn_if_exposed
+from fleetlens.collector.process_memory import limit_malloc_arenas
 from fleetlens.collector.self_metrics import bind
 from fleetlens.collector.telemetry import log, shared_array
 
@@ -31,22 +33,38 @@ RESTART_DELAY_S = 0.5
 #: (each optional there). A worker writes Parquet to local files and reaches object stores
 #: through obstore, so it never uses them; ``libarrow_s3`` alone is 3.6 MiB of RSS per worker.
 UNUSED_ARROW_MODULES = ("pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "pyarrow._hdfs")
+#: Modules that importing the worker would load and the worker never uses.
+WORKER_IMPORTS_WITHOUT = ("numpy",)
 #: A worker that dies this soon after starting, this many times in a row, stops the collector.
 QUICK_FAILURE_S = 10.0
 MAX_QUICK_FAILURES = 3
 
 
-def _worker_main(*args: object) -> None:
+def prepare_worker() -> Callable[..., None]:
+    """Set up a worker process before it imports the worker module; returns ``run_worker``.
+
+    In a forked worker, or in the one process when there is a single worker.
+    """
     # A forked worker inherits the supervisor's handlers, which would swallow a SIGTERM that
     # arrives before run_worker installs its own: until then, end as a fresh process would.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    # Before the worker module imports pyarrow.parquet, which would load them.
-    keep_out(*UNUSED_ARROW_MODULES)
-    # Imported here so the supervisor itself stays small (no Arrow, DuckDB or gRPC).
-    from fleetlens.collector.worker import run_worker
+    # Before the worker module imports pyarrow, whose import starts threads that allocate.
+    limit_malloc_arenas()
+    # Before the worker module imports pyarrow.parquet, which would load them; pandas (and
+    # with it numpy), which pyarrow would import at its first conversion, as run_worker
+    # does too (worker.keep_out_pandas).
+    keep_out(*UNUSED_ARROW_MODULES, "pandas")
+    # Imported here so the supervisor itself stays small (no Arrow, DuckDB or gRPC), and
+    # without numpy, which pyarrow imports if it can and a worker does not use: about
+    # 11 MiB of RSS per worker (issue 34). Only replaying a damaged WAL file imports it.
+    with kept_out(*WORKER_IMPORTS_WITHOUT):
+        from fleetlens.collector.worker import run_worker
+    return run_worker
 
-    run_worker(*args)  # type: ignore[arg-type]
+
+def _worker_main(*args: object) -> None:
+    prepare_worker()(*args)
 
 
 def worker_count(config: CollectorConfig) -> int:

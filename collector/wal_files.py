@@ -25,8 +25,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from fleetlens.collector.durable import make_dirs_durable
 from fleetlens.collector.telemetry import log
 from fleetlens.pipeline.storage import fsync_dir
@@ -102,8 +100,11 @@ def _next_good_frame(data: bytes, pos: int) -> int | None:
     """Start of the first CRC-valid frame after ``pos``, or None.
 
     Only offsets whose length field fits in the file are CRC-checked (found with numpy in
-    one pass): a search over a torn tail of several MiB stays in milliseconds.
+    one pass): a search over a torn tail of several MiB stays in milliseconds. Imported here,
+    on a damaged file only: a worker imports pyarrow without numpy (collector/supervisor.py).
     """
+    import numpy as np
+
     start = pos + 1
     count = len(data) - FRAME_HEADER.size - start + 1
     if count <= 0:

@@ -29,6 +29,7 @@ from fleetlens.collector.grpc_server import start_grpc
 from fleetlens.collector.http_server import start_http
 from fleetlens.collector.import_guard import keep_out
 from fleetlens.collector.ingest import Ingest
+from fleetlens.collector.process_memory import limit_malloc_arenas
 from fleetlens.collector.self_metrics import SCRAPE_SLOTS, start_self_metrics
 from fleetlens.collector.signals import BY_CODE
 from fleetlens.collector.sink import Segments, Sink
@@ -47,11 +48,6 @@ DRAIN_GRACE_S = 10.0
 SUMMARY_EVERY_S = 60.0
 #: Age after which a hidden temporary Parquet file is taken as left by a dead writer.
 STALE_TMP_S = 600.0
-#: glibc malloc arenas per worker: the default (8 per core) inflates RSS with gRPC's threads.
-#: One: the Python threads take turns on the GIL anyway, and each arena keeps its own freed
-#: pages (32 connections, issue 34: 5-10 MiB less per worker than with 2, same spans/s).
-MALLOC_ARENAS = 1
-_M_ARENA_MAX = -8  # mallopt parameter number (malloc.h)
 
 
 def keep_out_pandas() -> None:
@@ -124,20 +120,6 @@ def remove_stale_tmp(data_dir: DataDir, older_than_s: float = STALE_TMP_S) -> in
     return removed
 
 
-def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
-    """Cap glibc's malloc arenas for the threads this process starts from now on.
-
-    ``mallopt`` rather than ``MALLOC_ARENA_MAX`` in the environment: glibc reads that only
-    when a program starts, and workers are forked. An explicit ``MALLOC_ARENA_MAX`` wins.
-    """
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, arenas)
-    except (OSError, AttributeError):
-        return  # not glibc: nothing to tune
-
-
 def _die_with_parent(parent_pid: int) -> None:
     """Linux: get SIGKILLed when the supervisor dies, so no orphan holds the ports."""
     try:
@@ -157,7 +139,7 @@ def run_worker(config: CollectorConfig, root: str, slot: int = 0, array: Any = N
     ``peers``: the workers' shared board and sockets, to balance Exports (None: off).
     """
     keep_out_pandas()
-    limit_malloc_arenas()  # before gRPC starts its threads
+    limit_malloc_arenas()  # the supervisor did already; kept for a direct call (benches)
     if parent_pid is not None:
         _die_with_parent(parent_pid)
         # a forked worker inherits the supervisor's handler: replace it, tag lines with the slot

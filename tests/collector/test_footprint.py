@@ -8,6 +8,7 @@ libraries mapped by a real collector with two workers after it has stored spans.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,5 +110,42 @@ def test_running_collector_processes_map_no_polars(tmp_path) -> None:
         assert "pyarrow" not in _mapped(supervisor) and "libarrow" not in _mapped(supervisor)
         for pid in workers:
             assert "polars" not in _mapped(pid) and "pandas" not in _mapped(pid), pid
+            # numpy's core library: pyarrow imports numpy if it can (about 11 MiB per worker)
+            assert "_multiarray_umath" not in _mapped(pid), pid
         assert col.stop() == 0
     assert scan(DataDir(data), t.SPANS).collect().height == 600
+
+
+_ARENAS_PROBE = """
+import ctypes, os, sys, tempfile, threading
+from fleetlens.collector.supervisor import prepare_worker
+prepare_worker()  # what a worker process does before anything else
+import pyarrow as pa, pyarrow.parquet  # noqa: what a worker runs on
+def work():  # threads that allocate, as gRPC's and the flusher do
+    kept = [bytes(600 + i % 400) for i in range(2000)]
+    pa.Table.from_pydict({"x": list(range(1000))})
+    del kept
+threads = [threading.Thread(target=work) for _ in range(6)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+path = os.path.join(tempfile.mkdtemp(), "malloc.xml")
+handle = ctypes.c_void_p(libc.fopen(path.encode(), b"w"))
+libc.malloc_info(0, handle)
+libc.fclose(handle)
+print(open(path).read().count("<heap "), "numpy" in sys.modules)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_info")
+def test_a_worker_has_one_malloc_arena_and_no_numpy() -> None:
+    # The cap must be set before ``import pyarrow`` starts its threads: set after it (as
+    # before issue 34's fix), every worker had a second arena holding 20-30 MiB of its heap.
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-c", _ARENAS_PROBE], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=120, env=env)
+    arenas, numpy_loaded = out.stdout.split()
+    assert (int(arenas), numpy_loaded) == (1, "False")
