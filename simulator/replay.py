@@ -17,6 +17,7 @@ Prefix caching is off: the requests carry no block hashes.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetlens.simulator.engine import Instance
@@ -45,6 +46,10 @@ class MeasuredSteps:
     def __post_init__(self) -> None:
         self.step_overhead = 0.0
         self.instance: Instance | None = None
+        # per request (by its ``seq``): how much slower than the curves its decode and its
+        # prompt ran where measured (the host's own variation); empty: 1
+        self.decode_scale: Sequence[float] = ()
+        self.prefill_scale: Sequence[float] = ()
 
     def retune(self, clock: float, perf: float, link_slowdown: float,
                extra_overhead_s: float) -> None:
@@ -54,26 +59,39 @@ class MeasuredSteps:
         return (self.base_s + self.per_seq_s * batch + self.per_kv_s * context
                 + self.above_s * max(0.0, batch - self.hinge))
 
-    def _decoding(self) -> int:
+    def _decoding(self) -> tuple[int, float, float]:
         """Sequences of the step being scheduled that decode one token (their KV holds all
-        but the token sampled last); the rest compute prompt (or recompute) tokens."""
+        but the token sampled last; the rest compute prompt or recompute tokens), and the
+        mean scale of those decoding and of those computing prompt tokens: a step runs as
+        slow as the requests it carries ran."""
         running = self.instance.running if self.instance else []
-        return sum(1 for r in running if r.prompt_len + r.generated - r.computed == 1)
+        d = prompts = 0
+        d_scale = p_scale = 0.0
+        for r in running:
+            if r.prompt_len + r.generated - r.computed == 1:
+                d += 1
+                d_scale += self.decode_scale[r.seq] if self.decode_scale else 1.0
+            else:
+                prompts += 1
+                p_scale += self.prefill_scale[r.seq] if self.prefill_scale else 1.0
+        return d, d_scale / d if d else 1.0, p_scale / prompts if prompts else 1.0
 
     def step(self, tokens: int, context_read: int, attn_context: float
              ) -> tuple[float, float, float, float]:
         """One step (the roofline model's signature): (busy s, 0, busy s, 0)."""
-        d = min(self._decoding(), tokens)
-        t = self._decode(d, context_read) if d else 0.0
+        decoding, d_scale, p_scale = self._decoding()
+        d = min(decoding, tokens)
+        t = self._decode(d, context_read) * d_scale if d else 0.0
         if tokens > d:
-            t = max(t, self.prefill_base_s + self.prefill_per_token_s * tokens)
+            t = max(t, (self.prefill_base_s + self.prefill_per_token_s * tokens) * p_scale)
         return t, 0.0, t, 0.0
 
     def decode_run(self, batch: int, context: int, steps: int
                    ) -> tuple[float, float, float, float]:
         """``steps`` decode steps of ``batch`` sequences, the KV growing ``batch`` a step."""
         grown = self.per_kv_s * batch * steps * (steps - 1) / 2.0
-        t = self._decode(batch, context) * steps + grown
+        scale = self._decoding()[1]
+        t = (self._decode(batch, context) * steps + grown) * scale
         return t, 0.0, t, 0.0
 
 
@@ -95,6 +113,8 @@ class Replayed:
     ttft_s: float
     tpot_s: float | None
     e2e_s: float
+    queue_s: float = 0.0  # in the engine's queue: reached it to first scheduled
+    prefill_s: float = 0.0  # first scheduled to first token
 
 
 def _engine(index: int, steps: MeasuredSteps, max_num_seqs: int, max_batched_tokens: int,
@@ -127,8 +147,15 @@ def _requests(arrivals: list[Arrival], engines: int, seed: int) -> list[list[Req
 
 def replay(arrivals: list[Arrival], engines: int, steps: MeasuredSteps, *,
            max_num_seqs: int, max_batched_tokens: int, kv_blocks: int,
-           seed: int = 0) -> tuple[list[Replayed], list[float]]:
+           seed: int = 0, outside_s: Sequence[float] = (),
+           decode_scale: Sequence[float] = (), prefill_scale: Sequence[float] = ()
+           ) -> tuple[list[Replayed], list[float]]:
     """Run ``arrivals`` through ``engines`` engines timed by copies of ``steps``.
+    Per arrival, where given: ``outside_s``, the time it spends outside the engine before
+    it reaches the engine's queue (measured; in place of the simulator's API-server
+    constants); ``decode_scale`` and ``prefill_scale``, how much slower than the curves its
+    decode and its prompt ran when measured (a step runs as slow as the mean of those it
+    carries: the host's own variation, which the curves' means leave out).
 
     Returns:
         (each request's latencies in arrival order, each engine's busy seconds).
@@ -143,8 +170,13 @@ def replay(arrivals: list[Arrival], engines: int, steps: MeasuredSteps, *,
         own = MeasuredSteps(steps.base_s, steps.per_seq_s, steps.per_kv_s,
                             steps.prefill_base_s, steps.prefill_per_token_s, steps.hinge,
                             steps.above_s)
+        own.decode_scale, own.prefill_scale = decode_scale, prefill_scale
         engine = _engine(i, own, max_num_seqs, max_batched_tokens, kv_blocks, start)
         engine.enqueue(requests)
+        if outside_s:
+            for r in engine.pending:
+                r.queued_t = (r.engine_ns - start) / 1e9 + outside_s[r.seq]
+            engine.pending.sort(key=lambda r: r.queued_t)
         engine.advance(until)
         busy.append(engine.gpus[0].busy_s)
         for r in engine.finished:
@@ -152,6 +184,7 @@ def replay(arrivals: list[Arrival], engines: int, steps: MeasuredSteps, *,
             tpot = ((r.last_token_t - r.first_token_t) / (r.generated - 1)
                     if r.generated > 1 else None)
             done.append(Replayed(r.engine_ns, r.generated, r.first_token_t - arrived, tpot,
-                                 r.finish_t - arrived))
+                                 r.finish_t - arrived, r.scheduled_t - r.queued_t,
+                                 r.first_token_t - r.scheduled_t))
     done.sort(key=lambda x: x.arrival_ns)
     return done, busy

@@ -3,14 +3,19 @@ curves, with another GPU count, GPU model, ``max_num_seqs`` or arrival rate.
 
 Calibration (:func:`calibrate`), from the pool's stored `capacity` row and its own telemetry:
 
-- decode step time: the row's TPOT p50 fit (``step_*``, hinge and slope past it). A window's
-  TPOT carries the prompts that ride in its decode steps: ``batch / output`` of them arrive
-  per step, each making its step longer by about ``prefill(prompt) - base``, linear in the
-  batch. The twin's engine computes those prompts itself, so that share is taken off the
-  per-sequence slope (never below 0);
+- decode step time: measured on the pool's requests (:mod:`.twin_requests`: each request's
+  TPOT against the batch it decoded in, with its arrivals as instrument), else, where the
+  requests carry no engine timings, the row's TPOT p50 fit (``step_*``, hinge and slope past
+  it). A TPOT carries the prompts that ride in its decode steps: ``batch / output`` of them
+  arrive per step, each making its step longer by about ``prefill(prompt) - base``, linear
+  in the batch. The twin's engine computes those prompts itself, so that share is taken off
+  the per-sequence slope (never below 0);
 - prefill: ``prefill_s = prefill_base + prefill_per_token x (input - cached tokens)``, least
   squares over the pool's requests (the time from the engine scheduling a request to its
-  first token);
+  first token); through the origin where the intercept comes out negative;
+- the time outside the engine (API server, the wait for the step in progress, the first
+  token's way back): per request, a draw from what the pool's requests that found their
+  engine idle spent there (:mod:`.twin_requests`), in place of the simulator's constants;
 - KV blocks (the engine's reported KV capacity / 16, else its ``num_gpu_blocks``),
   ``max_num_seqs`` and
   ``max_num_batched_tokens`` (its configuration), else vLLM's defaults, said in ``notes``;
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 
+from fleetlens.analytics.capacity.twin_requests import request_steps
 from fleetlens.analytics.config import AnalyticsConfig
 from fleetlens.analytics.hardware import hbm_gbps, memory_gb, model_shape, peak_tflops
 from fleetlens.pipeline.schema import columns as c
@@ -116,6 +122,13 @@ class Calibration:
     tpot_slo_s: float
     ttft_slo_s: float
     notes: tuple[str, ...] = field(default=())
+    #: per request of the calibration's frame (arrival order): its time outside the engine,
+    #: s; empty where the requests carry no engine timings (the simulator's constants)
+    outside_s: tuple[float, ...] = field(default=())
+    #: per request as ``outside_s``: how much slower than the curves its decode and its
+    #: prompt ran (the host's own variation: the twin's steps keep it); empty: 1
+    decode_scale: tuple[float, ...] = field(default=())
+    prefill_scale: tuple[float, ...] = field(default=())
 
 
 def _prefill(requests: pl.DataFrame) -> tuple[float, float, float]:
@@ -127,10 +140,26 @@ def _prefill(requests: pl.DataFrame) -> tuple[float, float, float]:
         return 0.0, 0.0, 0.0
     if np.ptp(x) <= 0:  # one prompt length: no base to tell apart
         return 0.0, float(np.mean(y) / np.mean(x)), float(np.mean(x))
-    slope, intercept = np.polyfit(x, y, 1)
-    slope = max(float(slope), 0.0)
-    return max(float(np.mean(y) - slope * np.mean(x)) if intercept < 0 else float(intercept),
-               0.0), slope, float(np.mean(x))
+    slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
+    if slope < 0:  # no cost per token told: flat at the mean
+        return float(np.mean(y)), 0.0, float(np.mean(x))
+    if intercept < 0:
+        # a prompt costs no less than nothing: the line through the origin and the means
+        # (clipping the intercept to 0 and keeping the slope put prompts of 103-109
+        # tokens on a real vLLM at 7.7 ms against 4.9 ms measured)
+        return 0.0, float(np.mean(y) / np.mean(x)), float(np.mean(x))
+    return intercept, slope, float(np.mean(x))
+
+
+def _prefill_scale(requests: pl.DataFrame, base: float, per_token: float
+                   ) -> tuple[float, ...]:
+    """Per request, its ``prefill_s`` over the line's for its prompt (1 where not timed)."""
+    tokens = (requests[c.INPUT_TOKENS] - requests[c.CACHED_TOKENS].fill_null(0)).clip(
+        lower_bound=1).cast(pl.Float64).to_numpy()
+    line = np.maximum(base + per_token * tokens, 1e-9)
+    measured = requests[c.PREFILL_S].cast(pl.Float64).to_numpy()
+    ok = np.isfinite(measured) & (measured >= 0)
+    return tuple(float(v) for v in np.where(ok, measured / line, 1.0))
 
 
 def _idle_power(samples: pl.DataFrame) -> float | None:
@@ -177,10 +206,31 @@ def calibrate(row: dict, requests: pl.DataFrame, kv_capacity: float | None,
     notes = []
     base, per_token, prompt = _prefill(requests)
     output = float(requests[c.OUTPUT_TOKENS].mean() or 1.0)
-    step_base = float(row[c.STEP_BASE_S])
+    measured = request_steps(requests, config.window_s)
+    hinge = row.get(c.STEP_HINGE_BATCH)
+    if measured is None:
+        step_base, slope = float(row[c.STEP_BASE_S]), float(row[c.STEP_PER_SEQ_S] or 0.0)
+        per_kv, above = float(row[c.STEP_PER_KV_TOKEN_S] or 0.0), row.get(
+            c.STEP_PER_SEQ_ABOVE_S)
+        outside: tuple[float, ...] = ()
+        decode_scale: tuple[float, ...] = ()
+    else:  # the batch each request decoded in is known: no KV term or hinge beside it
+        step_base, slope, per_kv, above, hinge = (measured.base_s, measured.per_seq_s, 0.0,
+                                                  0.0, None)
+        outside = tuple(float(v) for v in measured.outside_s)
+        decode_scale = tuple(float(v) for v in measured.decode_scale)
+        notes.append(
+            f"decode step from {measured.requests} requests' own timings: "
+            f"{step_base * 1e3:.2f} ms + {slope * 1e3:.3f} ms per sequence"
+            + (f" (+-{measured.per_seq_se_s * 1e3:.3f})" if slope else
+               " (no slope told from none)")
+            + f", measured up to batch {measured.seen_max:.1f}: past it extrapolated; "
+            f"time outside the engine from "
+            + ("the requests that found it idle" if measured.outside_from_idle else
+               "all requests less half a step"))
     # the prompts' time per running sequence per decode step (module docstring)
     carried = max(base + per_token * prompt - step_base, 0.0) / max(output, 1.0)
-    per_seq = max(float(row[c.STEP_PER_SEQ_S] or 0.0) - carried, 0.0)
+    per_seq = max(slope - carried, 0.0)
     tp = int(row[c.TP] or 1)
     configured = _setting(configs, "num_gpu_blocks")
     if kv_capacity:
@@ -198,17 +248,17 @@ def calibrate(row: dict, requests: pl.DataFrame, kv_capacity: float | None,
                      f"{DEFAULT_MAX_NUM_SEQS}, max_num_batched_tokens "
                      f"{DEFAULT_MAX_BATCHED_TOKENS})")
     idle = _idle_power(gpu_samples)
-    hinge = row.get(c.STEP_HINGE_BATCH)
     return Calibration(
         gpu_model=row[c.GPU_MODEL], tp=tp, engines=engines, base_s=step_base,
-        per_seq_s=per_seq, per_kv_s=float(row[c.STEP_PER_KV_TOKEN_S] or 0.0),
+        per_seq_s=per_seq, per_kv_s=per_kv,
         hinge=float(hinge) if hinge is not None else float("inf"),
-        above_s=float(row.get(c.STEP_PER_SEQ_ABOVE_S) or 0.0), prefill_base_s=base,
+        above_s=float(above or 0.0), prefill_base_s=base,
         prefill_per_token_s=per_token, kv_blocks=blocks or UNLIMITED_BLOCKS,
         max_num_seqs=seqs or DEFAULT_MAX_NUM_SEQS,
         max_batched_tokens=budget or DEFAULT_MAX_BATCHED_TOKENS, idle_w=idle,
         tpot_slo_s=float(row[c.TPOT_SLO_S]), ttft_slo_s=float(row[c.TTFT_SLO_S]),
-        notes=tuple(notes))
+        notes=tuple(notes), outside_s=outside, decode_scale=decode_scale,
+        prefill_scale=_prefill_scale(requests, base, per_token) if outside else ())
 
 
 def _free_bytes(model: str, gpu: str, tp: int, config: AnalyticsConfig) -> float | None:

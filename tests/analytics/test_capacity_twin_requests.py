@@ -1,0 +1,129 @@
+"""The twin's calibration on the pool's requests themselves
+(:mod:`analytics.capacity.twin_requests`, issue 31 on a real CPU vLLM): the decode step
+against the batch each request decoded in, told from the host's own slowness by the
+arrivals; the time outside the engine; the prefill line; and the host's variation kept."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+
+from fleetlens.analytics.capacity.twin import _prefill
+from fleetlens.analytics.capacity.twin_requests import request_steps
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.simulator.replay import Arrival, MeasuredSteps, replay
+
+NS = 1_000_000_000
+OUTPUT = 136
+
+
+def _frame(arrival_s: np.ndarray, ttft: np.ndarray, queue: np.ndarray, prefill: np.ndarray,
+           tpot: np.ndarray) -> pl.DataFrame:
+    n = arrival_s.size
+    return pl.DataFrame({c.ARRIVAL_NS: (arrival_s * NS).astype(np.int64), c.TTFT_S: ttft,
+                         c.QUEUE_S: queue, c.PREFILL_S: prefill,
+                         c.DECODE_S: tpot * (OUTPUT - 1), c.OUTPUT_TOKENS: [OUTPUT] * n,
+                         c.INPUT_TOKENS: [106] * n, c.CACHED_TOKENS: [0] * n,
+                         c.INSTANCE_ID: ["e0"] * n})
+
+
+def _poisson(rate: float, seconds: float, seed: int) -> np.ndarray:
+    rng = random.Random(seed)
+    out, t = [], rng.expovariate(rate)
+    while t < seconds:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return np.array(out)
+
+
+def test_a_slope_from_the_hosts_slowness_is_not_a_slope() -> None:
+    """A flat step (3 ms) on a host slower by half for 10 s in every 30: while it is slow
+    requests last longer, so more overlap, and TPOT rises with the batch the requests saw
+    though no step grows with it. The arrivals do not follow the host: no slope."""
+    arrival = _poisson(4.0, 300.0, 1)
+    slow = np.where((arrival % 30.0) < 10.0, 1.5, 1.0)
+    tpot = 0.003 * slow
+    n = arrival.size
+    frame = _frame(arrival, np.full(n, 0.0065), np.zeros(n), np.full(n, 0.004), tpot)
+    steps = request_steps(frame, 10.0)
+    assert steps is not None and steps.requests == n
+    assert steps.per_seq_s == 0.0 and steps.base_s == pytest.approx(tpot.mean())
+    # what a plain least-squares line on the batch seen draws (the old fit's trap)
+    from fleetlens.analytics.capacity.twin_requests import _per_engine
+
+    seen = _per_engine(frame.with_row_index("_row"))["seen"].to_numpy()
+    assert np.polyfit(seen, tpot, 1)[0] > 1e-4
+
+
+def _replayed(rate: float, seconds: float, steps: MeasuredSteps) -> pl.DataFrame:
+    arrival = _poisson(rate, seconds, 2)
+    done, _ = replay([Arrival(int(a * NS), 106, OUTPUT) for a in arrival], 1, steps,
+                     max_num_seqs=64, max_batched_tokens=8192, kv_blocks=1 << 20)
+    return _frame(np.array([d.arrival_ns / NS for d in done]), np.array([d.ttft_s for d in done]),
+                  np.array([d.queue_s for d in done]), np.array([d.prefill_s for d in done]),
+                  np.array([d.tpot_s for d in done]))
+
+
+def test_a_real_slope_is_found_on_the_batch_the_requests_decoded_in() -> None:
+    """The simulator's engine with a step of 2 ms + 0.5 ms per sequence: the requests'
+    own timings give the slope back, and the base."""
+    frame = _replayed(8.0, 300.0, MeasuredSteps(0.002, 0.0005, 0.0, 0.0, 0.00001))
+    steps = request_steps(frame, 10.0)
+    assert steps is not None
+    assert steps.per_seq_s == pytest.approx(0.0005, rel=0.15)
+    assert steps.base_s == pytest.approx(0.002, rel=0.25)
+    assert steps.seen_max > 4
+
+
+def test_the_time_outside_the_engine_comes_from_the_requests_that_found_it_idle() -> None:
+    """On the simulator's engine the time outside it is its API-server constants; those
+    that arrived while it stepped also waited for the step: theirs is not taken."""
+    from fleetlens.simulator.engine import TOKENIZE_PER_TOKEN_S, TOKENIZE_S
+
+    frame = _replayed(1.0, 300.0, MeasuredSteps(0.005, 0.0, 0.0, 0.004, 0.0))
+    steps = request_steps(frame, 10.0)
+    outside = TOKENIZE_S + TOKENIZE_PER_TOKEN_S * 106
+    assert steps is not None and steps.outside_from_idle
+    assert steps.outside_s == pytest.approx(outside, abs=1e-6)
+    waited = (frame[c.TTFT_S] - frame[c.PREFILL_S]).to_numpy()
+    assert waited.max() > outside + 0.003  # some arrivals waited for a step in progress
+
+
+def test_without_engine_timings_no_request_calibration() -> None:
+    frame = _frame(np.arange(40.0), np.full(40, 0.01), np.zeros(40), np.full(40, 0.004),
+                   np.full(40, 0.003)).drop(c.QUEUE_S)
+    assert request_steps(frame, 10.0) is None
+    assert request_steps(_frame(np.arange(10.0), *(np.full(10, v) for v in (
+        0.01, 0.0, 0.004, 0.003))), 10.0) is None  # too few
+
+
+def test_the_prefill_line_keeps_the_mean_where_its_intercept_is_negative() -> None:
+    """Prompts of 100 or 110 tokens whose prefill scatters (the longer ones slower by
+    chance): the line's intercept comes out negative. Clipping it to 0 and keeping the
+    slope put the mean prompt at 6x its measured time; the line through the origin keeps
+    it, and a negative slope gives the flat mean."""
+    tokens = np.array([100, 110] * 50)
+    prefill = np.where(tokens == 100, 0.002, 0.004)
+    frame = pl.DataFrame({c.INPUT_TOKENS: tokens, c.CACHED_TOKENS: [0] * 100,
+                          c.PREFILL_S: prefill})
+    base, per_token, mean = _prefill(frame)
+    assert base + per_token * mean == pytest.approx(prefill.mean(), rel=0.01)
+    base, per_token, mean = _prefill(frame.with_columns(pl.Series(c.PREFILL_S, prefill[::-1])))
+    assert (base, per_token) == (pytest.approx(prefill.mean()), 0.0)
+
+
+def test_a_step_runs_as_slow_as_the_requests_it_carries() -> None:
+    """A request measured twice as slow as the line keeps that in the twin: alone, its
+    decode steps and its prompt take twice the curves'; the outside time is added first."""
+    steps = MeasuredSteps(0.01, 0.0, 0.0, 0.004, 0.0)
+    plain, _ = replay([Arrival(0, 100, 11)], 1, steps, max_num_seqs=8,
+                      max_batched_tokens=8192, kv_blocks=1000, outside_s=[0.003])
+    slow, _ = replay([Arrival(0, 100, 11)], 1, steps, max_num_seqs=8,
+                     max_batched_tokens=8192, kv_blocks=1000, outside_s=[0.003],
+                     decode_scale=[2.0], prefill_scale=[2.0])
+    assert plain[0].ttft_s == pytest.approx(0.003 + 0.004)
+    assert slow[0].ttft_s == pytest.approx(0.003 + 0.008)
+    assert slow[0].tpot_s == pytest.approx(2 * plain[0].tpot_s) == pytest.approx(0.02)
