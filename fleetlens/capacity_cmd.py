@@ -33,7 +33,8 @@ def _replay(cal, arrivals: pl.DataFrame, rate: float, seed: int):  # noqa: ANN00
                           cal.prefill_per_token_s, cal.hinge, cal.above_s)
     done, busy = replay(rows, cal.engines, steps, max_num_seqs=cal.max_num_seqs,
                         max_batched_tokens=cal.max_batched_tokens, kv_blocks=cal.kv_blocks,
-                        seed=seed)
+                        seed=seed, outside_s=cal.outside_s, decode_scale=cal.decode_scale,
+                        prefill_scale=cal.prefill_scale)
     frame = pl.DataFrame({c.TTFT_S: [d.ttft_s for d in done],
                           c.TPOT_S: [d.tpot_s for d in done],
                           c.OUTPUT_TOKENS: [d.output for d in done]},
