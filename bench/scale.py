@@ -19,8 +19,8 @@ average: on a shared machine a second node only helps while a second core is fre
 
     .venv/bin/python bench/scale.py --hours 2 --repeat 3
 
-``--memory`` instead prints the peak memory of each phase-1 task of one hour against the
-fleet's size (``bench/scale_memory.py``: 64, 256 and 1,024 GPUs by default, each task a
+``--memory`` instead prints the peak memory of each phase-1 and phase-2 task of one hour
+against the fleet's size (``bench/scale_memory.py``: 64, 256 and 1,024 GPUs by default, each task a
 process of its own; issue 36):
 
     .venv/bin/python bench/scale.py --memory --gpus 64 256 1024
@@ -190,7 +190,8 @@ def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
 
 
 def memory(args: argparse.Namespace) -> None:
-    """Peak memory per phase-1 task for one hour of each fleet size (bench/scale_memory.py)."""
+    """Peak memory per phase-1 and phase-2 task for one hour of each fleet size
+    (bench/scale_memory.py)."""
     from fleetlens.pipeline.config import PipelineConfig
 
     spec = importlib.util.spec_from_file_location("scale_memory",
@@ -215,13 +216,13 @@ def main() -> None:
                         help="hours of the bench fleet to generate (the bench day is 24)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per setup")
     parser.add_argument("--memory", action="store_true",
-                        help="peak memory per phase-1 task against fleet size instead")
+                        help="peak memory per phase-1 and phase-2 task against fleet size instead")
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024],
                         help="fleet sizes for --memory (4 GPUs per host)")
     parser.add_argument("--shard-rows", type=int, default=None,
                         help="--memory: raw rows per shard [default: the pipeline's]")
     parser.add_argument("--unsharded-max", type=int, default=256,
-                        help="--memory: also run the hour unsharded up to this many GPUs")
+                        help="--memory: also run the hour's phases unsharded up to this many GPUs")
     args = parser.parse_args()
     if args.memory:
         memory(args)

@@ -1,4 +1,4 @@
-"""Peak memory per phase-1 task against fleet size (``bench/scale.py --memory``).
+"""Peak memory per phase-1 and phase-2 task against fleet size (``bench/scale.py --memory``).
 
 For each fleet size (GPUs, 4 per host, one vLLM instance per GPU) it generates one hour the
 way ``bench/pipeline.py`` generates the bench day (116 requests/s per 64 GPUs, 10 Hz
@@ -17,7 +17,11 @@ reading its peak RSS (``VmHWM``) when it ends:
   the merge): what one thread of ``--runner local`` holds;
 - ``unsharded``: the hour in one shard, as before issue 36 (skipped above ``--unsharded-max``
   GPUs: it needs about 1 GB per 64 GPUs);
-- ``phase 2``: energy and windows of the hour, still one task per hour (not sharded yet).
+- ``phase 2``: energy and windows of the hour in the same shards (:mod:`pipeline.phase2`):
+  each shard's map task (its hosts' rows of the published phase-1 partitions -> its rows and
+  the fleet-wide partials, kept in a pickle), then the reduce task over all of them (the
+  hour's encoded partitions), and the hour in one unsharded task as before (up to
+  ``--unsharded-max`` GPUs).
 
 A fresh Python with Polars, PyArrow and fleetlens imported holds about 150 MiB before any
 data: it is in every figure.
@@ -74,10 +78,28 @@ elif args["mode"] == "spans":
     mapping = pl.read_parquet(args["mapping"])
     rows = phases.phase1_spans(cfg, files, hour, shards[0], mapping,
                                pieces("spans")).requests.height
-elif args["mode"] == "phase2":
+elif args["mode"] == "phase2":  # the hour in one shard, as before phase 2 was sharded
     from fleetlens.pipeline.storage import DataDir
     out = phases.phase2_hour(DataDir(args["data"]), cfg, hour, {{hour}})
     rows = out.windows.height + out.request_energy.height
+elif args["mode"] == "phase2shard":  # one shard's map task; its result kept for the reduce
+    import pickle
+    from fleetlens.pipeline.phase2 import phase2_shard
+    from fleetlens.pipeline.storage import DataDir
+    part = phase2_shard(DataDir(args["data"]), cfg, hour, {{hour}}, shards[0])
+    rows = part.own.request_energy.height + part.own.windows.height
+    with open(args["mapping"], "wb") as handle:
+        pickle.dump(part, handle)
+elif args["mode"] == "phase2merge":  # the reduce: every shard's result in, the hour out
+    import pickle
+    from fleetlens.pipeline.phase2 import merge_phase2
+    from fleetlens.pipeline.ray_runner import _encode_phase2
+    parts = []
+    for path in args["files"]:
+        with open(path, "rb") as handle:
+            parts.append(pickle.load(handle))
+    out = _encode_phase2(merge_phase2(parts, cfg.window_s))
+    rows = sum(p.rows for p in out.own)
 else:
     from fleetlens.pipeline.partitions import publish
     from fleetlens.pipeline.storage import DataDir
@@ -171,7 +193,13 @@ def measure(bench: ModuleType, gpus: int, shard_rows: int, unsharded_max: int) -
                 span_runs.append(_task("spans", files, hour, [shard], mapping, pieces=where))
             runs[how] = point_runs, span_runs
         whole = _task("hour", files, hour, shards, mapping, str(root), rows=rows)
-        phase2 = _task("phase2", files, hour, shards, mapping, str(root))
+        phase2 = (_task("phase2", files, hour, shards, mapping, str(root))
+                  if gpus <= unsharded_max else None)
+        # Phase 2 sharded: each shard's map task, then the reduce over their results.
+        results = [str(Path(tmp) / f"phase2-{s.index}.pickle") for s in shards]
+        maps = [_task("phase2shard", files, hour, [s], path, str(root))
+                for s, path in zip(shards, results, strict=True)]
+        merge = _task("phase2merge", results, hour, shards, "", str(root))
         single = (_task("hour", files, hour, [Shard(0, 1)], mapping)
                   if gpus <= unsharded_max else None)
     point_runs, span_runs = runs["split"]
@@ -185,7 +213,11 @@ def measure(bench: ModuleType, gpus: int, shard_rows: int, unsharded_max: int) -
             + (split["cpu_s"] if split else 0.0),
             "read_task_cpu_s": read and sum(r["cpu_s"] for r in read[0] + read[1]),
             "hour_mb": whole["rss_mb"], "hour_cpu_s": whole["cpu_s"],
-            "phase2_mb": phase2["rss_mb"], "phase2_cpu_s": phase2["cpu_s"],
+            "phase2_mb": phase2 and phase2["rss_mb"],
+            "phase2_cpu_s": phase2 and phase2["cpu_s"],
+            "phase2_map_mb": max(r["rss_mb"] for r in maps),
+            "phase2_map_cpu_s": sum(r["cpu_s"] for r in maps),
+            "phase2_merge_mb": merge["rss_mb"], "phase2_merge_cpu_s": merge["cpu_s"],
             "unsharded_mb": single and single["rss_mb"],
             "unsharded_cpu_s": single and single["cpu_s"]}
 
@@ -208,10 +240,23 @@ def report(rows: list[dict]) -> None:
               f"half {r['points_task_mb']:.0f} MiB, span half {r['spans_task_mb']:.0f} MiB "
               f"({r['task_cpu_s']:.1f} CPU-s in all{_split(r)}); the whole hour on one thread "
               f"{r['hour_mb']:.0f} MiB ({r['hour_cpu_s']:.1f} CPU-s); unsharded {unsharded}; "
-              f"phase 2 of the hour (one task, not sharded) {r['phase2_mb']:.0f} MiB "
-              f"({r['phase2_cpu_s']:.1f} CPU-s)",
+              f"phase 2: shard task {r['phase2_map_mb']:.0f} MiB "
+              f"({r['phase2_map_cpu_s']:.1f} CPU-s in all), reduce task "
+              f"{r['phase2_merge_mb']:.0f} MiB ({r['phase2_merge_cpu_s']:.1f} CPU-s), "
+              f"unsharded {_phase2(r)}",
               flush=True)
     peaks = [max(r["points_task_mb"], r["spans_task_mb"], r["split_task_mb"] or 0)
              for r in rows]
-    print(f"largest task peak / smallest across the fleet sizes: "
+    print(f"phase 1: largest task peak / smallest across the fleet sizes: "
           f"{max(peaks) / min(peaks):.2f} (target <= 1.5)")
+    for name, key in (("shard", "phase2_map_mb"), ("reduce", "phase2_merge_mb")):
+        peaks = [r[key] for r in rows]
+        print(f"phase 2 {name} task: largest peak / smallest across the fleet sizes: "
+              f"{max(peaks) / min(peaks):.2f} (target <= 1.5)")
+
+
+def _phase2(r: dict) -> str:
+    """The unsharded phase 2 of the hour (one task), where it was run."""
+    if not r["phase2_mb"]:
+        return "not run"
+    return f"{r['phase2_mb']:.0f} MiB ({r['phase2_cpu_s']:.1f} CPU-s)"

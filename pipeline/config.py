@@ -39,9 +39,9 @@ class PipelineConfig:
     compact_below_bytes: int = 32 * 1024 * 1024
     #: Raw hours younger than this are left alone by compaction (writers may still add to them).
     compact_min_age_s: int = 3600
-    #: Phase 1 of an hour is cut into (host group x hour) shards of about this many raw rows
-    #: (spans and metric points; a task peaks at about 165 bytes per row, bench/scale.py
-    #: --memory): below it, one shard.
+    #: Both phases of an hour are cut into (host group x hour) shards of about this many raw
+    #: rows (spans and metric points; a phase-1 task peaks at about 165 bytes per row,
+    #: bench/scale.py --memory): below it, one shard.
     shard_rows: int = 8_000_000
     #: Hosts per shard, overriding the size chosen from the data (0: from ``shard_rows``).
     hosts_per_shard: int = 0

@@ -344,10 +344,11 @@ def gpu_window_energy(per_slot: pl.DataFrame, window_s: int) -> pl.DataFrame:
 
 
 @stage(None)
-def group_energy(shares: pl.DataFrame, requests: pl.DataFrame, per_slot: pl.DataFrame,
-                 window_s: int) -> pl.DataFrame:
-    """Energy attributed to each (window, service, model, host) and fleet-wide, and the mean
-    power of the GPUs that served the group in the window (sum over GPUs of J / covered s).
+def host_group_energy(shares: pl.DataFrame, requests: pl.DataFrame, per_slot: pl.DataFrame,
+                      window_s: int) -> pl.DataFrame:
+    """Energy attributed to each (window, service, model, host) (:data:`SHARE`, integer µJ)
+    and the mean power of the GPUs that served the group in the window (sum over GPUs, in GPU
+    order, of J / covered s): one host's figures from that host's rows alone.
 
     ``requests`` (with :func:`with_request_keys`) names the groups of the shares; ``per_slot``
     is the second result of :func:`attribute`."""
@@ -357,15 +358,40 @@ def group_energy(shares: pl.DataFrame, requests: pl.DataFrame, per_slot: pl.Data
     gpu_power = _window_sums(per_slot, window_s, [GID]).select(
         c.WINDOW_START_NS, GID, pl.when(pl.col(c.COVERED_S) > 0)
         .then(pl.col(c.MEASURED_J) / pl.col(c.COVERED_S)).alias(c.POWER_W))
-    gpus = rows.select(c.WINDOW_START_NS, GRP, GID).unique().join(
-        gpu_power, on=[c.WINDOW_START_NS, GID], how="left")
-    power = gpus.group_by(c.WINDOW_START_NS, GRP).agg(pl.col(c.POWER_W).sum())
+    # GIDs rank (host, GPU): summed in GID order, a host's GPUs add up in the same order in a
+    # shard of its own as in the whole fleet.
+    gpus = rows.select(c.WINDOW_START_NS, GRP, GID).unique().sort(
+        c.WINDOW_START_NS, GRP, GID).join(gpu_power, on=[c.WINDOW_START_NS, GID], how="left",
+                                          maintain_order="left")
+    power = gpus.group_by(c.WINDOW_START_NS, GRP, maintain_order=True).agg(
+        pl.col(c.POWER_W).sum())
     names = requests.select(GRP, *_GROUP).unique(GRP)
     group = [c.WINDOW_START_NS, *_GROUP]
-    per_host = energy.join(power, on=[c.WINDOW_START_NS, GRP], how="left").join(
+    return energy.join(power, on=[c.WINDOW_START_NS, GRP], how="left").join(
         names, on=GRP, how="left").select(*group, SHARE, c.POWER_W)
-    fleet = per_host.group_by(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL).agg(
-        pl.col(SHARE).sum(), pl.col(c.POWER_W).sum()).with_columns(
-        pl.lit(FLEET_WIDE).alias(c.HOST_NAME))
-    both = pl.concat([per_host, fleet.select(per_host.columns)])
-    return both.with_columns((pl.col(SHARE) / UJ).alias(c.ENERGY_J)).drop(SHARE)
+
+
+def fleet_group_energy(per_host: pl.DataFrame) -> pl.DataFrame:
+    """Fleet-wide rows (``host_name = FLEET_WIDE``) per (window, service, model) from every
+    shard's :func:`host_group_energy`: integer µJ summed, and the hosts' power added in host
+    order (sorted first), so the float sum is the same however the hosts were sharded."""
+    ordered = per_host.sort(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, c.HOST_NAME,
+                            nulls_last=True)
+    fleet = ordered.group_by(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, maintain_order=True
+                             ).agg(pl.col(SHARE).sum(), pl.col(c.POWER_W).sum())
+    return fleet.with_columns(pl.lit(FLEET_WIDE).alias(c.HOST_NAME)).select(per_host.columns)
+
+
+def with_joules(groups: pl.DataFrame) -> pl.DataFrame:
+    """Group energy rows with ``energy_j`` (from the integer µJ) instead of :data:`SHARE`."""
+    return groups.with_columns((pl.col(SHARE) / UJ).alias(c.ENERGY_J)).drop(SHARE)
+
+
+@stage(None)
+def group_energy(shares: pl.DataFrame, requests: pl.DataFrame, per_slot: pl.DataFrame,
+                 window_s: int) -> pl.DataFrame:
+    """Energy attributed to each (window, service, model, host) and fleet-wide, and the mean
+    power of the GPUs that served the group in the window (:func:`host_group_energy`, then
+    :func:`fleet_group_energy`)."""
+    per_host = host_group_energy(shares, requests, per_slot, window_s)
+    return with_joules(pl.concat([per_host, fleet_group_energy(per_host)]))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import polars as pl
 
@@ -24,10 +23,13 @@ from fleetlens.pipeline.normalize import normalize
 from fleetlens.pipeline.partitions import (
     HOUR_NS,
     NS,
-    hour_of,
-    hours_between,
-    read_hours,
     read_raw,
+)
+from fleetlens.pipeline.phase2 import (  # noqa: F401 - re-exported
+    Phase2Output,
+    _active,
+    _requests_active,
+    phase2_hour,
 )
 from fleetlens.pipeline.pivot import as_split
 from fleetlens.pipeline.samples import engine_samples, gpu_samples, instance_gpus
@@ -44,14 +46,15 @@ from fleetlens.pipeline.shards import Shard
 from fleetlens.pipeline.shardsplit import Chunk, Spill, chunks, shard_rows, split_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir
-from fleetlens.pipeline.windows import windows
 
 #: Version of the derived files' layout or meaning: a change recomputes them all on the next
 #: run (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added; 3: negative
 #: vLLM phases and the TTFT of requests without tokens are null; 4: gpu_samples one row per
 #: gpu_sample_interval_s, slot energy from the native points; 5: failed gateway spans are
-#: requests, engine_samples' up and start time, engine_configs and gpu_health).
-OUTPUT_FORMAT = 5
+#: requests, engine_samples' up and start time, engine_configs and gpu_health; 6: phase 2 in
+#: host shards, the fleet-wide windows' power, KV mean and counter sums added per host in
+#: host order, the same bytes for any shard size).
+OUTPUT_FORMAT = 6
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
 OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
            t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS, t.ENGINE_CONFIGS, t.GPU_HEALTH)
@@ -90,12 +93,6 @@ def fingerprint(cfg: PipelineConfig) -> str:
                 "max_request_s": cfg.max_request_s, "gap": cfg.max_sample_gap_s,
                 "gpu_interval": cfg.gpu_sample_interval_s, "format": OUTPUT_FORMAT}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _active(lo: int, hi: int) -> pl.Expr:
-    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
-    end = pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
-    return (pl.col(c.ARRIVAL_NS) < hi) & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo))
 
 
 def phase1_files(state: PipelineState, dd: DataDir, cfg: PipelineConfig,
@@ -207,85 +204,3 @@ def split_chunk(cfg: PipelineConfig, chunk: Chunk, hour: int,
     (:func:`~pipeline.shardsplit.split_rows`)."""
     return split_rows(read_rows(cfg, chunk.signal, list(chunk.files), hour), chunk.signal,
                       shards)
-
-
-@dataclass
-class Phase2Output:
-    """One hour's phase-2 partitions, not yet published."""
-
-    gpu_window_energy: pl.DataFrame
-    request_energy: pl.DataFrame
-    windows: pl.DataFrame
-    #: (arrival hour, fresh request_energy rows) of requests from clean earlier hours that
-    #: ran into this one: merged into that hour's partition when published
-    crossers: list[tuple[int, pl.DataFrame]]
-
-
-def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
-                     cache: dict | None = None) -> pl.DataFrame:
-    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
-    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
-    frame = read_hours(dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS), cache=cache)
-    return frame.filter(_active(lo, hi))
-
-
-def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
-                cache: dict | None = None) -> Phase2Output:
-    """Phase 2 (energy, then windows) of one hour as a pure function of the phase-1
-    partitions published in ``dd``: reads no phase-2 output, publishes nothing.
-
-    ``cache``: request partitions already read (see :func:`read_hours`), which a caller running
-    the hours of one run in order passes from hour to hour (each hour reads the one before it
-    too); valid while none of them is published again. None: a fresh one."""
-    lo, hi = hour, hour + HOUR_NS
-    slot_ns = cfg.slot_s * NS
-    gap_ns = int(cfg.max_sample_gap_s * NS)
-    read: dict = {} if cache is None else cache  # what `active` reads serves `everyone` too
-    # The extent of the hour's active requests: only two of their columns are filtered.
-    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
-    candidates = read_hours(dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS), cache=read)
-    first, last = candidates.lazy().filter(_active(lo, hi)).select(
-        pl.col(c.ARRIVAL_NS).min(), pl.max_horizontal(c.END_NS, c.ARRIVAL_NS).max()
-    ).collect().row(0)
-    e_lo = min(lo, int(first or lo))
-    e_hi = max(hi, int(last or hi) + 1)
-    # A request running longer than max_request_s gets no energy past that (the hours
-    # after look back only that far for requests still running).
-    e_hi = min(e_hi, hi + cfg.max_request_s * NS)
-    e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
-    # `active` is a subset of `everyone`: take it from there, with the energy keys.
-    everyone = en.with_request_keys(_requests_active(dd, cfg, e_lo, e_hi, read))
-    active = everyone.filter(_active(lo, hi))
-    # A slot's measured energy comes from samples up to one gap after it, so from the
-    # slot-energy partitions of its hour and the next.
-    pieces = read_hours(dd, t.GPU_SLOT_ENERGY, hours_between(e_lo, e_hi + gap_ns))
-    slots = en.gpu_slots(pieces.filter(
-        pl.col(c.SLOT_START_NS).is_between(e_lo, e_hi, closed="left")))
-    arrival_hours = everyone.select(
-        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).unique().sort()
-    ).to_series().to_list()
-    mapping = pl.concat([
-        read_hours(dd, t.INSTANCE_GPUS, [h]).with_columns(pl.lit(h).alias(en.HOUR))
-        for h in arrival_hours
-    ] or [t.table(t.INSTANCE_GPUS).empty().with_columns(pl.lit(0).alias(en.HOUR))],
-        how="diagonal_relaxed")
-    in_e = pl.col(en.SLOT).is_between(e_lo, e_hi, closed="left")
-    weights = en.request_slot_weights(everyone, cfg.slot_s).filter(in_e)
-    shares, per_slot = en.attribute(weights, everyone, mapping, slots, cfg.slot_s)
-    in_hour = pl.col(en.SLOT).is_between(lo, hi, closed="left")
-    per_slot = per_slot.filter(in_hour)
-    gpu_windows = en.gpu_window_energy(per_slot, cfg.window_s)
-    own = active.filter(pl.col(c.ARRIVAL_NS) >= lo)
-    crossers = active.filter(pl.col(c.ARRIVAL_NS) < lo).with_columns(
-        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).alias(en.HOUR))
-    patches = [(int(h), en.request_energy(shares, group))
-               for (h,), group in crossers.group_by(en.HOUR, maintain_order=True)
-               if int(h) not in dirty]  # a dirty hour's own phase 2 writes them
-    groups = en.group_energy(shares.filter(in_hour), everyone, per_slot, cfg.window_s)
-    eng = read_hours(dd, t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
-    eng = eng.filter(pl.col(c.TS_NS) >= lo - gap_ns)
-    out = windows(own.drop(en.RIX, en.IID, en.GRP), eng, groups, cfg.window_s).filter(
-        pl.col(c.WINDOW_START_NS) >= lo)
-    return Phase2Output(gpu_windows, en.request_energy(shares, own), out, patches)
-
-

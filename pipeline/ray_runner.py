@@ -23,6 +23,11 @@ chunk of the hour's segments reads them once and returns one piece per shard
 pieces, so no task holds more than one chunk's or one shard's raw rows, and a merge task
 returns the hour's encoded partitions as the one-task hour does.
 
+Phase 2 of an hour in several shards is a task per shard (:func:`submit_phase2`: the shard's
+hosts' rows of the phase-1 partitions in, its rows of the hour's partitions and the
+fleet-wide partial results out, :mod:`pipeline.phase2`) and a merge task, which reduces the
+fleet-wide window rows and returns the hour's encoded partitions.
+
 Phase 2 of hour h reads the phase-1 partitions up to ``h + 1 h + max_request_s + gap + slot``:
 it is submitted as soon as those are published (so the two phases overlap, as locally). Tasks
 read the data directory themselves, so every node must see it at the same path (one machine,
@@ -45,6 +50,7 @@ import ray
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
+from fleetlens.pipeline.phase2 import Phase2Part, merge_phase2, phase2_shard
 from fleetlens.pipeline.phases import phase1_points, phase1_spans, split_chunk
 from fleetlens.pipeline.runner import (
     Phase2Output,
@@ -209,15 +215,51 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     return _merge_task.remote(hour, len(shards), *points, *spans)
 
 
-@ray.remote(**_TASK)
-def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
-                 ) -> tuple[Phase2Encoded, TaskTime]:
-    began = time.time(), time.process_time()
-    out: Phase2Output = phase2_hour(dd, cfg, hour, dirty)
-    return _timed(2, hour, began, Phase2Encoded(
+def _encode_phase2(out: Phase2Output) -> Phase2Encoded:
+    return Phase2Encoded(
         [encode(t.GPU_WINDOW_ENERGY, out.gpu_window_energy),
          encode(t.REQUEST_ENERGY, out.request_energy), encode(t.WINDOWS, out.windows)],
-        out.crossers))
+        out.crossers)
+
+
+@ray.remote(**_TASK)
+def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
+                 ) -> tuple[Phase2Encoded, list[TaskTime]]:
+    """Phase 2 of an hour in one shard: one task."""
+    began = time.time(), time.process_time()
+    out, took = _timed(2, hour, began, _encode_phase2(phase2_hour(dd, cfg, hour, dirty)))
+    return out, [took]
+
+
+# Phase 2 of an hour in several shards: a task per shard (its hosts' rows of the phase-1
+# partitions in, its hosts' rows and the fleet-wide partial results out), then the reduce.
+@ray.remote(**_TASK)
+def _phase2_shard_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
+                       shard: Shard) -> tuple[Phase2Part, TaskTime]:
+    began = time.time(), time.process_time()
+    return _timed(2, hour, began, phase2_shard(dd, cfg, hour, dirty, shard))
+
+
+@ray.remote(**_TASK)
+def _phase2_merge_task(hour: int, window_s: int, *parts: tuple[Phase2Part, TaskTime]
+                       ) -> tuple[Phase2Encoded, list[TaskTime]]:
+    """The hour's phase-2 partitions from its shards' results, encoded."""
+    began = time.time(), time.process_time()
+    times = [took for _, took in parts]
+    merged = merge_phase2([part for part, _ in parts], window_s)
+    out, took = _timed(2, hour, began, _encode_phase2(merged))
+    return out, [*times, took]
+
+
+def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
+                  shards: list[Shard]) -> ray.ObjectRef:
+    """Phase 2 of ``hour`` on the cluster: one task for one shard, else a task per shard and
+    the reduce (:mod:`pipeline.phase2`). The ref resolves to the encoded partitions and the
+    tasks' times."""
+    if len(shards) == 1:
+        return _phase2_task.remote(dd, cfg, hour, dirty)
+    parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard) for shard in shards]
+    return _phase2_merge_task.remote(hour, cfg.window_s, *parts)
 
 
 def _write(dd: DataDir, hour: int, part: Encoded) -> int:
@@ -290,7 +332,8 @@ class RayPipeline(Pipeline):
                 if todo2 and (first is None or todo2[0] + horizon <= first):
                     self._flush()  # the task reads what this driver published
                     hour = todo2.popleft()
-                    run2.append((hour, _phase2_task.remote(self.dd, self.cfg, hour, dirty2)))
+                    run2.append((hour, submit_phase2(self.dd, self.cfg, hour, dirty2,
+                                                     plan_hour(state, self.cfg, hour))))
                 elif todo1:
                     hour = todo1.popleft()
                     files = phase1_files(state, self.dd, self.cfg, hour)
@@ -315,7 +358,7 @@ class RayPipeline(Pipeline):
             else:
                 hour, ref = run2.popleft()
                 out, took = ray.get(ref)
-                self.task_times.append(took)
+                self.task_times.extend(took)
                 self._publish_encoded(hour, out, summary)
                 done2 += 1
                 self.progress("energy+windows", done2, len(hours2))

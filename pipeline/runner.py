@@ -11,9 +11,10 @@ One run:
 3. phase 1, per dirty hour: ``normalize`` (spans -> requests) and ``samples`` (metric points ->
    gpu_samples, engine_samples, instance_gpus), reading only the segments whose event-time
    extent overlaps that hour;
-4. phase 2, per phase-2-dirty hour: ``energy`` over the slots of every request active in the
-   hour, then ``windows``; requests from earlier, clean hours that ran into a dirty hour get
-   their ``request_energy`` row replaced in place;
+4. phase 2, per phase-2-dirty hour, in the same (host group x hour) shards as phase 1 and a
+   fleet-wide reduce (:mod:`pipeline.phase2`): ``energy`` over the slots of every request
+   active in the hour, then ``windows``; requests from earlier, clean hours that ran into a
+   dirty hour get their ``request_energy`` row replaced in place;
 5. saves the state. Derived partitions are rewritten whole and sorted, so rerunning over the
    same raw data gives byte-identical files, and an incremental run gives the same files as a
    full recompute.
@@ -61,7 +62,7 @@ from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
 )
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
-from fleetlens.pipeline.shards import plan_hour
+from fleetlens.pipeline.shards import Shard, plan_hour
 from fleetlens.pipeline.shardsplit import segment_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, damaged_error, unreadable_files
@@ -135,7 +136,8 @@ class Pipeline:
             while waiting and (next_unpublished is None
                                or waiting[0] + horizon <= next_unpublished):
                 self.progress("energy+windows", done2, len(hours2))
-                self._phase2(waiting.popleft(), dirty2, summary)
+                hour = waiting.popleft()
+                self._phase2(hour, dirty2, summary, plan_hour(state, self.cfg, hour))
                 done2 += 1
 
         def publish_hour(hour: int, outputs: Future[list[tuple[str, pl.DataFrame]]]) -> None:
@@ -187,9 +189,12 @@ class Pipeline:
             future.result()
 
     # --- phase 2 -------------------------------------------------------------------------
-    def _phase2(self, hour: int, dirty: set[int], summary: RunSummary) -> None:
+    def _phase2(self, hour: int, dirty: set[int], summary: RunSummary,
+                shards: list[Shard] | None = None) -> None:
+        """Phase 2 of one hour, its (host group x hour) ``shards`` one after the other on this
+        thread, then their reduce (:mod:`pipeline.phase2`)."""
         self._flush()  # it reads what phase 1 and the previous hours published
-        out = phase2_hour(self.dd, self.cfg, hour, dirty, self._requests_read)
+        out = phase2_hour(self.dd, self.cfg, hour, dirty, self._requests_read, shards)
         # The next hours read some of the same partitions (from `back` before their hour to
         # as far as their requests run): keep those, and those phase 1 handed over for later
         # hours. Phase 1 published them before phase 2 got here and publishes none of them

@@ -1,4 +1,5 @@
-"""The shard plan: phase 1 of one UTC hour cut into (host group x hour) shards.
+"""The shard plan: one UTC hour cut into (host group x hour) shards, for both phases (phase 2
+in :mod:`pipeline.phase2`: a shard there is its hosts' rows of the phase-1 partitions).
 
 A fleet-hour's raw rows grow with the fleet (a 64-GPU hour at 10 Hz is about 5.7M rows, a
 1,024-GPU hour 16 times that), so the hour is cut into shards whose inputs stay near
@@ -36,7 +37,7 @@ _BUCKET_DIGITS = 4
 
 @dataclass(frozen=True)
 class Shard:
-    """One (host group x hour) shard of phase 1.
+    """One (host group x hour) shard.
 
     ``hosts``: the group's hosts; with ``rest``, instead the hosts of every *other* group
     (this shard takes all the rest). ``index`` of ``count``: also the trace bucket whose spans
@@ -110,7 +111,7 @@ def hour_rows(state: PipelineState, hour: int) -> float:
 
 
 def plan_hour(state: PipelineState, cfg: PipelineConfig, hour: int) -> list[Shard]:
-    """The shards of phase 1 of ``hour``, sized from the data: the hour's raw rows over the
+    """The shards of ``hour`` (both phases), sized from the data: the hour's raw rows over the
     hosts the state knows (their watermarks) give the rows per host-hour."""
     hosts = list(state.watermarks)
     if not hosts:

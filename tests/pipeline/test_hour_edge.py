@@ -93,9 +93,9 @@ def test_phase_2_overlaps_phase_1_and_changes_nothing(tmp_path: Path, monkeypatc
         events.append(("phase 1 done", hour))
         return out
 
-    def phase2(self, hour, dirty, summary):
+    def phase2(self, hour, *args):
         events.append(("phase 2", hour))
-        return real2(self, hour, dirty, summary)
+        return real2(self, hour, *args)
 
     monkeypatch.setattr(Pipeline, "_phase1", phase1)
     monkeypatch.setattr(Pipeline, "_phase2", phase2)

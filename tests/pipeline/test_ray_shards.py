@@ -1,7 +1,7 @@
-"""``--runner ray`` with phase 1 in several shards per hour (each chunk's split, each shard's
-halves and the merge as tasks of their own, on a real two-node cluster on 127.0.0.1) writes
-the local runner's one-shard bytes, also when the node running a shard task is killed
-mid-run."""
+"""``--runner ray`` with both phases in several shards per hour (phase 1: each chunk's split,
+each shard's halves and the merge as tasks of their own; phase 2: a task per shard and the
+reduce; on a real two-node cluster on 127.0.0.1) writes the local runner's one-shard bytes,
+also when the node running a shard task is killed mid-run."""
 
 from __future__ import annotations
 
@@ -45,19 +45,22 @@ def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster, split
                                       split_from_shards=split_from), address=cluster.address)
     summary = job.run_once(full=True)
     assert _digest(remote) == _digest(local) and len(_digest(local)) > 10
-    # 11 hosts in shards of 3: 4 shards, each a point task and a span task, then the merge
+    # 11 hosts in shards of 3: 4 shards, each a point task and a span task, then the merge;
+    # in phase 2 a task per shard, then the reduce
     phase1 = [took for took in job.task_times if took.phase == 1]
     assert len(phase1) == summary.dirty_hours * (2 * 4 + 1)
+    phase2 = [took for took in job.task_times if took.phase == 2]
+    assert len(phase2) == summary.dirty_hours * (4 + 1)
 
 
 @pytest.mark.slow
 def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
         tmp_path, cluster, capfd) -> None:
     """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs a chunk's
-    split task or a shard's point or span task: Ray reruns that task on the head, and any
-    task whose result lived on the dead node (a split's pieces or a finished half the merge
-    still needs), and the files are still the local runner's one-shard bytes. Last in this
-    module: it leaves one node."""
+    split task, a shard's point or span task or a phase-2 shard task: Ray reruns that task
+    on the head, and any task whose result lived on the dead node (a split's pieces or a
+    finished half the merge still needs), and the files are still the local runner's
+    one-shard bytes. Last in this module: it leaves one node."""
     from fleetlens.pipeline.ray_runner import RayPipeline
 
     # Three hours of 9 hosts in shards of 3: 12 shard tasks an hour, half of them on the
@@ -76,7 +79,7 @@ def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
         while not done.is_set():
             running = [n for n in task_titles(worker)
                        if n.startswith(("ray::_split_task", "ray::_points_task",
-                                        "ray::_spans_task"))]
+                                        "ray::_spans_task", "ray::_phase2_shard_task"))]
             if running:
                 cluster.kill(worker)
                 killed.extend(running)

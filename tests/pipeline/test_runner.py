@@ -173,11 +173,11 @@ def test_a_crashed_run_is_redone_by_the_next(tmp_path: Path, fleet, full_run,
     real = Pipeline._phase2
     calls = []
 
-    def crash_on_second_hour(self, hour, dirty, summary):
+    def crash_on_second_hour(self, hour, *args):
         calls.append(hour)
         if len(calls) == 2:
             raise OSError("disk gone")
-        return real(self, hour, dirty, summary)
+        return real(self, hour, *args)
 
     monkeypatch.setattr(Pipeline, "_phase2", crash_on_second_hour)
     with pytest.raises(OSError):

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetlens.pipeline import phases
+from fleetlens.pipeline import phase2, phases
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.discovery import discover
 from fleetlens.pipeline.runner import OUTPUTS, Pipeline
@@ -79,19 +79,27 @@ def one_shard(tmp_path_factory, fleet) -> dict[str, str]:
 def test_any_shard_size_gives_the_same_files(tmp_path: Path, fleet, one_shard, per_shard,
                                              monkeypatch) -> None:
     seen: list[int] = []
-    real = phases.phase1_spans
+    seen2: list[int] = []
+    real, real2 = phases.phase1_spans, phase2.phase2_shard
 
     def spy(cfg, files, hour, shard, mapping, rows=None):
         seen.append(shard.count)
         return real(cfg, files, hour, shard, mapping, rows)
 
+    def spy2(dd, cfg, hour, dirty, shard, cache=None):
+        seen2.append(shard.count)
+        return real2(dd, cfg, hour, dirty, shard, cache)
+
     monkeypatch.setattr(phases, "phase1_spans", spy)
+    monkeypatch.setattr(phase2, "phase2_shard", spy2)
     cfg = replace(PipelineConfig(), hosts_per_shard=per_shard)
     files = _run(tmp_path / "data", fleet, cfg)
     hosts = HOSTS + len(GATEWAYS)
-    assert set(seen) == {-(-hosts // per_shard)}  # the hours really ran in that many shards
+    # both phases of the hours really ran in that many shards
+    assert set(seen) == set(seen2) == {-(-hosts // per_shard)}
     assert files == one_shard
-    assert any("requests" in name for name in files)
+    for table in ("requests", "request_energy", "gpu_window_energy", "windows"):
+        assert any(f"/{table}/" in f"/{name}" for name in files), table
 
 
 def test_the_fleet_exercises_what_crosses_shards(one_shard, tmp_path: Path, fleet) -> None:
@@ -105,6 +113,53 @@ def test_the_fleet_exercises_what_crosses_shards(one_shard, tmp_path: Path, flee
     assert failed.height == HOSTS
     assert failed.get_column(c.SERVICE_NAME).unique().to_list() == ["chat"]
     assert requests.get_column(c.NETWORK_S).is_not_null().sum() > 100
+
+
+def test_the_fleet_wide_windows_are_reduced_from_every_shard(one_shard, tmp_path: Path,
+                                                             fleet) -> None:
+    """The fleet-wide rows (host '*') sum the per-host rows of several shards: requests and
+    energy exactly, power and the KV mean as the hosts' figures added up (so the sweep above
+    compares reduced rows, not one shard's)."""
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    Pipeline(dd, replace(PipelineConfig(), hosts_per_shard=2)).run_once(full=True)
+    rows = pl.read_parquet(list(parquet_files(dd.derived("windows"))))
+    key = [c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL]
+    star = pl.col(c.HOST_NAME) == "*"
+    hosts = rows.filter(~star).group_by(key).agg(
+        pl.col(c.REQUESTS).sum(), pl.col(c.ENERGY_J).sum().alias("energy"),
+        pl.col(c.POWER_W).sum().alias("power"), pl.col(c.HOST_NAME).n_unique().alias("n"))
+    both = rows.filter(star).join(hosts, on=key, how="inner")
+    assert both.height > 10 and both.get_column("n").max() > 2
+    assert (both.get_column(c.REQUESTS) == both.get_column("requests_right")).all()
+    for fleet_col, host_col in ((c.ENERGY_J, "energy"), (c.POWER_W, "power")):
+        diff = (both.get_column(fleet_col) - both.get_column(host_col)).abs()
+        assert diff.max() < 1e-6 * both.get_column(fleet_col).abs().max()
+    assert rows.filter(star).get_column(c.KV_CACHE_USAGE_MEAN).is_not_null().sum() > 5
+
+
+def test_the_reduce_gives_the_same_bytes_in_any_shard_order(tmp_path: Path, fleet) -> None:
+    """merge_phase2 of one hour's shard results in reverse order gives the same partitions:
+    the fleet-wide floating-point sums add the hosts' partials in host order, not in the
+    order the shards came back (a Ray reduce takes them as they finish)."""
+    from fleetlens.pipeline.phase2 import merge_phase2, phase2_shard
+
+    dd = DataDir(tmp_path / "data")
+    write_batches(dd, fleet)
+    cfg = PipelineConfig()
+    Pipeline(dd, cfg).run_once(full=True)
+    state = PipelineState.load(dd)
+    hour = max(h for h in {s.min_ns - s.min_ns % (3600 * NS) for s in state.segments.values()})
+    shards = plan(list(state.watermarks), 2)
+    forward = merge_phase2([phase2_shard(dd, cfg, hour, set(), s) for s in shards], 60)
+    backward = merge_phase2([phase2_shard(dd, cfg, hour, set(), s)
+                             for s in reversed(shards)], 60)
+    whole = phases.phase2_hour(dd, cfg, hour, set())
+    assert forward.windows.height > 20
+    for out in (backward, whole):
+        assert out.windows.equals(forward.windows)
+        assert out.request_energy.equals(forward.request_energy)
+        assert out.gpu_window_energy.equals(forward.gpu_window_energy)
 
 
 def test_plan_covers_every_host_once() -> None:
@@ -154,7 +209,7 @@ _KILLED_IN_A_SHARD = """
 import os, signal, sys, time
 from dataclasses import replace
 from pathlib import Path
-from fleetlens.pipeline import phases
+from fleetlens.pipeline import phase2, phases
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.storage import DataDir
@@ -220,3 +275,84 @@ def test_the_merge_drops_the_pieces_it_merged(tmp_path: Path, fleet) -> None:
     assert [name for name, _ in merged] == [name for name, _ in whole]
     for (_, got), (_, want) in zip(merged, whole, strict=True):
         assert got.equals(want)
+
+
+def test_fleet_partials_add_up_in_host_order_whatever_order_they_come_in() -> None:
+    """Floating-point addition is not associative: hosts' partials whose sum depends on the
+    order (1e16 + 1 - 1e16) give the fleet-wide figure of host order, from any shard order."""
+    from fleetlens.pipeline.energy import SHARE, fleet_group_energy
+    from fleetlens.pipeline.windows import engine_host_stats, fleet_engine_stats
+
+    hosts, values = ["a", "b", "c"], [1e16, 1.0, -1e16]
+    energy = pl.DataFrame({c.WINDOW_START_NS: [0] * 3, c.SERVICE_NAME: ["s"] * 3,
+                           c.MODEL: ["m"] * 3, c.HOST_NAME: hosts, SHARE: [1, 2, 3],
+                           c.POWER_W: values})
+    engine = pl.DataFrame({c.TS_NS: [1, 2, 3], c.HOST_NAME: hosts, c.INSTANCE_ID: ["i"] * 3,
+                           c.MODEL: ["m"] * 3, c.KV_CACHE_USAGE: values,
+                           c.PREFIX_CACHE_HITS_TOTAL: [1.0] * 3,
+                           c.PREFIX_CACHE_QUERIES_TOTAL: [2.0] * 3,
+                           c.PREEMPTIONS_TOTAL: [None] * 3},
+                          schema_overrides={c.PREEMPTIONS_TOTAL: pl.Float64})
+    stats = engine_host_stats(engine, 60)
+    want_power = fleet_group_energy(energy).get_column(c.POWER_W).to_list()
+    want_kv = fleet_engine_stats(stats).get_column("__kv_sum").to_list()
+    assert want_power == [0.0] and want_kv == [0.0]  # (1e16 + 1) - 1e16, in host order
+    for order in ([2, 1, 0], [1, 2, 0], [0, 2, 1]):
+        shuffled = energy[order]
+        assert fleet_group_energy(shuffled).get_column(c.POWER_W).to_list() == want_power
+        got = fleet_engine_stats(stats.sort(c.HOST_NAME)[order])
+        assert got.get_column("__kv_sum").to_list() == want_kv
+
+
+def test_fleet_request_figures_from_shard_lists_equal_those_of_every_request() -> None:
+    """The fleet-wide counts, sums and exact percentiles reduced from per-host-group lists
+    (fleet_requests) equal one group-by over every request, nulls, hostless requests and a
+    group without any latency included."""
+    import random
+
+    from fleetlens.pipeline.windows import _LATENCY_COLUMNS, fleet_request_aggregates
+    from fleetlens.pipeline.windows import fleet_requests as partials
+
+    rng = random.Random(4)
+    n = 3000
+
+    def latency() -> float | None:
+        return None if rng.random() < 0.2 else rng.lognormvariate(-2, 1)
+
+    requests = pl.DataFrame({
+        c.ARRIVAL_NS: [rng.randrange(0, 300 * NS) for _ in range(n)],
+        c.SERVICE_NAME: [rng.choice(["a", "b"]) for _ in range(n)],
+        c.MODEL: [rng.choice(["m", None]) for _ in range(n)],
+        c.HOST_NAME: [rng.choice(["h1", "h2", "h3", "h4", None]) for _ in range(n)],
+        c.INPUT_TOKENS: [rng.choice([None, rng.randrange(1, 500)]) for _ in range(n)],
+        c.OUTPUT_TOKENS: [rng.randrange(0, 300) for _ in range(n)],
+        c.IS_ERROR: [rng.random() < 0.1 for _ in range(n)],
+        **{col: [latency() for _ in range(n)] for col in _LATENCY_COLUMNS.values()}})
+    # a window whose requests have no TTFT at all
+    requests = requests.with_columns(
+        pl.when(pl.col(c.ARRIVAL_NS) < 60 * NS).then(None).otherwise(pl.col(c.TTFT_S))
+        .alias(c.TTFT_S))
+    hosts = pl.col(c.HOST_NAME)
+    shards = [requests.filter(hosts.is_in(["h3", "h1"])), requests.filter(hosts == "h2"),
+              requests.filter(hosts.is_null() | (hosts == "h4"))]
+    got = fleet_request_aggregates(pl.concat([partials(s, 60) for s in reversed(shards)]), 60)
+    want = fleet_request_aggregates(partials(requests, 60), 60)
+    key = [c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, c.REQUESTS]
+    assert got.sort(key, nulls_last=True).equals(want.sort(key, nulls_last=True))
+    # ... and the figures are those of every request at once
+    window = (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(60 * NS)).alias(c.WINDOW_START_NS)
+    direct = requests.group_by(window, c.SERVICE_NAME, c.MODEL).agg(
+        pl.len().cast(pl.Int64).alias(c.REQUESTS), pl.col(c.INPUT_TOKENS).sum(),
+        pl.col(c.TTFT_S).quantile(0.9, interpolation="linear").alias("ttft_p90_s"),
+        pl.col(c.E2E_S).quantile(0.99, interpolation="linear").alias("e2e_p99_s"))
+    # the fleet row of a group has more requests than its hostless row
+    fleet = got.filter(pl.col(c.REQUESTS) == pl.col(c.REQUESTS).max().over(key[:3]))
+    cols = list(direct.columns)
+    assert fleet.height == direct.height > 5
+    fleet, direct = (f.select(cols).sort(cols[:3], nulls_last=True) for f in (fleet, direct))
+    assert fleet.select(cols[:5]).equals(direct.select(cols[:5]))
+    # the same ranks; the interpolation of a list's quantile may round the last bit otherwise
+    for col in cols[5:]:
+        assert fleet[col].is_null().equals(direct[col].is_null())
+        assert ((fleet[col] - direct[col]).abs() <= 1e-12 * direct[col].abs()).all()
+    assert got.get_column("ttft_p90_s").null_count() > 0  # the window without any TTFT

@@ -1,0 +1,257 @@
+"""Phase 2 (energy, then windows) of one hour as map tasks over (host group x hour) shards and
+an exact fleet-wide reduce.
+
+Everything phase 2 computes per host stays in the host's shard (:mod:`pipeline.shards`, the
+same plan as phase 1): a request is owned by its engine's host (its ``host_name``), energy is
+attributed per GPU slot among the requests of that GPU's host, and a host's windows, engine
+figures and group energy come from its own rows. A shard reads only its hosts' rows of the
+phase-1 partitions (:func:`phase2_shard`), and gives the hour's reduce (:func:`merge_phase2`)
+its per-host partitions plus three small partial results for the fleet-wide
+(``host_name = '*'``) window rows:
+
+- per (window, service, model), the request count, token and error sums (integers) and every
+  latency, as lists (:func:`~pipeline.windows.fleet_requests`): exact percentiles need every
+  latency of a window;
+- per (window, host, model), the engine partial sums (:func:`~pipeline.windows.engine_host_stats`);
+- per (window, service, model, host), the attributed µJ (integers) and the GPUs' power
+  (:func:`~pipeline.energy.host_group_energy`).
+
+The reduce adds the floating-point partials in host order (sorted first), so the hour's
+partitions are the same bytes for any shard size, one shard included: the whole hour is the
+one-shard case of the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from fleetlens.pipeline import energy as en
+from fleetlens.pipeline import windows as win
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.partitions import (
+    HOUR_NS,
+    NS,
+    hour_of,
+    hours_between,
+    partition_file,
+    read_hours,
+)
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.shards import Shard
+from fleetlens.pipeline.storage import DataDir
+from fleetlens.pipeline.storage.readers import is_remote
+
+
+@dataclass
+class Phase2Output:
+    """One hour's phase-2 partitions, not yet published."""
+
+    gpu_window_energy: pl.DataFrame
+    request_energy: pl.DataFrame
+    windows: pl.DataFrame
+    #: (arrival hour, fresh request_energy rows) of requests from clean earlier hours that
+    #: ran into this one: merged into that hour's partition when published
+    crossers: list[tuple[int, pl.DataFrame]]
+
+
+@dataclass
+class Phase2Part:
+    """One shard's phase 2: its hosts' partitions (``windows``: the per-host rows only) and
+    the partial results the fleet-wide rows are reduced from."""
+
+    own: Phase2Output
+    requests: pl.DataFrame
+    engine: pl.DataFrame
+    energy: pl.DataFrame
+
+
+def _active(lo: int, hi: int) -> pl.Expr:
+    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
+    end = pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
+    return (pl.col(c.ARRIVAL_NS) < hi) & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo))
+
+
+def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
+                     cache: dict | None = None) -> pl.DataFrame:
+    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
+    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
+    frame = read_hours(dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS), cache=cache)
+    return frame.filter(_active(lo, hi))
+
+
+class _Reader:
+    """The phase-1 partitions a shard reads, only its hosts' rows.
+
+    ``cache``: whole request partitions already read (see :func:`read_hours`; the local runner
+    passes them from hour to hour), filtered here. Otherwise a shard's rows are read with its
+    host filter pushed into the Parquet scan, so a task never holds another shard's rows (a
+    request partition's rows, read twice, are kept, filtered, in ``seen``)."""
+
+    def __init__(self, dd: DataDir, shard: Shard, cache: dict | None) -> None:
+        self.dd, self.shard, self.given = dd, shard, cache is not None
+        self.cache = {} if cache is None else cache
+        self.seen: dict = {}
+
+    def __call__(self, table: str, hours: list[int] | range) -> pl.DataFrame:
+        shard = self.shard
+        if table == t.REQUESTS and (shard.whole or self.given):
+            frame = read_hours(self.dd, table, hours, cache=self.cache)
+            return frame if shard.whole else frame.filter(shard.point_filter())
+        if shard.whole:
+            return read_hours(self.dd, table, hours)
+        frames = []
+        for hour in hours:
+            # Requests are read twice (their extent, then the rows): kept; the rest once.
+            frame = self.seen.get(hour) if table == t.REQUESTS else None
+            if frame is None:
+                frame = self._read(table, hour)
+                if table == t.REQUESTS and frame is not None:
+                    self.seen[hour] = frame
+            frames.append(frame)
+        frames = [f for f in frames if f is not None]
+        if not frames:
+            return t.table(table).empty()
+        return pl.concat(frames, how="diagonal_relaxed")
+
+    def _read(self, table: str, hour: int) -> pl.DataFrame | None:
+        path = partition_file(self.dd, table, hour)
+        if is_remote(path):  # no pushdown through the object store reader
+            frame = read_hours(self.dd, table, [hour])
+            return frame.filter(self.shard.point_filter()) if frame.height else None
+        if not path.exists():
+            return None
+        return pl.scan_parquet(path).filter(self.shard.point_filter()).collect()
+
+
+def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], shard: Shard,
+                 cache: dict | None = None) -> Phase2Part:
+    """Phase 2 of one (host group x hour) shard as a pure function of the phase-1 partitions
+    published in ``dd``: the requests its hosts own, their GPUs' slot energy and mapping and
+    their engine samples in; its hosts' rows of the hour's partitions and its partial results
+    for the fleet-wide rows out (see the module docstring). Reads no phase-2 output.
+
+    The energy extent (the slots read) is the shard's own requests' span: any slot a request
+    of the shard is active in lies inside it, and every request active in such a slot on one
+    of the shard's GPUs is the shard's, so each share is the one the whole hour gives."""
+    lo, hi = hour, hour + HOUR_NS
+    slot_ns = cfg.slot_s * NS
+    gap_ns = int(cfg.max_sample_gap_s * NS)
+    read = _Reader(dd, shard, cache)
+    # The extent of the hour's active requests: only two of their columns are filtered.
+    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
+    candidates = read(t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS))
+    first, last = candidates.lazy().filter(_active(lo, hi)).select(
+        pl.col(c.ARRIVAL_NS).min(), pl.max_horizontal(c.END_NS, c.ARRIVAL_NS).max()
+    ).collect().row(0)
+    del candidates
+    e_lo = min(lo, int(first or lo))
+    e_hi = max(hi, int(last or hi) + 1)
+    # A request running longer than max_request_s gets no energy past that (the hours
+    # after look back only that far for requests still running).
+    e_hi = min(e_hi, hi + cfg.max_request_s * NS)
+    e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
+    # `active` is a subset of `everyone`: take it from there, with the energy keys.
+    everyone = en.with_request_keys(read(
+        t.REQUESTS, range(hour_of(e_lo - back), e_hi, HOUR_NS)).filter(_active(e_lo, e_hi)))
+    active = everyone.filter(_active(lo, hi))
+    # A slot's measured energy comes from samples up to one gap after it, so from the
+    # slot-energy partitions of its hour and the next.
+    pieces = read(t.GPU_SLOT_ENERGY, hours_between(e_lo, e_hi + gap_ns))
+    slots = en.gpu_slots(pieces.filter(
+        pl.col(c.SLOT_START_NS).is_between(e_lo, e_hi, closed="left")))
+    del pieces
+    arrival_hours = everyone.select(
+        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).unique().sort()
+    ).to_series().to_list()
+    mapping = pl.concat([
+        read(t.INSTANCE_GPUS, [h]).with_columns(pl.lit(h).alias(en.HOUR))
+        for h in arrival_hours
+    ] or [t.table(t.INSTANCE_GPUS).empty().with_columns(pl.lit(0).alias(en.HOUR))],
+        how="diagonal_relaxed")
+    in_e = pl.col(en.SLOT).is_between(e_lo, e_hi, closed="left")
+    weights = en.request_slot_weights(everyone, cfg.slot_s).filter(in_e)
+    shares, per_slot = en.attribute(weights, everyone, mapping, slots, cfg.slot_s)
+    del weights
+    in_hour = pl.col(en.SLOT).is_between(lo, hi, closed="left")
+    per_slot = per_slot.filter(in_hour)
+    gpu_windows = en.gpu_window_energy(per_slot, cfg.window_s)
+    own = active.filter(pl.col(c.ARRIVAL_NS) >= lo)
+    crossers = active.filter(pl.col(c.ARRIVAL_NS) < lo).with_columns(
+        (pl.col(c.ARRIVAL_NS) - pl.col(c.ARRIVAL_NS).mod(HOUR_NS)).alias(en.HOUR))
+    patches = [(int(h), en.request_energy(shares, group))
+               for (h,), group in crossers.group_by(en.HOUR, maintain_order=True)
+               if int(h) not in dirty]  # a dirty hour's own phase 2 writes them
+    groups = en.host_group_energy(shares.filter(in_hour), everyone, per_slot, cfg.window_s)
+    eng = read(t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
+    eng = eng.filter(pl.col(c.TS_NS) >= lo - gap_ns)
+    stats = win.engine_host_stats(eng, cfg.window_s).filter(pl.col(c.WINDOW_START_NS) >= lo)
+    requests = own.drop(en.RIX, en.IID, en.GRP)
+    windows = win.host_windows(requests, stats, en.with_joules(groups), cfg.window_s)
+    return Phase2Part(
+        Phase2Output(gpu_windows, en.request_energy(shares, own), windows, patches),
+        win.fleet_requests(requests, cfg.window_s), stats, groups)
+
+
+def _merge_crossers(parts: list[Phase2Part]) -> list[tuple[int, pl.DataFrame]]:
+    """The shards' crosser rows, one frame per arrival hour in hour order, sorted as a
+    ``request_energy`` partition (a request is in one shard only)."""
+    by_hour: dict[int, list[pl.DataFrame]] = {}
+    for part in parts:
+        for h, rows in part.own.crossers:
+            by_hour.setdefault(h, []).append(rows)
+    return [(h, _sorted_energy(by_hour[h])) for h in sorted(by_hour)]
+
+
+def _sorted_energy(pieces: list[pl.DataFrame]) -> pl.DataFrame:
+    if len(pieces) == 1:
+        return pieces[0]
+    return pl.concat(pieces, how="vertical_relaxed").sort(c.REQUEST_ID, *en.REQUEST_KEY)
+
+
+def _by_host(pieces: list[pl.DataFrame], table: str) -> pl.DataFrame:
+    """Per-host pieces of a table sorted by its key (unique; every row names its host)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    key = list(t.table(table).key)
+    return pl.concat(pieces, how="vertical_relaxed").sort(key)
+
+
+def merge_phase2(parts: list[Phase2Part], window_s: int) -> Phase2Output:
+    """The hour's phase-2 partitions from its shards' results (see the module docstring):
+    the per-host rows concatenated and sorted by each table's key, the fleet-wide window rows
+    reduced from the partial results. Empties ``parts``, dropping each table's pieces once
+    merged."""
+    gpu_windows = _by_host([p.own.gpu_window_energy for p in parts], t.GPU_WINDOW_ENERGY)
+    energy = _sorted_energy([p.own.request_energy for p in parts])
+    crossers = _merge_crossers(parts)
+    requests = pl.concat([p.requests for p in parts], how="vertical_relaxed")
+    if requests.height == 0:
+        parts.clear()
+        return Phase2Output(gpu_windows, energy, t.table(t.WINDOWS).empty(), crossers)
+    stats = pl.concat([p.engine for p in parts], how="vertical_relaxed")
+    fleet_energy = en.fleet_group_energy(pl.concat([p.energy for p in parts],
+                                                   how="vertical_relaxed"))
+    hosts = [p.own.windows for p in parts]
+    parts.clear()
+    fleet = win.fleet_windows(requests, stats, en.with_joules(fleet_energy), window_s)
+    return Phase2Output(gpu_windows, energy, win.sorted_windows([*hosts, fleet]), crossers)
+
+
+def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
+                cache: dict | None = None, shards: list[Shard] | None = None
+                ) -> Phase2Output:
+    """Phase 2 (energy, then windows) of one hour as a pure function of the phase-1
+    partitions published in ``dd``: reads no phase-2 output, publishes nothing. Its
+    ``shards`` (:func:`~pipeline.shards.plan_hour`; None: one) run one after the other, then
+    the reduce: the same bytes for any shards.
+
+    ``cache``: request partitions already read (see :func:`read_hours`), which a caller running
+    the hours of one run in order passes from hour to hour (each hour reads the one before it
+    too); valid while none of them is published again. None: a fresh one."""
+    read: dict = {} if cache is None else cache
+    parts = [phase2_shard(dd, cfg, hour, dirty, shard, read)
+             for shard in shards or [Shard(0, 1)]]
+    return merge_phase2(parts, cfg.window_s)
