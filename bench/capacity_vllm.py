@@ -5,13 +5,14 @@ telemetry of a kept run of ``tests/agent/test_vllm_capacity.py`` (issue 31).
 
 ``RUN_DIR`` is the test's temporary directory (``data/``, ``low/``: the data dir cut to the
 25% phase, ``fleetlens.toml``, and ``phases.json`` where the run wrote one; without it the low
-phase is taken as the 90 s from the cut's first sample). Both data dirs are copied under
-``DIR`` and re-analysed there (``fleetlens analyze``: the capacity stage from the stored
-tables, so a changed estimator is judged on the same telemetry), then ``fleetlens capacity``
-and ``--what-if rate=2.4,max_num_seqs=8`` on the low cut, against the 60% phase as the
-pipeline measured it (its first 10 s left out, as the test does). Prints one JSON line per
-run: the passive knee, the fit, goodput, and each figure's error for the twin's present and
-its what-if. Reads a few MB; seconds per run.
+phase is taken as the 90 s from the cut's first sample: the runs before the test shrank).
+Both data dirs are copied under ``DIR`` and re-analysed there (``fleetlens analyze``: the
+capacity stage from the stored tables, so a changed estimator is judged on the same
+telemetry), then ``fleetlens capacity`` and ``--what-if rate=K,max_num_seqs=8`` on the low
+cut (K: the high phase's rate over the low's; 2.4 before ``phases.json``), against the high
+phase as the pipeline measured it (its first seconds left out, as the test does). Prints
+one JSON line per run: the passive knee, the fit, goodput, and each figure's error for the
+twin's present and its what-if. Reads a few MB; seconds per run.
 """
 
 from __future__ import annotations
@@ -32,22 +33,29 @@ from fleetlens.pipeline.storage import DataDir, scan  # noqa: E402
 from tests.agent.capacity_run import NS, capacity_rows, cli  # noqa: E402
 
 FIGURES = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
-#: the test's phases: low 90 s, then high 40 s at 2.4x its rate, measured after 10 s
+#: the test's phases before it wrote phases.json: low 90 s, then high 40 s at 2.4x its
+#: rate, measured after 10 s
 LOW_S, HIGH_S, SETTLE_S, FACTOR, SEATS = 90, 40, 10, 2.4, 8
 KEYS = ("knee_batch", "knee_limit", "knee_batch_lo", "knee_batch_hi", "step_base_s",
         "step_per_seq_s", "step_hinge_batch", "fit_r2", "goodput_rps_per_gpu",
         "goodput_now_rps_per_gpu")
 
 
-def _low_phase(run: Path, low: DataDir) -> tuple[int, int]:
+def _phases(run: Path, low: DataDir) -> tuple[tuple[int, int], tuple[int, int], float]:
+    """(the low phase, the high phase's measured part, the rate factor) in ns."""
     phases = run / "phases.json"
     if phases.exists():
-        lo, hi = json.loads(phases.read_text())["phases"]["low"]
-        return int(lo), int(hi)
+        from tests.agent.test_vllm_capacity import SETTLE_S as settle
+
+        doc = json.loads(phases.read_text())
+        (lo, hi), (h0, h1) = doc["phases"]["low"], doc["phases"]["high"]
+        return ((int(lo), int(hi)), (int(h0 + settle * NS), int(h1)),
+                doc["rates"]["high"] / doc["rates"]["low"])
     first = min(int(pl.read_parquet(p, columns=["ts_ns"])["ts_ns"].min())
                 for p in (low.root / "raw").rglob("*.parquet")
                 if "ts_ns" in pl.read_parquet_schema(p))
-    return first, first + LOW_S * NS
+    hi = first + LOW_S * NS
+    return (first, hi), (hi + SETTLE_S * NS, hi + HIGH_S * NS), FACTOR
 
 
 def _measured(data: DataDir, lo: int, hi: int) -> dict:
@@ -66,15 +74,15 @@ def judge(run: Path, work: Path) -> dict:
         shutil.copytree(run / name, work / name)
     config = run / "fleetlens.toml"
     data, low = DataDir(work / "data"), DataDir(work / "low")
-    lo, hi = _low_phase(run, low)
+    (lo, hi), (h0, h1), factor = _phases(run, low)
     for where in (data, low):
         cli("analyze", "--data-dir", str(where.root), "--config", str(config))
     passive = capacity_rows(data, config)[0]
     calibrated = capacity_rows(low, config)[0]
     twin = {r["row"]: r for r in capacity_rows(
-        low, config, "--what-if", f"rate={FACTOR:g},max_num_seqs={SEATS}", "--hours",
+        low, config, "--what-if", f"rate={factor:.4g},max_num_seqs={SEATS}", "--hours",
         f"{(hi - lo) / NS / 3600:.6f}")}
-    high = _measured(data, hi + SETTLE_S * NS, hi + HIGH_S * NS)
+    high = _measured(data, h0, h1)
 
     def errors(row: dict, against: dict) -> dict:
         return {f: round(row[f] / against[f] - 1, 3) for f in FIGURES
