@@ -18,8 +18,11 @@ engine was idle when it came are known per request, not only per window.
   from none at :data:`ALPHA`, and never negative, else the step is flat at the mean TPOT;
 - the host's own variation (``decode_scale``): each request's TPOT over the line's at its
   batch. The line is a mean; a twin stepping at it has no spread, where a real host's
-  steps run slower for seconds at a time (on a CPU vLLM TPOT p90 was 1.3x p50 at batch 1-3),
-  so the twin's steps run as slow as the requests they carry did;
+  steps vary (on a CPU vLLM TPOT p90 was 1.3x p50 at batches 1-3), so the twin's steps run
+  as slow as the requests they carry did, less the host's spells: each window's median is
+  set to the windows' median. A spell (a shared host's other work: every request of 10-15 s
+  slower by half) is an event of the period, not of the engine, and carried into a
+  what-if it put TPOT p90 at +31% of the higher rate's, whose host was calm;
 - the time outside the engine (``outside_s``): TTFT less the engine's queue and prefill, i.e.
   the API server's tokenising and hand-over, the wait for the engine's step in progress, and
   the first token's way back. Requests that found their engine idle waited for no step, so
@@ -162,6 +165,12 @@ def request_steps(requests: pl.DataFrame, window_s: float) -> RequestSteps | Non
     # each request of the frame draws one (fixed seed: the same data, the same twin)
     draws = np.random.default_rng(0).choice(pool, size=requests.height)
     scale = np.ones(requests.height)
-    scale[done["_row"].to_numpy()] = tpot / np.maximum(base + slope * seen, 1e-9)
+    own = tpot / np.maximum(base + slope * seen, 1e-9)
+    # the host's spells (a window whose requests all ran slow) are events of the period,
+    # not of the engine: each window's level is set to the windows' median, its requests'
+    # spread about it kept
+    groups, where = np.unique(window, return_inverse=True)
+    level = np.array([np.median(own[where == g]) for g in range(groups.size)])
+    scale[done["_row"].to_numpy()] = own / level[where] * float(np.median(level))
     return RequestSteps(base, slope, se, float(np.quantile(seen, 0.95)), done.height, draws,
                         from_idle, scale)

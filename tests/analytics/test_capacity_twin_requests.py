@@ -127,3 +127,20 @@ def test_a_step_runs_as_slow_as_the_requests_it_carries() -> None:
     assert plain[0].ttft_s == pytest.approx(0.003 + 0.004)
     assert slow[0].ttft_s == pytest.approx(0.003 + 0.008)
     assert slow[0].tpot_s == pytest.approx(2 * plain[0].tpot_s) == pytest.approx(0.02)
+
+
+def test_a_spell_of_the_host_is_not_carried_but_its_spread_is() -> None:
+    """Requests 10% either side of the line, alternately, and every request of one window
+    50% slower (the host's spell): the spell's requests get the others' scales, not 1.5x
+    theirs."""
+    arrival = np.arange(0.0, 100.0, 0.5)
+    spread = np.where(np.arange(arrival.size) % 2, 1.1, 0.9)
+    spell = (arrival >= 40.0) & (arrival < 50.0)
+    tpot = 0.003 * spread * np.where(spell, 1.5, 1.0)
+    n = arrival.size
+    steps = request_steps(_frame(arrival, np.full(n, 0.0065), np.zeros(n), np.full(n, 0.004),
+                                 tpot), 10.0)
+    assert steps is not None and steps.per_seq_s == 0.0
+    # the line is the mean TPOT (spell included); each request keeps its own spread about
+    # the level of a window without a spell
+    assert steps.decode_scale == pytest.approx(spread * 0.003 / steps.base_s, rel=1e-9)
