@@ -166,7 +166,7 @@ def run(tmp_path_factory) -> Iterator[Run]:
             timeline.send(server.port, plan)
             report["load_s"] = round(time.monotonic() - t0, 1)
             time.sleep(2.0)  # the agent's scrapes of the drained engine
-        sent = sum(len(s.requests) for s in (*warm_up, *steps))
+        sent = sum(len(s.requests) + s.discarded for s in (*warm_up, *steps))
         report["spans_landed"] = wait_for_spans(data, sent + len(plan), settle_s=10.0)
     report["rates"] = {n: round(f * top, 2) for n, f, _ in PHASES}
     # for re-analysing the data dir (a changed estimator judged again on the same telemetry)
@@ -196,6 +196,7 @@ def run(tmp_path_factory) -> Iterator[Run]:
     report["total_s"] = round(time.monotonic() - started, 1)
     print("\nvLLM capacity run:", json.dumps({
         **report, "sweep": [s.figures for s in steps], "sweep_knee_batch": knee.batch,
+        "sweep_repeated": [s.concurrency for s in steps if s.discarded],
         "passive": {k: result.passive.get(k) for k in (
             c.KNEE_BATCH, c.KNEE_LIMIT, "knee_batch_lo", "knee_batch_hi", "knee_rps",
             "batch_min", "batch_max", "windows_used", "tpot_slo_s", "tpot_batch1_s",
