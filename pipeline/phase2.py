@@ -206,9 +206,13 @@ def _merge_crossers(parts: list[Phase2Part]) -> list[tuple[int, pl.DataFrame]]:
 
 
 def _sorted_energy(pieces: list[pl.DataFrame]) -> pl.DataFrame:
+    """``request_energy`` pieces as one partition (sorted as :func:`energy.request_energy`
+    sorts; a request is in one piece only). Empties ``pieces``."""
     if len(pieces) == 1:
-        return pieces[0]
-    return pl.concat(pieces, how="vertical_relaxed").sort(c.REQUEST_ID, *en.REQUEST_KEY)
+        return pieces.pop()
+    merged = pl.concat(pieces, how="vertical_relaxed")
+    pieces.clear()
+    return merged.sort(c.REQUEST_ID, *en.REQUEST_KEY)
 
 
 def _by_host(pieces: list[pl.DataFrame], table: str) -> pl.DataFrame:
@@ -222,22 +226,28 @@ def _by_host(pieces: list[pl.DataFrame], table: str) -> pl.DataFrame:
 def merge_phase2(parts: list[Phase2Part], window_s: int) -> Phase2Output:
     """The hour's phase-2 partitions from its shards' results (see the module docstring):
     the per-host rows concatenated and sorted by each table's key, the fleet-wide window rows
-    reduced from the partial results. Empties ``parts``, dropping each table's pieces once
-    merged."""
-    gpu_windows = _by_host([p.own.gpu_window_energy for p in parts], t.GPU_WINDOW_ENERGY)
-    energy = _sorted_energy([p.own.request_energy for p in parts])
+    reduced from the partial results.
+
+    Empties ``parts`` and merges table by table, dropping each table's pieces once merged
+    (a caller that passed the only references then holds the biggest table, request_energy,
+    about twice at most, not every piece and every merged table at once)."""
     crossers = _merge_crossers(parts)
-    requests = pl.concat([p.requests for p in parts], how="vertical_relaxed")
-    if requests.height == 0:
-        parts.clear()
-        return Phase2Output(gpu_windows, energy, t.table(t.WINDOWS).empty(), crossers)
-    stats = pl.concat([p.engine for p in parts], how="vertical_relaxed")
-    fleet_energy = en.fleet_group_energy(pl.concat([p.energy for p in parts],
-                                                   how="vertical_relaxed"))
-    hosts = [p.own.windows for p in parts]
+    own = {name: [getattr(p.own, name) for p in parts]
+           for name in ("request_energy", "gpu_window_energy", "windows")}
+    partial = {name: [getattr(p, name) for p in parts] for name in ("requests", "engine",
+                                                                     "energy")}
     parts.clear()
+    energy = _sorted_energy(own.pop("request_energy"))
+    gpu_windows = _by_host(own.pop("gpu_window_energy"), t.GPU_WINDOW_ENERGY)
+    requests = pl.concat(partial.pop("requests"), how="vertical_relaxed")
+    if requests.height == 0:
+        return Phase2Output(gpu_windows, energy, t.table(t.WINDOWS).empty(), crossers)
+    stats = pl.concat(partial.pop("engine"), how="vertical_relaxed")
+    fleet_energy = en.fleet_group_energy(pl.concat(partial.pop("energy"),
+                                                   how="vertical_relaxed"))
     fleet = win.fleet_windows(requests, stats, en.with_joules(fleet_energy), window_s)
-    return Phase2Output(gpu_windows, energy, win.sorted_windows([*hosts, fleet]), crossers)
+    return Phase2Output(gpu_windows, energy, win.sorted_windows([*own.pop("windows"), fleet]),
+                        crossers)
 
 
 def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
