@@ -92,14 +92,18 @@ elif args["mode"] == "phase2shard":  # one shard's map task; its result kept for
         pickle.dump(part, handle)
 elif args["mode"] == "phase2merge":  # the reduce: every shard's result in, the hour out
     import pickle
+    import io
     from fleetlens.pipeline.phase2 import merge_phase2
-    from fleetlens.pipeline.ray_runner import _encode_phase2
     parts = []
     for path in args["files"]:
         with open(path, "rb") as handle:
             parts.append(pickle.load(handle))
-    out = _encode_phase2(merge_phase2(parts, cfg.window_s))
-    rows = sum(p.rows for p in out.own)
+    out = merge_phase2(parts, cfg.window_s)
+    rows = 0
+    for frame in (out.gpu_window_energy, out.request_energy, out.windows):
+        # encoded as the Ray merge task encodes (ray_runner.encode; Ray not imported here)
+        frame.rechunk().write_parquet(io.BytesIO(), compression="zstd", compression_level=1)
+        rows += frame.height
 else:
     from fleetlens.pipeline.partitions import publish
     from fleetlens.pipeline.storage import DataDir
