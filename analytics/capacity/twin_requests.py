@@ -63,6 +63,8 @@ class RequestSteps:
     #: per request of the frame: its TPOT over the line's at the batch it decoded in (1
     #: where not timed): the host's own variation, which the twin's steps keep
     decode_scale: np.ndarray
+    #: per request of the frame: it found its engine idle (False where not timed)
+    idle: np.ndarray
 
 
 def _timeline(frame: pl.DataFrame) -> tuple[np.ndarray, ...]:
@@ -172,5 +174,7 @@ def request_steps(requests: pl.DataFrame, window_s: float) -> RequestSteps | Non
     groups, where = np.unique(window, return_inverse=True)
     level = np.array([np.median(own[where == g]) for g in range(groups.size)])
     scale[done["_row"].to_numpy()] = own / level[where] * float(np.median(level))
+    found_idle = np.zeros(requests.height, dtype=bool)
+    found_idle[done["_row"].to_numpy()] = idle
     return RequestSteps(base, slope, se, float(np.quantile(seen, 0.95)), done.height, draws,
-                        from_idle, scale)
+                        from_idle, scale, found_idle)

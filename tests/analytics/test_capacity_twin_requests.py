@@ -144,3 +144,16 @@ def test_a_spell_of_the_host_is_not_carried_but_its_spread_is() -> None:
     # the line is the mean TPOT (spell included); each request keeps its own spread about
     # the level of a window without a spell
     assert steps.decode_scale == pytest.approx(spread * 0.003 / steps.base_s, rel=1e-9)
+
+
+def test_an_idle_engines_slower_first_step_is_not_carried() -> None:
+    """Arrivals that found the engine idle took 5 ms to their first token where the others
+    took 4 (its threads wake): the twin does not model the wake, so those requests' prefill
+    is taken against their own median, not carried 25% slow into a busier what-if."""
+    from fleetlens.analytics.capacity.twin import _prefill_scale
+
+    idle = np.array([True, False] * 30)
+    frame = pl.DataFrame({c.INPUT_TOKENS: [100] * 60, c.CACHED_TOKENS: [0] * 60,
+                          c.PREFILL_S: np.where(idle, 0.005, 0.004)})
+    scale = np.array(_prefill_scale(frame, 0.0, 0.000045, idle))
+    assert scale == pytest.approx(0.004 / 0.0045)
