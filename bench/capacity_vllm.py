@@ -41,26 +41,30 @@ KEYS = ("knee_batch", "knee_limit", "knee_batch_lo", "knee_batch_hi", "step_base
         "goodput_now_rps_per_gpu")
 
 
-def _phases(run: Path, low: DataDir) -> tuple[tuple[int, int], tuple[int, int], float]:
-    """(the low phase, the high phase's measured part, the rate factor) in ns."""
+def _phases(run: Path, low: DataDir) -> tuple[tuple[int, int], list[tuple[int, int]], float]:
+    """(the low phases' first start and last end, the high phases' measured parts, the rate
+    factor) in ns."""
     phases = run / "phases.json"
     if phases.exists():
         from tests.agent.test_vllm_capacity import SETTLE_S as settle
+        from tests.agent.test_vllm_capacity import _of
 
         doc = json.loads(phases.read_text())
-        (lo, hi), (h0, h1) = doc["phases"]["low"], doc["phases"]["high"]
-        return ((int(lo), int(hi)), (int(h0 + settle * NS), int(h1)),
-                doc["rates"]["high"] / doc["rates"]["low"])
+        low, high = _of(doc["phases"], "low"), _of(doc["phases"], "high")
+        rates = {k.rstrip("0123456789"): v for k, v in doc["rates"].items()}
+        return ((low[0][0], low[-1][1]), [(lo + int(settle * NS), hi) for lo, hi in high],
+                rates["high"] / rates["low"])
     first = min(int(pl.read_parquet(p, columns=["ts_ns"])["ts_ns"].min())
                 for p in (low.root / "raw").rglob("*.parquet")
                 if "ts_ns" in pl.read_parquet_schema(p))
     hi = first + LOW_S * NS
-    return (first, hi), (hi + SETTLE_S * NS, hi + HIGH_S * NS), FACTOR
+    return (first, hi), [(hi + SETTLE_S * NS, hi + HIGH_S * NS)], FACTOR
 
 
-def _measured(data: DataDir, lo: int, hi: int) -> dict:
-    rows = (scan(data, t.REQUESTS).filter(pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left")
-                                          & ~pl.col(c.IS_ERROR).fill_null(False))
+def _measured(data: DataDir, spans: list[tuple[int, int]]) -> dict:
+    arrived = pl.any_horizontal([pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left")
+                                 for lo, hi in spans])
+    rows = (scan(data, t.REQUESTS).filter(arrived & ~pl.col(c.IS_ERROR).fill_null(False))
             .select(c.TTFT_S, c.TPOT_S).collect())
     return {f"{col[:-2]}_p{int(q * 100)}_s": rows[col].quantile(q, "linear")
             for col in (c.TTFT_S, c.TPOT_S) for q in (0.5, 0.9)}
@@ -74,7 +78,7 @@ def judge(run: Path, work: Path) -> dict:
         shutil.copytree(run / name, work / name)
     config = run / "fleetlens.toml"
     data, low = DataDir(work / "data"), DataDir(work / "low")
-    (lo, hi), (h0, h1), factor = _phases(run, low)
+    (lo, hi), high_spans, factor = _phases(run, low)
     for where in (data, low):
         cli("analyze", "--data-dir", str(where.root), "--config", str(config))
     passive = capacity_rows(data, config)[0]
@@ -82,7 +86,7 @@ def judge(run: Path, work: Path) -> dict:
     twin = {r["row"]: r for r in capacity_rows(
         low, config, "--what-if", f"rate={factor:.4g},max_num_seqs={SEATS}", "--hours",
         f"{(hi - lo) / NS / 3600:.6f}")}
-    high = _measured(data, h0, h1)
+    high = _measured(data, high_spans)
 
     def errors(row: dict, against: dict) -> dict:
         return {f: round(row[f] / against[f] - 1, 3) for f in FIGURES

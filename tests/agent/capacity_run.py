@@ -8,8 +8,8 @@ to one period (the twin's calibration period).
 - :func:`step_latencies` / :func:`sweep_knee`: each step's TTFT and TPOT percentiles from
   vLLM's own spans in raw Parquet (not from fleetlens' pipeline), and the knee by the same
   SLO the passive estimator judges (``[analytics.capacity]`` defaults);
-- :func:`cut`: the raw telemetry of ``[lo, hi)`` copied to a new data dir, as an operator's
-  data dir holding only that period would be.
+- :func:`cut` / :func:`cut_spans`: the raw telemetry of one or some ``[lo, hi)`` spans
+  copied to a new data dir, as an operator's data dir holding only those periods would be.
 """
 
 from __future__ import annotations
@@ -155,12 +155,19 @@ def sweep_knee(steps: list[Step], tpot_ratio: float, ttft_p99_s: float) -> Step:
 def cut(src: DataDir, dst: Path, lo: int, hi: int) -> DataDir:
     """A new data dir with the raw telemetry of ``[lo, hi)`` only: metric points stamped in
     it, spans that started and ended in it (same file layout)."""
+    return cut_spans(src, dst, [(lo, hi)])
+
+
+def cut_spans(src: DataDir, dst: Path, spans: list[tuple[int, int]]) -> DataDir:
+    """:func:`cut` to several ``[lo, hi)`` ``spans`` at once: what lies in any of them."""
     for path in sorted((src.root / "raw").rglob("*.parquet")):
         frame = pl.read_parquet(path)
         if "end_ns" in frame.columns:
-            keep = frame.filter((pl.col("start_ns") >= lo) & (pl.col("end_ns") < hi))
+            keep = frame.filter(pl.any_horizontal([
+                (pl.col("start_ns") >= lo) & (pl.col("end_ns") < hi) for lo, hi in spans]))
         else:
-            keep = frame.filter(pl.col("ts_ns").is_between(lo, hi, closed="left"))
+            keep = frame.filter(pl.any_horizontal([
+                pl.col("ts_ns").is_between(lo, hi, closed="left") for lo, hi in spans]))
         if keep.height:
             out = dst / path.relative_to(src.root)
             out.parent.mkdir(parents=True, exist_ok=True)

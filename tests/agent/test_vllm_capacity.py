@@ -10,12 +10,12 @@ One server with ``--max-num-seqs`` :data:`SEATS` and :data:`SHAPE`'s answers:
    estimator's own default SLO (TPOT p99 at most 1.5x its batch-1 value, TTFT p99 at most
    2 s) from vLLM's own timings of each step, and stated as the batch it ran;
 2. the agent scrapes, and open-loop Poisson load varies as a day would, in fractions of the
-   sweep's top throughput: :data:`PHASES` (low, high, near capacity, over it);
+   sweep's top throughput: :data:`PHASES` (low and high alternating, near capacity, over);
 3. ``fleetlens pipeline`` + ``analyze`` + ``capacity`` on the data dir: the passive knee;
-4. the twin: the data dir cut to the low-rate phase (what an operator's data would hold
+4. the twin: the data dir cut to the low-rate phases (what an operator's data would hold
    had they asked then), analysed, and ``--what-if rate=K,max_num_seqs=SEATS`` (vLLM 0.32
    reports no ``max_num_seqs``: the operator states it) with K the high phase's rate over
-   the low one's, against the high phase's requests as the pipeline measured them.
+   the low one's, against the high phases' requests as the pipeline measured them.
 
 On this engine the knee is the seat limit: the CPU decode step is overhead-bound (TPOT p50
 3.1-4.4 ms from batch 1 to 8), throughput about doubles with each doubling of the
@@ -60,7 +60,7 @@ from tests.agent.capacity_run import (
     Step,
     analysed,
     capacity_rows,
-    cut,
+    cut_spans,
     step_latencies,
     sweep,
     sweep_knee,
@@ -84,20 +84,22 @@ SHAPE = Shape(blocks=2)
 #: seconds per sweep step: a closed loop's throughput is its clients over their latency,
 #: which a few requests tell (about 7 at concurrency 1)
 STEP_S = 3.0
-#: (name, fraction of the sweep's top throughput, seconds). The low phase is the twin's
-#: calibration; the high one twice its rate, where TTFT p90 is the engine's and the API
+#: (name, fraction of the sweep's top throughput, seconds). The low phases are the twin's
+#: calibration; the high ones twice their rate, where TTFT p90 is the engine's and the API
 #: server's time and not a seat's wait: about one request in ten that waits for a seat puts
 #: a 30 s phase's TTFT p90 either side of that edge (at 60% of the top: 23 and 70 ms in two
 #: runs of the same load, 8-30 ms between the 10th and 90th percentile of 30 simulated
 #: phases), which no twin meets within 20%. The sweep's top overstates the seats' rate
 #: under the load (the agent and collector share the cores, a Poisson arrival finds no
 #: client waiting to refill a seat): at 50% of it 14% waited (Erlang C: 8 seats at 60%),
-#: at 40% about 4% would (8 seats at 48%)
-PHASES = (("low", 0.2, 45.0), ("high", 0.4, 25.0), ("near", 0.85, 5.0),
-          ("over", 1.5, 8.0))
-#: the high phase's first seconds are left out of its measurement (the batch climbs from
+#: at 40% about 4% would (8 seats at 48%). Low and high alternate: on a shared host the
+#: speed drifted over a minute (a high phase after a 45 s low one ran faster at twice the
+#: rate, TTFT p50 -14% and -17%, in two runs of four): alternating exposes both to one drift
+PHASES = (("low1", 0.2, 15.0), ("high1", 0.4, 10.0), ("low2", 0.2, 15.0), ("high2", 0.4, 10.0),
+          ("low3", 0.2, 15.0), ("high3", 0.4, 10.0), ("near", 0.85, 5.0), ("over", 1.5, 8.0))
+#: each high phase's first seconds are left out of its measurement (the batch climbs from
 #: the low phase's in about one request's life, 0.5 s)
-SETTLE_S = 5.0
+SETTLE_S = 2.0
 #: the issue's bounds
 KNEE_STEP = 2.0
 TWIN_ERROR = 0.20
@@ -120,11 +122,17 @@ def _config(tmp: Path) -> Path:
     return path
 
 
-def _measured(data: DataDir, lo: int, hi: int) -> dict:
-    """TTFT and TPOT p50/p90 of the requests that arrived in [lo, hi), as the pipeline
-    measured them (the figures the twin's ``measured`` row uses)."""
-    rows = (scan(data, t.REQUESTS).filter(pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left")
-                                          & ~pl.col(c.IS_ERROR).fill_null(False))
+def _of(timeline_spans: dict, kind: str) -> list[tuple[int, int]]:
+    """The wall-clock spans of the phases named ``kind`` + a number, in order."""
+    return [tuple(v) for k, v in sorted(timeline_spans.items()) if k.rstrip("0123456789") == kind]
+
+
+def _measured(data: DataDir, spans: list[tuple[int, int]]) -> dict:
+    """TTFT and TPOT p50/p90 of the requests that arrived in the [lo, hi) ``spans``, as the
+    pipeline measured them (the figures the twin's ``measured`` row uses)."""
+    arrived = pl.any_horizontal([pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left")
+                                 for lo, hi in spans])
+    rows = (scan(data, t.REQUESTS).filter(arrived & ~pl.col(c.IS_ERROR).fill_null(False))
             .select(c.TTFT_S, c.TPOT_S).collect())
     out = {"requests": rows.height}
     for col in (c.TTFT_S, c.TPOT_S):
@@ -162,6 +170,8 @@ def run(tmp_path_factory) -> Iterator[Run]:
         with running_agent(tmp, col.grpc_address, server.url, INSTANCE, HOST):
             time.sleep(2.0)  # the agent's first scrapes of the idle engine
             plan, timeline = phase_plan(rng, [Phase(n, f * top, s) for n, f, s in PHASES], make)
+            # phases start on window edges: each low phase is whole windows of the cut
+            time.sleep(-time.time() % WINDOW_S)
             t0 = time.monotonic()
             timeline.send(server.port, plan)
             report["load_s"] = round(time.monotonic() - t0, 1)
@@ -180,15 +190,15 @@ def run(tmp_path_factory) -> Iterator[Run]:
     t0 = time.monotonic()
     analysed(data, config)
     passive = capacity_rows(data, config)
-    low = timeline.spans["low"]
-    calibration = cut(data, tmp / "low", *low)
+    low = _of(timeline.spans, "low")
+    calibration = cut_spans(data, tmp / "low", low)
     analysed(calibration, config)
     factor = PHASES[1][1] / PHASES[0][1]
-    hours = (low[1] - low[0]) / NS / 3600
+    hours = (low[-1][1] - low[0][0]) / NS / 3600
     twin = capacity_rows(calibration, config, "--what-if",
                          f"rate={factor:g},max_num_seqs={SEATS}", "--hours", f"{hours:.6f}")
-    high = timeline.spans["high"]
-    measured_high = _measured(data, high[0] + int(SETTLE_S * NS), high[1])
+    measured_high = _measured(data, [(lo + int(SETTLE_S * NS), hi)
+                                     for lo, hi in _of(timeline.spans, "high")])
     report["analysis_s"] = round(time.monotonic() - t0, 1)
     result = Run(steps, knee, passive[0] if len(passive) == 1 else {"rows": passive},
                  {r["row"]: r for r in twin}, measured_high, report)
