@@ -220,7 +220,7 @@ def main() -> None:
     payloads = [vllm_trace_request(512, seed=i).SerializeToString() for i in range(8)]
     ingest = Ingest(CollectorConfig(), None, Telemetry())
     received = time.time_ns()
-    limits = ingest_limits(ingest, received)
+    limits = ingest.limits(received)
     for payload in payloads:  # same values as today's decoder, column by column
         today, [proto] = _today(payload, ingest, received).columns, _prototype(payload, limits)
         for column, values in proto.items():
@@ -243,21 +243,6 @@ def main() -> None:
     print(f"parse + decode to columns, 512-span vLLM requests, median of {args.runs}: today "
           f"{med['today']:.2f} us/span, prototype {med['prototype']:.2f} us/span "
           f"({med['today'] / med['prototype']:.1f}x); same column values: True")
-
-
-def ingest_limits(ingest: Any, received_ns: int) -> Any:
-    """The validation limits today's decoder uses for a request received at ``received_ns``."""
-    from fleetlens.collector.decode_common import Limits
-
-    cfg = ingest.config
-    return Limits(now_ns=received_ns, skew_ns=int(cfg.max_clock_skew_s * 1e9),
-                  future_ns=int(cfg.max_future_skew_s * 1e9),
-                  max_attributes=cfg.max_attributes,
-                  max_value_bytes=cfg.max_attribute_value_bytes,
-                  max_key_bytes=cfg.max_attribute_key_bytes,
-                  max_list_items=cfg.max_attribute_list_items,
-                  max_name_bytes=cfg.max_name_bytes,
-                  max_resource_bytes=cfg.max_resource_bytes)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def _per_span(work: Callable[[int], None], requests: int, spans: int) -> float:
 
 
 def main() -> None:
-    from bench.ingest_columnar import _prototype, ingest_limits
+    from bench.ingest_columnar import _prototype
     from bench.ingest_local import SPANS_PER_REQUEST, cpu_per_span
     from fleetlens.collector import span_kernel
     from fleetlens.collector.config import CollectorConfig
@@ -75,7 +75,7 @@ def main() -> None:
             whole = cpu_per_span(1, n)["export"][0]
             figures.setdefault(f"{name} export", []).append(whole)
         span_kernel.KERNEL = kernel
-        limits = ingest_limits(ingest, time.time_ns())
+        limits = ingest.limits(time.time_ns())
         figures.setdefault("prototype decode", []).append(
             _per_span(lambda i, lim=limits: _prototype(payloads[i % 8], lim), n, spans))
     med = {k: statistics.median(v) for k, v in figures.items()}

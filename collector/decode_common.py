@@ -388,6 +388,15 @@ class Outcome:
             kind = "" if isinstance(error, Reject) else f"{type(error).__name__}: "
             self.messages.append(f"{where}: {kind}{error}")
 
+    def add(self, row: dict[str, Any], shared: dict[str, Any], shared_bytes: int) -> None:
+        """Append one accepted row (its own fields, then the resource's ``shared`` ones, which
+        weigh ``shared_bytes`` in buffers: see :func:`shared_chars`)."""
+        row.update(shared)
+        for name, column in self.columns.items():
+            column.append(row.get(name))
+        self.rows += 1
+        self.shared_chars += shared_bytes
+
     @property
     def error_message(self) -> str:
         """The partial-success message ("" when nothing was rejected)."""

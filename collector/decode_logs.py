@@ -52,7 +52,6 @@ def decode_logs(request: Any, limits: Limits, names: NameLimiter | RequestNames,
                 received_ns: int) -> Outcome:
     """Decode an ``ExportLogsServiceRequest`` into ``log_records`` columns, record by record."""
     out = Outcome(columns={name: [] for name in LOG_COLUMNS})
-    cols = out.columns
     index = 0
     for resource_logs in request.resource_logs:
         for scope_logs in resource_logs.scope_logs:
@@ -78,10 +77,6 @@ def decode_logs(request: Any, limits: Limits, names: NameLimiter | RequestNames,
                     index += 1
                     continue
                 index += 1
-                row.update(shared)
-                for name, column in cols.items():
-                    column.append(row.get(name))
-                out.rows += 1
-                out.shared_chars += per_row
+                out.add(row, shared, per_row)
     out.truncated = limits.truncated
     return out

@@ -96,7 +96,6 @@ def decode_metrics(request: Any, limits: Limits, names: NameLimiter | RequestNam
     for ``rejected_data_points``.
     """
     out = Outcome(columns={name: [] for name in POINT_COLUMNS})
-    cols = out.columns
     index = 0
     for resource_metrics in request.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
@@ -130,10 +129,6 @@ def decode_metrics(request: Any, limits: Limits, names: NameLimiter | RequestNam
                         index += 1
                         continue
                     index += 1
-                    row.update(shared)
-                    for name, column in cols.items():
-                        column.append(row.get(name))
-                    out.rows += 1
-                    out.shared_chars += per_row
+                    out.add(row, shared, per_row)
     out.truncated = limits.truncated
     return out

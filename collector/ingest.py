@@ -107,6 +107,19 @@ class Ingest:
         self.telemetry.add("unknown_field_requests")
         return request.SerializeToString()
 
+    def limits(self, received_ns: int) -> Limits:
+        """The validation limits of one request received at ``received_ns`` (benchmarks
+        that call a decoder directly take them from here too)."""
+        cfg = self.config
+        return Limits(now_ns=received_ns, skew_ns=int(cfg.max_clock_skew_s * 1e9),
+                      future_ns=int(cfg.max_future_skew_s * 1e9),
+                      max_attributes=cfg.max_attributes,
+                      max_value_bytes=cfg.max_attribute_value_bytes,
+                      max_key_bytes=cfg.max_attribute_key_bytes,
+                      max_list_items=cfg.max_attribute_list_items,
+                      max_name_bytes=cfg.max_name_bytes,
+                      max_resource_bytes=cfg.max_resource_bytes)
+
     def decode(self, signal: Signal, request: Any, received_ns: int,
                payload: bytes | None = None, peer: str | None = None) -> Outcome:
         """Validate and convert a parsed request; timestamps are judged against receipt.
@@ -115,15 +128,7 @@ class Ingest:
         bytes too (spans) skip re-encoding the request. ``peer`` names the connection for
         its budget of new service/host names.
         """
-        cfg = self.config
-        limits = Limits(now_ns=received_ns, skew_ns=int(cfg.max_clock_skew_s * 1e9),
-                        future_ns=int(cfg.max_future_skew_s * 1e9),
-                        max_attributes=cfg.max_attributes,
-                        max_value_bytes=cfg.max_attribute_value_bytes,
-                        max_key_bytes=cfg.max_attribute_key_bytes,
-                        max_list_items=cfg.max_attribute_list_items,
-                        max_name_bytes=cfg.max_name_bytes,
-                        max_resource_bytes=cfg.max_resource_bytes)
+        limits = self.limits(received_ns)
         before = self.names.overflowed + self.models.overflowed
         names = self.names.for_request(peer, self.models)
         if payload is not None and signal.reads_payload:
