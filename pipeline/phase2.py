@@ -38,6 +38,15 @@ from fleetlens.pipeline.partitions import (
     partition_file,
     read_hours,
 )
+from fleetlens.pipeline.phase2split import (
+    _active,
+    as_cache,
+    energy_extent,
+    fleet_extent,
+    hours_read,
+    lookback,
+    split_frames,
+)
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard
@@ -68,12 +77,6 @@ class Phase2Part:
     energy: pl.DataFrame
 
 
-def _active(lo: int, hi: int) -> pl.Expr:
-    """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
-    end = pl.max_horizontal(c.END_NS, c.ARRIVAL_NS)
-    return (pl.col(c.ARRIVAL_NS) < hi) & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo))
-
-
 def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
                      cache: dict | None = None) -> pl.DataFrame:
     """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
@@ -86,7 +89,8 @@ class _Reader:
     """The phase-1 partitions a shard reads, only its hosts' rows.
 
     ``cache``: whole request partitions already read (see :func:`read_hours`; the local runner
-    passes them from hour to hour), filtered here. Otherwise a shard's rows are read with its
+    passes them from hour to hour), filtered here: the whole partitions, or the shard's pieces
+    of them (:mod:`pipeline.phase2split`). Otherwise a shard's rows are read with its
     host filter pushed into the Parquet scan, so a task never holds another shard's rows (a
     request partition's rows, read twice, are kept, filtered, in ``seen``)."""
 
@@ -135,24 +139,17 @@ def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], s
 
     The energy extent (the slots read) is the shard's own requests' span: any slot a request
     of the shard is active in lies inside it, and every request active in such a slot on one
-    of the shard's GPUs is the shard's, so each share is the one the whole hour gives."""
+    of the shard's GPUs is the shard's, so each share is the one the whole hour gives.
+
+    ``cache``: request partitions already read, whole or the shard's pieces of them
+    (:func:`~pipeline.phase2split.as_cache`); None: its hosts' rows are read here."""
     lo, hi = hour, hour + HOUR_NS
-    slot_ns = cfg.slot_s * NS
     gap_ns = int(cfg.max_sample_gap_s * NS)
     read = _Reader(dd, shard, cache)
     # The extent of the hour's active requests: only two of their columns are filtered.
-    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
-    candidates = read(t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS))
-    first, last = candidates.lazy().filter(_active(lo, hi)).select(
-        pl.col(c.ARRIVAL_NS).min(), pl.max_horizontal(c.END_NS, c.ARRIVAL_NS).max()
-    ).collect().row(0)
-    del candidates
-    e_lo = min(lo, int(first or lo))
-    e_hi = max(hi, int(last or hi) + 1)
-    # A request running longer than max_request_s gets no energy past that (the hours
-    # after look back only that far for requests still running).
-    e_hi = min(e_hi, hi + cfg.max_request_s * NS)
-    e_lo, e_hi = e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
+    back = lookback(cfg)
+    e_lo, e_hi = energy_extent(cfg, hour, read(t.REQUESTS, range(hour_of(lo - back), hi,
+                                                                 HOUR_NS)))
     # `active` is a subset of `everyone`: take it from there, with the energy keys.
     everyone = en.with_request_keys(read(
         t.REQUESTS, range(hour_of(e_lo - back), e_hi, HOUR_NS)).filter(_active(e_lo, e_hi)))
@@ -260,8 +257,25 @@ def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
 
     ``cache``: request partitions already read (see :func:`read_hours`), which a caller running
     the hours of one run in order passes from hour to hour (each hour reads the one before it
-    too); valid while none of them is published again. None: a fresh one."""
+    too); valid while none of them is published again. None: a fresh one. With several
+    shards they are cut once into the shards' pieces (:mod:`~pipeline.phase2split`)."""
     read: dict = {} if cache is None else cache
-    parts = [phase2_shard(dd, cfg, hour, dirty, shard, read)
-             for shard in shards or [Shard(0, 1)]]
+    shards = shards or [Shard(0, 1)]
+    if len(shards) == 1:
+        return merge_phase2([phase2_shard(dd, cfg, hour, dirty, shards[0], read)],
+                            cfg.window_s)
+    # Several shards: the request partitions cut once into the shards' pieces (from the
+    # cache: phase 1 handed most of them over), not filtered once per shard.
+    extent = fleet_extent(dd, cfg, hour, read)
+    hours = hours_read(cfg, hour, extent)
+    frames = {h: read_hours(dd, t.REQUESTS, [h], cache=read) for h in hours}
+    present = {key[0] for key in read}
+    pieces = split_frames({h: f for h, f in frames.items()
+                           if partition_file(dd, t.REQUESTS, h) in present}, extent, shards)
+    del frames
+    parts = []
+    for shard in shards:
+        parts.append(phase2_shard(dd, cfg, hour, dirty, shard,
+                                  as_cache(dd, pieces[shard.index])))
+        pieces[shard.index] = {}
     return merge_phase2(parts, cfg.window_s)

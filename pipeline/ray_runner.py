@@ -26,7 +26,10 @@ returns the hour's encoded partitions as the one-task hour does.
 Phase 2 of an hour in several shards is a task per shard (:func:`submit_phase2`: the shard's
 hosts' rows of the phase-1 partitions in, its rows of the hour's partitions and the
 fleet-wide partial results out, :mod:`pipeline.phase2`) and a merge task, which reduces the
-fleet-wide window rows and returns the hour's encoded partitions.
+fleet-wide window rows and returns the hour's encoded partitions. From
+``cfg.split_from_shards`` shards the ``requests`` partitions (sorted by arrival: a host filter
+skips none of their rows) are read once, by a task per run of row groups that returns one
+piece per shard (:mod:`pipeline.phase2split`), not once per shard task.
 
 Phase 2 of hour h reads the phase-1 partitions up to ``h + 1 h + max_request_s + gap + slot``:
 it is submitted as soon as those are published (so the two phases overlap, as locally). Tasks
@@ -51,6 +54,14 @@ import ray
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
 from fleetlens.pipeline.phase2 import Phase2Part, merge_phase2, phase2_shard
+from fleetlens.pipeline.phase2split import (
+    RequestChunk,
+    as_cache,
+    fleet_extent,
+    shard_pieces,
+)
+from fleetlens.pipeline.phase2split import chunks as request_chunks
+from fleetlens.pipeline.phase2split import split_chunk as split_requests
 from fleetlens.pipeline.phases import phase1_points, phase1_spans, split_chunk
 from fleetlens.pipeline.runner import (
     Phase2Output,
@@ -231,13 +242,29 @@ def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
     return out, [took]
 
 
-# Phase 2 of an hour in several shards: a task per shard (its hosts' rows of the phase-1
-# partitions in, its hosts' rows and the fleet-wide partial results out), then the reduce.
+# Phase 2 of an hour in several shards: from cfg.split_from_shards shards the request
+# partitions are read once, a chunk (a run of row groups) per task, and cut into the
+# shards' pieces (one returned object per shard); a task per shard (its pieces and its hosts'
+# rows of the other phase-1 partitions in, its hosts' rows and the fleet-wide partial results
+# out), then the reduce.
+@ray.remote(**_TASK)
+def _phase2_extent_task(dd: DataDir, cfg: PipelineConfig, hour: int) -> tuple[int, int]:
+    return fleet_extent(dd, cfg, hour)
+
+
+@ray.remote(**_TASK)
+def _phase2_split_task(dd: DataDir, chunk: RequestChunk, extent: tuple[int, int],
+                       shards: list[Shard]) -> tuple[pl.DataFrame | None, ...]:
+    return tuple(split_requests(dd, chunk, extent, shards))
+
+
 @ray.remote(**_TASK)
 def _phase2_shard_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
-                       shard: Shard) -> tuple[Phase2Part, TaskTime]:
+                       shard: Shard, hours: list[int] | None,
+                       *pieces: pl.DataFrame | None) -> tuple[Phase2Part, TaskTime]:
     began = time.time(), time.process_time()
-    return _timed(2, hour, began, phase2_shard(dd, cfg, hour, dirty, shard))
+    cache = None if hours is None else as_cache(dd, shard_pieces(hours, pieces))
+    return _timed(2, hour, began, phase2_shard(dd, cfg, hour, dirty, shard, cache))
 
 
 @ray.remote(**_TASK)
@@ -258,7 +285,19 @@ def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     tasks' times."""
     if len(shards) == 1:
         return _phase2_task.remote(dd, cfg, hour, dirty)
-    parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard) for shard in shards]
+    if len(shards) < cfg.split_from_shards:  # each shard task reads the partitions itself
+        parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, None)
+                 for shard in shards]
+        return _phase2_merge_task.remote(hour, cfg.window_s, *parts)
+    extent = _phase2_extent_task.remote(dd, cfg, hour)
+    plan = request_chunks(dd, cfg, hour)  # the partitions' footers
+    split = [_phase2_split_task.options(num_returns=len(shards)).remote(dd, chunk, extent,
+                                                                         shards)
+             for chunk in plan]
+    hours = [chunk.hour for chunk in plan]
+    parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, hours,
+                                       *(refs[shard.index] for refs in split))
+             for shard in shards]
     return _phase2_merge_task.remote(hour, cfg.window_s, *parts)
 
 

@@ -1,6 +1,7 @@
 """``--runner ray`` with both phases in several shards per hour (phase 1: each chunk's split,
 each shard's halves and the merge as tasks of their own; phase 2: a task per shard and the
-reduce; on a real two-node cluster on 127.0.0.1) writes the local runner's one-shard bytes,
+reduce, after split tasks cutting the request partitions into the shards' pieces; on a real
+two-node cluster on 127.0.0.1) writes the local runner's one-shard bytes,
 also when the node running a shard task is killed mid-run."""
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster, split
 def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
         tmp_path, cluster, capfd) -> None:
     """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs a chunk's
-    split task, a shard's point or span task or a phase-2 shard task: Ray reruns that task
+    split task, a shard's point or span task or a phase-2 split or shard task: Ray reruns that task
     on the head, and any task whose result lived on the dead node (a split's pieces or a
     finished half the merge still needs), and the files are still the local runner's
     one-shard bytes. Last in this module: it leaves one node."""
@@ -79,7 +80,8 @@ def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
         while not done.is_set():
             running = [n for n in task_titles(worker)
                        if n.startswith(("ray::_split_task", "ray::_points_task",
-                                        "ray::_spans_task", "ray::_phase2_shard_task"))]
+                                        "ray::_spans_task", "ray::_phase2_split_task",
+                                        "ray::_phase2_shard_task"))]
             if running:
                 cluster.kill(worker)
                 killed.extend(running)
