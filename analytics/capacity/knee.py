@@ -5,7 +5,9 @@ Three limits, the smallest wins (``knee_limit`` names it):
 - ``tpot``: the fitted TPOT p99 (``tpot_percentile``) reaches the TPOT SLO (the service's
   own ``tpot`` latency SLO, else ``tpot_ratio`` x the fitted value at batch 1);
 - ``ttft``: the first batch bin whose windows' median TTFT p99 breaks the TTFT SLO (the
-  service's own ``ttft`` SLO, else ``ttft_p99_s``): queueing shows there, not in TPOT;
+  service's own ``ttft`` SLO, else ``ttft_p99_s``): queueing shows there, not in TPOT. The
+  TTFT p99 of a window is of the requests that arrived in it (the load they queued at);
+  a window nothing arrived in (a queue draining) says nothing about it;
 - ``kv``: the KV cache holds no more sequences of the pool's mean context.
 
 The arrival rate at a batch follows from Little's law on the running requests: a request
@@ -42,7 +44,7 @@ class Pool:
     kv: np.ndarray
     tpot_p50: np.ndarray
     tpot_p99: np.ndarray
-    ttft_p99: np.ndarray
+    ttft_p99: np.ndarray  # of the requests that arrived in the window; nan: none arrived
     requests: np.ndarray
     steady: np.ndarray  # bool: the window's load was steady (:func:`.points.steady`)
     context: float  # mean KV tokens per running sequence
@@ -98,13 +100,16 @@ def _bins(batch: np.ndarray, rel: float) -> np.ndarray:
 
 def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
     """The largest batch visited before the first bin whose median TTFT p99 breaks the
-    bound (inf when no visited bin breaks it)."""
-    bins = _bins(pool.batch, rel)
+    bound (inf when no visited bin breaks it); windows without arrivals (nan) are left
+    out."""
+    judged = np.isfinite(pool.ttft_p99)
+    batch, ttft = pool.batch[judged], pool.ttft_p99[judged]
+    bins = _bins(batch, rel)
     for b in sorted(set(bins.tolist())):
         inside = bins == b
-        if np.median(pool.ttft_p99[inside]) > bound:
-            below = pool.batch[bins < b]
-            return float(below.max()) if below.size else float(pool.batch[inside].min())
+        if np.median(ttft[inside]) > bound:
+            below = batch[bins < b]
+            return float(below.max()) if below.size else float(batch[inside].min())
     return float("inf")
 
 

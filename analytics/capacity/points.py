@@ -30,6 +30,12 @@ KV_CAPACITY = "_kv_capacity"
 #: decode time) and the KV tokens a running sequence holds, weighted by its decode tokens
 STEPS_S, CONTEXT_PER_TOKEN = "_steps_s", "_context_per_token"
 GEN_TOK_S = "_gen_tok_s"
+#: TTFT p99 of the requests that *arrived* in the window (null: none arrived). The TTFT
+#: limit of the knee judges this one: a request's wait for a seat happens at the load it
+#: arrived into, while its latency window (the middle of its decode) may be a later one that
+#: the queue drained into (a real vLLM's overload: batch 5.6 and TTFT p99 5.0 s in the window
+#: after it, which put the knee at 3.4 against the sweep's 8)
+TTFT99_ARRIVED = "_ttft_p99_arrived"
 #: the share of the window's engine samples with a request running: decode steps happen
 #: only then (STEPS_S is the rate the requests saw while they decoded)
 BUSY = "_busy"
@@ -151,13 +157,14 @@ def latency_window(window_s: int) -> pl.Expr:
 
 
 def request_windows(requests: pl.LazyFrame, window_s: int) -> pl.LazyFrame:
-    """Per (instance, window): arrivals per second (by arrival), and by
-    :func:`latency_window` the requests, their TPOT and TTFT p50/p99, and their mean output
-    tokens, context and prefill time."""
+    """Per (instance, window): arrivals per second and their TTFT p99
+    (:data:`TTFT99_ARRIVED`) by arrival, and by :func:`latency_window` the requests, their
+    TPOT and TTFT p50/p99, and their mean output tokens, context and prefill time."""
     ok = requests.filter(~pl.col(c.IS_ERROR).fill_null(False))
     keys = [c.HOST_NAME, c.INSTANCE_ID, c.WINDOW_START_NS]
     arrivals = ok.with_columns(_window(c.ARRIVAL_NS, window_s)).group_by(keys).agg(
-        (pl.len() / window_s).alias(c.RPS))
+        (pl.len() / window_s).alias(c.RPS),
+        pl.col(c.TTFT_S).quantile(0.99, "linear").alias(TTFT99_ARRIVED))
     decoded = (pl.col(c.OUTPUT_TOKENS) - 1).clip(lower_bound=0).cast(pl.Float64)
     latencies = ok.with_columns(latency_window(window_s)).group_by(keys).agg(
         pl.col(c.SERVICE_NAME).drop_nulls().mode().first(),

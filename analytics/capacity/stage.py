@@ -24,6 +24,7 @@ from fleetlens.analytics.capacity.points import (
     MEAN_PREFILL,
     NS,
     STEADY,
+    TTFT99_ARRIVED,
     latency_window,
 )
 from fleetlens.analytics.capacity.utilisation import verdict
@@ -56,12 +57,12 @@ def _usable(points: pl.DataFrame, config: AnalyticsConfig) -> pl.DataFrame:
 
 def _pool(rows: pl.DataFrame) -> Pool:
     def arr(name: str) -> np.ndarray:
-        return rows[name].cast(pl.Float64).to_numpy()
+        return rows[name].cast(pl.Float64).fill_null(float("nan")).to_numpy()
 
     weights = arr(c.REQUESTS)
     capacity = rows[KV_CAPACITY].drop_nulls()
     return Pool(batch=arr(c.BATCH), kv=arr(c.KV_TOKENS), tpot_p50=arr(_TPOT50),
-                tpot_p99=arr(_TPOT99), ttft_p99=arr(_TTFT99), requests=weights,
+                tpot_p99=arr(_TPOT99), ttft_p99=arr(TTFT99_ARRIVED), requests=weights,
                 steady=rows[STEADY].fill_null(True).to_numpy(),
                 context=float(np.sum(arr(c.KV_TOKENS)) / np.sum(arr(c.BATCH))),
                 output=float(np.average(arr(MEAN_OUTPUT), weights=weights)),

@@ -1,0 +1,52 @@
+"""The TTFT limit of the knee judges the load a request queued at, not the window its queue
+drained into (a real CPU vLLM's overload: the window after it ran batch 5.6 with TTFT p99
+5.0 s, and the knee came at 3.4 against the sweep's 8)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from fleetlens.analytics.attribution import Tables
+from fleetlens.analytics.capacity.analyse import analyse_capacity
+from fleetlens.analytics.config import AnalyticsConfig
+from fleetlens.pipeline.schema import columns as c
+from tests.analytics.capacity_ramp import NS, T0, Ramp, ramp_tables
+
+#: the overloaded window's batch, and the window after it, where its queue drained
+TOP, DRAINED = 40.0, 5.0
+QUEUED_S = 5.0
+
+
+def _drained(ramp: Ramp, per_instance: int) -> Tables:
+    """``ramp``'s tables plus ``per_instance`` requests per instance that arrived in the last
+    10 s of the ``TOP`` window, waited ``QUEUED_S`` for a seat and decoded in the next."""
+    tables = ramp_tables(ramp)
+    requests = tables.requests.collect()
+    last = len(ramp.batches) - 2  # the TOP window
+    step = ramp.step_s(TOP)
+    extra = []
+    for i in range(ramp.instances):
+        for k, at in enumerate(np.linspace(50, 59, per_instance)):
+            arrival = T0 + int((last * ramp.window_s + at) * NS)
+            decode = step * (ramp.output - 1)
+            extra.append({**requests.row(0, named=True), c.REQUEST_ID: f"queued-{i}-{k}",
+                          c.INSTANCE_ID: f"chat-h01-{i}", c.ARRIVAL_NS: arrival,
+                          c.TTFT_S: QUEUED_S, c.TPOT_S: step, c.DECODE_S: decode,
+                          c.END_NS: arrival + int((QUEUED_S + decode) * NS)})
+    return Tables.from_frames(pl.concat([requests, pl.DataFrame(extra, schema=requests.schema)]),
+                              tables.engine_samples.collect(), tables.gpu_samples.collect(),
+                              tables.windows.collect(), tables.instance_gpus)
+
+
+def test_a_queue_is_judged_at_the_load_it_built_in_not_where_it_drained() -> None:
+    # no window of the ramp shares the drained window's batch bin (4.6-7.7 at the default
+    # bin width): its TTFT p99 alone would decide that bin
+    ramp = Ramp(batches=(1.0, 1.0, 1.0, 1.0, 2.0, 3.0, *np.linspace(12, TOP, 8), DRAINED))
+    row = analyse_capacity(_drained(ramp, 30), AnalyticsConfig(), ramp.window_s
+                           ).capacity.row(0, named=True)
+    # the requests that arrived at batch 40 waited 5 s: the knee is the largest batch
+    # visited below that window's bin (35.7-59.5), 32; judged by the drained window it was
+    # the largest below 5, 3.4
+    assert row[c.KNEE_LIMIT] == "ttft"
+    assert 30 <= row[c.KNEE_BATCH] < TOP, row
