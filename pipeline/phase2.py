@@ -39,13 +39,13 @@ from fleetlens.pipeline.partitions import (
     read_hours,
 )
 from fleetlens.pipeline.phase2split import (
+    FrameSplit,
     _active,
     as_cache,
     energy_extent,
     fleet_extent,
     hours_read,
     lookback,
-    split_frames,
 )
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -270,12 +270,9 @@ def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     hours = hours_read(cfg, hour, extent)
     frames = {h: read_hours(dd, t.REQUESTS, [h], cache=read) for h in hours}
     present = {key[0] for key in read}
-    pieces = split_frames({h: f for h, f in frames.items()
-                           if partition_file(dd, t.REQUESTS, h) in present}, extent, shards)
+    split = FrameSplit({h: f for h, f in frames.items()
+                        if partition_file(dd, t.REQUESTS, h) in present}, extent, shards)
     del frames
-    parts = []
-    for shard in shards:
-        parts.append(phase2_shard(dd, cfg, hour, dirty, shard,
-                                  as_cache(dd, pieces[shard.index])))
-        pieces[shard.index] = {}
+    parts = [phase2_shard(dd, cfg, hour, dirty, shard, as_cache(dd, split.pieces(shard.index)))
+             for shard in shards]
     return merge_phase2(parts, cfg.window_s)

@@ -12,8 +12,8 @@ the same bytes (tests/pipeline/test_phase2_split.py).
 
 Two ways to the same pieces:
 
-- :func:`split_frames`, from whole partitions in memory (the local runner, whose cache holds
-  the partitions phase 1 just published);
+- :class:`FrameSplit`, from whole partitions in memory (the local runner, whose cache holds
+  the partitions phase 1 just published), one shard's pieces at a time;
 - :func:`chunks` and :func:`split_chunk`, a run of row groups at a time (the Ray runner: a
   task per chunk, one returned object per shard, so no task holds more than a chunk of rows;
   row groups wholly outside the extent, by their statistics, are not read). On an object
@@ -33,13 +33,14 @@ from fleetlens.pipeline.partitions import HOUR_NS, NS, hour_of, partition_file, 
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard
-from fleetlens.pipeline.shardsplit import split_rows
+from fleetlens.pipeline.shardsplit import shard_of, split_rows
 from fleetlens.pipeline.storage import DataDir, read_parquet_if_exists
 from fleetlens.pipeline.storage.readers import is_remote
 
 #: Rows of a partition read at once by one split task (a run of whole row groups, at least
-#: one): about what a phase-1 chunk of metric points holds.
-CHUNK_ROWS = 1 << 20
+#: one). A request row (its ids, names and figures) weighs about a kilobyte while split:
+#: 1M rows held 1.1 GB in a split task (bench/scale.py --phase2, 256 GPUs).
+CHUNK_ROWS = 1 << 18
 
 #: A shard's pieces: the rows of each partition hour read (an hour without a partition is
 #: absent), in file order.
@@ -58,22 +59,41 @@ def _active(lo: int, hi: int) -> pl.Expr:
     return (pl.col(c.ARRIVAL_NS) < hi) & ((end >= lo) | (pl.col(c.ARRIVAL_NS) >= lo))
 
 
-def energy_extent(cfg: PipelineConfig, hour: int, candidates: pl.DataFrame
-                  ) -> tuple[int, int]:
-    """The slots (``[e_lo, e_hi)``, whole slots) whose energy the requests among
-    ``candidates`` active in ``hour`` share: from the first one's arrival (or the hour) to
-    the last one's end (or the hour's end), no further than ``max_request_s`` past the hour
-    (the hours after look back only that far for requests still running). Monotone in the
-    candidates: a shard's extent lies inside the whole hour's."""
-    lo, hi = hour, hour + HOUR_NS
-    slot_ns = cfg.slot_s * NS
-    first, last = candidates.lazy().filter(_active(lo, hi)).select(
+#: The first arrival and the last end (None, None: no request) of some requests.
+Bounds = tuple[int | None, int | None]
+
+
+def active_bounds(candidates: pl.DataFrame, hour: int) -> Bounds:
+    """The first arrival and the last end of the requests among ``candidates`` active in
+    ``hour``."""
+    first, last = candidates.lazy().filter(_active(hour, hour + HOUR_NS)).select(
         pl.col(c.ARRIVAL_NS).min(), pl.max_horizontal(c.END_NS, c.ARRIVAL_NS).max()
     ).collect().row(0)
+    return first, last
+
+
+def extent_of(cfg: PipelineConfig, hour: int, bounds: Iterable[Bounds]) -> tuple[int, int]:
+    """The slots (``[e_lo, e_hi)``, whole slots) whose energy the requests active in ``hour``
+    share, from their :func:`active_bounds` (of any cut of them into parts): from the first
+    one's arrival (or the hour) to the last one's end (or the hour's end), no further than
+    ``max_request_s`` past the hour (the hours after look back only that far for requests
+    still running). Monotone in the requests: a shard's extent lies inside the whole hour's."""
+    bounds = list(bounds)
+    firsts = [f for f, _ in bounds if f is not None]
+    lasts = [last for _, last in bounds if last is not None]
+    first, last = min(firsts, default=None), max(lasts, default=None)
+    lo, hi = hour, hour + HOUR_NS
+    slot_ns = cfg.slot_s * NS
     e_lo = min(lo, int(first or lo))
     e_hi = max(hi, int(last or hi) + 1)
     e_hi = min(e_hi, hi + cfg.max_request_s * NS)
     return e_lo - e_lo % slot_ns, e_hi - e_hi % slot_ns + slot_ns
+
+
+def energy_extent(cfg: PipelineConfig, hour: int, candidates: pl.DataFrame
+                  ) -> tuple[int, int]:
+    """:func:`extent_of` the requests among ``candidates`` active in ``hour``."""
+    return extent_of(cfg, hour, [active_bounds(candidates, hour)])
 
 
 @dataclass(frozen=True)
@@ -90,9 +110,8 @@ def fleet_extent(dd: DataDir, cfg: PipelineConfig, hour: int,
     """The energy extent of the whole hour (every shard's lies inside it): from the arrival
     and end of the hour's active requests, two columns only (``cache``: whole partitions
     already read, see :func:`read_hours`)."""
-    lo, hi = hour, hour + HOUR_NS
-    hours = range(hour_of(lo - lookback(cfg)), hi, HOUR_NS)
-    if cache is None:
+    hours = hours_bounded(cfg, hour)
+    if cache is None:  # (a task of the Ray runner reads a chunk's: chunk_bounds)
         frame = read_hours(dd, t.REQUESTS, hours, columns=[c.ARRIVAL_NS, c.END_NS])
     else:
         frame = read_hours(dd, t.REQUESTS, hours, cache=cache).select(c.ARRIVAL_NS, c.END_NS)
@@ -110,15 +129,23 @@ def _keep(frame: pl.DataFrame, extent: tuple[int, int]) -> pl.DataFrame:
     return frame.filter(_active(*extent))
 
 
-def split_frames(frames: dict[int, pl.DataFrame], extent: tuple[int, int],
-                 shards: list[Shard]) -> list[Pieces]:
-    """Whole partitions (by hour; a missing one absent) as each shard's pieces."""
-    out: list[Pieces] = [{} for _ in shards]
-    for h, frame in sorted(frames.items()):
-        for pieces, piece in zip(out, split_rows(_keep(frame, extent), "metrics", shards),
-                                 strict=True):
-            pieces[h] = piece
-    return out
+class FrameSplit:
+    """Whole partitions (by hour; a missing one absent) cut into the shards' pieces, one
+    shard's at a time: each row's shard (-1: not active in the extent) is computed once, a
+    small integer column per partition, so the hosts' names are looked up once whatever the
+    shards, and no more than one shard's pieces exist beside the partitions."""
+
+    def __init__(self, frames: dict[int, pl.DataFrame], extent: tuple[int, int],
+                 shards: list[Shard]) -> None:
+        self.frames = dict(sorted(frames.items()))
+        key = pl.when(_active(*extent)).then(shard_of("metrics", shards)).otherwise(-1)
+        self.keys = {h: f.select(key.alias("shard")).to_series()
+                     for h, f in self.frames.items()}
+
+    def pieces(self, index: int) -> Pieces:
+        """Shard ``index``'s pieces (its rows of each partition active in the extent, in
+        file order: what :func:`split_rows` gives it)."""
+        return {h: f.filter(self.keys[h] == index) for h, f in self.frames.items()}
 
 
 def max_hours(cfg: PipelineConfig, hour: int) -> range:
@@ -188,19 +215,42 @@ def _runs(meta: pq.FileMetaData, groups: tuple[int, int],
     return runs
 
 
-def _read_chunk(dd: DataDir, chunk: RequestChunk, extent: tuple[int, int]
-                ) -> pl.DataFrame | None:
-    """The chunk's rows active in ``extent``, in file order (None: no partition)."""
+def _read_runs(dd: DataDir, chunk: RequestChunk, extent: tuple[int, int],
+               columns: list[str] | None = None) -> pl.DataFrame | None:
+    """The chunk's rows (``columns``, None: all) of its row groups that may hold a request
+    active in ``extent``, in file order (None: no partition)."""
     path = partition_file(dd, t.REQUESTS, chunk.hour)
     if chunk.groups is None:
-        whole = read_parquet_if_exists(path)
-        return None if whole is None else _keep(whole, extent)
+        return read_parquet_if_exists(path, columns)
     scan = pl.scan_parquet(path)
+    scan = scan if columns is None else scan.select(columns)
     runs = _runs(pq.read_metadata(path), chunk.groups, extent)
     # An empty run still reads the file's schema: the piece of a partition with no row
     # kept is an empty frame, as a filtered read of it is.
     frames = [scan.slice(first, rows).collect() for first, rows in runs or [(0, 0)]]
-    return _keep(pl.concat(frames) if len(frames) > 1 else frames[0], extent)
+    return pl.concat(frames) if len(frames) > 1 else frames[0]
+
+
+def hours_bounded(cfg: PipelineConfig, hour: int) -> range:
+    """The partition hours whose requests may be active in ``hour``."""
+    return range(hour_of(hour - lookback(cfg)), hour + HOUR_NS, HOUR_NS)
+
+
+def chunk_bounds(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: RequestChunk) -> Bounds:
+    """:func:`active_bounds` of the chunk's requests active in ``hour`` (two columns read;
+    the fleet's extent is :func:`extent_of` every chunk's of :func:`hours_bounded`, so no
+    task reads the hour's arrivals and ends at once)."""
+    if chunk.hour not in hours_bounded(cfg, hour):
+        return None, None
+    frame = _read_runs(dd, chunk, (hour, hour + HOUR_NS), [c.ARRIVAL_NS, c.END_NS])
+    return (None, None) if frame is None else active_bounds(frame, hour)
+
+
+def _read_chunk(dd: DataDir, chunk: RequestChunk, extent: tuple[int, int]
+                ) -> pl.DataFrame | None:
+    """The chunk's rows active in ``extent``, in file order (None: no partition)."""
+    frame = _read_runs(dd, chunk, extent)
+    return None if frame is None else _keep(frame, extent)
 
 
 def split_chunk(dd: DataDir, chunk: RequestChunk, extent: tuple[int, int],

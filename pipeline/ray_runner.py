@@ -29,7 +29,8 @@ fleet-wide partial results out, :mod:`pipeline.phase2`) and a merge task, which 
 fleet-wide window rows and returns the hour's encoded partitions. From
 ``cfg.split_from_shards`` shards the ``requests`` partitions (sorted by arrival: a host filter
 skips none of their rows) are read once, by a task per run of row groups that returns one
-piece per shard (:mod:`pipeline.phase2split`), not once per shard task.
+piece per shard (:mod:`pipeline.phase2split`; the fleet's energy extent, which the split
+needs, from a task per chunk of the hour's requests), not once per shard task.
 
 Phase 2 of hour h reads the phase-1 partitions up to ``h + 1 h + max_request_s + gap + slot``:
 it is submitted as soon as those are published (so the two phases overlap, as locally). Tasks
@@ -55,9 +56,12 @@ from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
 from fleetlens.pipeline.phase2 import Phase2Part, merge_phase2, phase2_shard
 from fleetlens.pipeline.phase2split import (
+    Bounds,
     RequestChunk,
     as_cache,
-    fleet_extent,
+    chunk_bounds,
+    extent_of,
+    hours_bounded,
     shard_pieces,
 )
 from fleetlens.pipeline.phase2split import chunks as request_chunks
@@ -244,17 +248,21 @@ def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
 
 # Phase 2 of an hour in several shards: from cfg.split_from_shards shards the request
 # partitions are read once, a chunk (a run of row groups) per task, and cut into the
-# shards' pieces (one returned object per shard); a task per shard (its pieces and its hosts'
-# rows of the other phase-1 partitions in, its hosts' rows and the fleet-wide partial results
-# out), then the reduce.
+# shards' pieces (one returned object per shard), after a task per chunk of the hour's own
+# requests gave their first arrival and last end (the fleet's extent); a task per shard
+# (its pieces and its hosts' rows of the other phase-1 partitions in, its hosts' rows and the
+# fleet-wide partial results out), then the reduce.
 @ray.remote(**_TASK)
-def _phase2_extent_task(dd: DataDir, cfg: PipelineConfig, hour: int) -> tuple[int, int]:
-    return fleet_extent(dd, cfg, hour)
+def _phase2_bounds_task(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: RequestChunk
+                        ) -> Bounds:
+    return chunk_bounds(dd, cfg, hour, chunk)
 
 
 @ray.remote(**_TASK)
-def _phase2_split_task(dd: DataDir, chunk: RequestChunk, extent: tuple[int, int],
-                       shards: list[Shard]) -> tuple[pl.DataFrame | None, ...]:
+def _phase2_split_task(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: RequestChunk,
+                       shards: list[Shard], *bounds: Bounds
+                       ) -> tuple[pl.DataFrame | None, ...]:
+    extent = extent_of(cfg, hour, bounds)  # the fleet's, from every chunk's bounds
     return tuple(split_requests(dd, chunk, extent, shards))
 
 
@@ -289,11 +297,11 @@ def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
         parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, None)
                  for shard in shards]
         return _phase2_merge_task.remote(hour, cfg.window_s, *parts)
-    extent = _phase2_extent_task.remote(dd, cfg, hour)
     plan = request_chunks(dd, cfg, hour)  # the partitions' footers
-    split = [_phase2_split_task.options(num_returns=len(shards)).remote(dd, chunk, extent,
-                                                                         shards)
-             for chunk in plan]
+    bounds = [_phase2_bounds_task.remote(dd, cfg, hour, chunk) for chunk in plan
+              if chunk.hour in hours_bounded(cfg, hour)]
+    split = [_phase2_split_task.options(num_returns=len(shards)).remote(
+        dd, cfg, hour, chunk, shards, *bounds) for chunk in plan]
     hours = [chunk.hour for chunk in plan]
     parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, hours,
                                        *(refs[shard.index] for refs in split))

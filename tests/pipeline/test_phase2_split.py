@@ -17,15 +17,18 @@ from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, existing_hours, partition_file
 from fleetlens.pipeline.phase2 import merge_phase2, phase2_shard
 from fleetlens.pipeline.phase2split import (
+    FrameSplit,
     _active,
     _runs,
     as_cache,
+    chunk_bounds,
     chunks,
+    extent_of,
     fleet_extent,
+    hours_bounded,
     hours_read,
     shard_pieces,
     split_chunk,
-    split_frames,
 )
 from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.schema import tables as t
@@ -82,14 +85,17 @@ def test_pieces_are_the_shards_filtered_reads(published: DataDir, per_shard: int
         hours = hours_read(CFG, hour, extent)
         whole = {h: pl.read_parquet(p) for h in hours
                  if (p := partition_file(dd, t.REQUESTS, h)).exists()}
-        by_frames = split_frames(whole, extent, shards)
+        by_frames = FrameSplit(whole, extent, shards)
         plan_ = chunks(dd, CFG, hour, rows=200)
         assert len(plan_) > len({chunk.hour for chunk in plan_})  # several chunks a partition
+        # the Ray runner's extent, from every chunk's bounds, is the same
+        assert extent_of(CFG, hour, [chunk_bounds(dd, CFG, hour, chunk) for chunk in plan_
+                                     if chunk.hour in hours_bounded(CFG, hour)]) == extent
         split = [split_chunk(dd, chunk, extent, shards) for chunk in plan_]
         for shard in shards:
             want = _filtered_read(dd, hours, extent, shard)
             checked += sum(f.height for f in want.values())
-            _same(by_frames[shard.index], want)
+            _same(by_frames.pieces(shard.index), want)
             got = shard_pieces([chunk.hour for chunk in plan_],
                                [pieces[shard.index] for pieces in split])
             _same({h: f for h, f in got.items() if h in hours}, want)
@@ -136,4 +142,4 @@ def test_row_groups_outside_the_extent_are_not_read(published: DataDir) -> None:
 def test_a_missing_partition_has_no_piece(tmp_path: Path, published: DataDir) -> None:
     hour = existing_hours(published, t.REQUESTS)[0]
     assert not chunks(DataDir(tmp_path), CFG, hour)
-    assert split_frames({}, (hour, hour + HOUR_NS), _shards(published, 2)) == [{}, {}, {}]
+    assert FrameSplit({}, (hour, hour + HOUR_NS), _shards(published, 2)).pieces(1) == {}
