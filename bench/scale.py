@@ -25,6 +25,11 @@ process of its own; issue 36):
 
     .venv/bin/python bench/scale.py --memory --gpus 64 256 1024
 
+``--fleet-gpus N`` times one hour of an N-GPU fleet instead (generated as ``--memory``
+generates it; one run per driver, no warm-up), local against one and two Ray nodes:
+
+    .venv/bin/python bench/scale.py --fleet-gpus 1024 --repeat 1 --object-store-gb 3
+
 ``--phase2`` runs phase 2 of one such hour in its shards, each task a process of its own: the
 shard tasks reading the ``requests`` partitions themselves (each decodes the whole hour's)
 against the split tasks (``pipeline/phase2split.py``: the partitions read once, a run of row
@@ -81,7 +86,8 @@ def cpu():
     use = resource.getrusage(resource.RUSAGE_SELF)
     return use.ru_utime + use.ru_stime
 began = time.perf_counter()
-job.run_once(full=True)  # cold: Ray starts this driver's worker processes
+if {warmup!r}:
+    job.run_once(full=True)  # cold: Ray starts this driver's worker processes
 cold = time.perf_counter() - began
 began, cpu0 = time.perf_counter(), cpu()  # warm, as each run of `pipeline --follow` is
 summary = job.run_once(full=True)
@@ -108,9 +114,10 @@ def digest(root: Path) -> str:
     return total.hexdigest()
 
 
-def run_once(data: Path, address: str | None) -> dict:
-    """One full recompute by a driver process of its own; its wall time and outputs."""
-    code = _DRIVER.format(repo=str(REPO), data=str(data), address=address)
+def run_once(data: Path, address: str | None, warmup: bool = True) -> dict:
+    """One full recompute by a driver process of its own (after a first one, ``warmup``);
+    its wall time and outputs."""
+    code = _DRIVER.format(repo=str(REPO), data=str(data), address=address, warmup=warmup)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=ray_env(), check=False)
     if out.returncode:
@@ -120,10 +127,10 @@ def run_once(data: Path, address: str | None) -> dict:
     return result
 
 
-def start_cluster(nodes: int) -> RayCluster:
+def start_cluster(nodes: int, store_bytes: int = OBJECT_STORE_BYTES) -> RayCluster:
     """A cluster of ``nodes`` one-CPU nodes, one Polars thread per worker, all joined."""
     cluster = RayCluster(env={"POLARS_MAX_THREADS": "1"},
-                         node_args=("--object-store-memory", str(OBJECT_STORE_BYTES)))
+                         node_args=("--object-store-memory", str(store_bytes)))
     try:
         cluster.start_head()
         for _ in range(nodes - 1):
@@ -171,7 +178,8 @@ def _tasks(run: dict) -> str:
             f" s of task wall, busy per node {busy} s")
 
 
-def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
+def interleaved(data: Path, repeat: int, warmup: bool = True,
+                store_bytes: int = OBJECT_STORE_BYTES) -> dict[str, list[dict]]:
     """``repeat`` rounds of local, ray-1, ray-2 one after the other (both clusters up all
     along), so a change in the machine's load hits every setup alike. Each run is a driver
     process of its own that recomputes twice: Ray starts a driver's worker processes on its
@@ -180,11 +188,11 @@ def interleaved(data: Path, repeat: int) -> dict[str, list[dict]]:
     runs: dict[str, list[dict]] = {"local": [], "ray-1": [], "ray-2": []}
     try:
         for nodes in (1, 2):  # one at a time: a failure stops those already started
-            clusters[f"ray-{nodes}"] = start_cluster(nodes)
+            clusters[f"ray-{nodes}"] = start_cluster(nodes, store_bytes)
         for _ in range(repeat):
             for label in runs:
                 address = clusters[label].address if label in clusters else None
-                runs[label].append(run_once(data, address))
+                runs[label].append(run_once(data, address, warmup))
                 last = runs[label][-1]
                 print(f"  {label}: {last['wall_s']:.2f} s wall (first run of its driver "
                       f"{last['cold_s']:.2f} s), driver {last['driver_cpu_s']:.1f} CPU-s, "
@@ -281,10 +289,32 @@ def _net(row: dict) -> str:
     return f"without them {before:.1f} CPU-s before, {after:.1f} after ({after / before:.2f}x)"
 
 
+def generate(root: Path, gpus: int, first: int, hours: int) -> None:
+    """``hours`` hours of a ``gpus``-GPU fleet from ``first``, as ``bench/scale_memory.py``
+    generates one (the bench day's rates, one-minute segments), one random stream for all
+    (so no trace id repeats across hours)."""
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import write_parquet_atomic
+
+    bench = bench_pipeline
+    bench.GPUS, bench.HOSTS = gpus, gpus // bench.GPUS_PER_HOST
+    bench.RPS = 10_000_000 / 86_400 * gpus / 64
+    dd, rng, energy0, seq = DataDir(root), np.random.default_rng(1), np.full(gpus, 1e7), 0
+    step = bench.HOUR_NS // 60
+    for lo in range(first, first + hours * bench.HOUR_NS, step):
+        for frame, table in ((bench.make_spans(rng, lo, lo + step), t.SPANS),
+                             (bench.make_points(rng, lo, lo + step, energy0), t.METRIC_POINTS)):
+            seq += 1
+            write_parquet_atomic(frame, dd.raw_segment_path(
+                t.table(table).raw_signal, lo - lo % bench.HOUR_NS, "gen", seq))
+
+
 def phase2(args: argparse.Namespace, scale_memory: object) -> dict:
-    """Phase 2 of one hour of each fleet size in shards, each task a process of its own: the
-    shard tasks reading the request partitions themselves (as before phase2split) against
-    the split tasks and the shard tasks from their pieces, then the reduce (issue 36)."""
+    """Phase 2 of the last of ``--phase2-hours`` hours of each fleet size in shards, each task
+    a process of its own: the shard tasks reading the request partitions themselves (as
+    before phase2split; each also reads the hour before's whole partition for requests
+    running into its hour) against the split tasks and the shard tasks from their pieces,
+    then the reduce (issue 36)."""
     from dataclasses import replace
 
     from fleetlens.pipeline.config import PipelineConfig
@@ -300,15 +330,17 @@ def phase2(args: argparse.Namespace, scale_memory: object) -> dict:
         with tempfile.TemporaryDirectory(prefix="fleetlens-p2-") as tmp:
             root, work = Path(tmp) / "data", Path(tmp) / "work"
             work.mkdir()
-            hour = (1_790_000_000 * bench_pipeline.NS) // bench_pipeline.HOUR_NS \
+            first = (1_790_000_000 * bench_pipeline.NS) // bench_pipeline.HOUR_NS \
                 * bench_pipeline.HOUR_NS
-            scale_memory.generate(bench_pipeline, root, gpus, hour)
+            generate(root, gpus, first, args.phase2_hours)
             dd, state = DataDir(root), PipelineState()
             discover(dd, state, int(cfg.max_sample_gap_s * bench_pipeline.NS),
                      cfg.lateness_s * bench_pipeline.NS)
-            files, shards = phase1_files(state, dd, cfg, hour), plan_hour(state, cfg, hour)
             rows = {str(root / rel): seg.rows for rel, seg in state.segments.items()}
-            scale_memory._task("hour", files, hour, shards, "", str(root), rows=rows)
+            for n in range(args.phase2_hours):  # phase 1 of every hour, published
+                hour = first + n * bench_pipeline.HOUR_NS
+                files, shards = phase1_files(state, dd, cfg, hour), plan_hour(state, cfg, hour)
+                scale_memory._task("hour", files, hour, shards, "", str(root), rows=rows)
             old = [scale_memory._task("phase2shard", files, hour, [s],
                                       str(work / f"old-{s.index}.pickle"), str(root))
                    for s in shards]
@@ -347,6 +379,14 @@ def phase2(args: argparse.Namespace, scale_memory: object) -> dict:
     return {"phase2": out}
 
 
+def _scale_memory() -> object:
+    spec = importlib.util.spec_from_file_location("scale_memory",
+                                                  REPO / "bench" / "scale_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=float, default=2.0,
@@ -354,9 +394,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per setup")
     parser.add_argument("--memory", action="store_true",
                         help="peak memory per phase-1 and phase-2 task against fleet size instead")
+    parser.add_argument("--fleet-gpus", type=int, default=0,
+                        help="time one hour of a fleet of this many GPUs (generated as "
+                        "--memory generates it) instead of --hours of the bench fleet; one "
+                        "run per driver (no warm-up run: minutes of work, not Ray's start)")
+    parser.add_argument("--object-store-gb", type=float, default=OBJECT_STORE_BYTES / (1 << 30),
+                        help="object store per Ray node [default: 1]")
     parser.add_argument("--phase2", action="store_true",
                         help="phase 2 of one hour in shards per fleet size: the shard tasks' "
                         "CPU reading the request partitions themselves against the split")
+    parser.add_argument("--phase2-hours", type=int, default=2,
+                        help="--phase2: hours generated; phase 2 of the last is measured")
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024],
                         help="fleet sizes for --memory (4 GPUs per host)")
     parser.add_argument("--shard-rows", type=int, default=None,
@@ -368,22 +416,27 @@ def main() -> None:
         memory(args)
         return
     if args.phase2:
-        spec = importlib.util.spec_from_file_location("scale_memory",
-                                                      REPO / "bench" / "scale_memory.py")
-        scale_memory = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(scale_memory)
         print(f"machine: {bench_pipeline.machine()}", flush=True)
-        print(json.dumps(phase2(args, scale_memory)))
+        print(json.dumps(phase2(args, _scale_memory())))
         return
     root = Path(tempfile.mkdtemp(prefix="fleetlens-scale-"))
     try:
         began = time.perf_counter()
-        start = (time.time_ns() // bench_pipeline.HOUR_NS - 48) * bench_pipeline.HOUR_NS
-        spans, points = bench_pipeline.write_hours(
-            DataDir(root), start, args.hours, 1, np.full(bench_pipeline.GPUS, 1e7), "gen")
-        print(f"{args.hours:g} h of the bench fleet: {spans:,} spans, {points:,} metric "
-              f"points, generated in {time.perf_counter() - began:.1f} s", flush=True)
-        runs = interleaved(root, args.repeat)
+        if args.fleet_gpus:  # one hour of a bigger fleet, generated as --memory generates it
+            hour = (1_790_000_000 * bench_pipeline.NS) // bench_pipeline.HOUR_NS \
+                * bench_pipeline.HOUR_NS
+            spans, points = _scale_memory().generate(bench_pipeline, root, args.fleet_gpus,
+                                                     hour)
+            what = f"1 h of {args.fleet_gpus} GPUs"
+        else:
+            start = (time.time_ns() // bench_pipeline.HOUR_NS - 48) * bench_pipeline.HOUR_NS
+            spans, points = bench_pipeline.write_hours(
+                DataDir(root), start, args.hours, 1, np.full(bench_pipeline.GPUS, 1e7), "gen")
+            what = f"{args.hours:g} h of the bench fleet"
+        print(f"{what}: {spans:,} spans, {points:,} metric points, generated in "
+              f"{time.perf_counter() - began:.1f} s; {bench_pipeline.machine()}", flush=True)
+        runs = interleaved(root, args.repeat, warmup=not args.fleet_gpus,
+                           store_bytes=int(args.object_store_gb * (1 << 30)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
