@@ -201,11 +201,10 @@ def _runs(meta: pq.FileMetaData, groups: tuple[int, int],
     for g in range(*groups):
         group = meta.row_group(g)
         arr, fin = _stat(group, arrival), _stat(group, end)
-        # A row with a null end is active by its arrival alone: the ends' statistics then
-        # say nothing of it, unless the group has no nulls there.
-        ends_known = fin is not None and group.column(end).statistics.null_count == 0
+        # (A row with a null end is active by its arrival alone: with every arrival before
+        # e_lo it is not, so the ends' statistics, which leave nulls out, decide the rest.)
         skip = arr is not None and (arr[0] >= e_hi or (
-            arr[1] < e_lo and ends_known and fin[1] < e_lo))
+            arr[1] < e_lo and fin is not None and fin[1] < e_lo))
         if not skip:
             if runs and runs[-1][0] + runs[-1][1] == offset:
                 runs[-1] = (runs[-1][0], runs[-1][1] + group.num_rows)

@@ -143,3 +143,25 @@ def test_a_missing_partition_has_no_piece(tmp_path: Path, published: DataDir) ->
     hour = existing_hours(published, t.REQUESTS)[0]
     assert not chunks(DataDir(tmp_path), CFG, hour)
     assert FrameSplit({}, (hour, hour + HOUR_NS), _shards(published, 2)).pieces(1) == {}
+
+
+def test_row_groups_are_skipped_only_without_an_active_request(tmp_path: Path) -> None:
+    """By their statistics: a group of arrivals at or after the extent's end, or of arrivals
+    and ends before its start (a null end: active by its arrival alone), is skipped; any
+    group that may hold an active request is read, whole groups in file order."""
+    from fleetlens.pipeline.schema import columns as c
+
+    lo, hi = 1000, 2000
+    arrivals = [100, 200, 300, 400, 500, 1500, 2500, 2600]
+    ends = [150, None, 350, 1200, 550, None, 2700, None]
+    path = tmp_path / "part.parquet"
+    pl.DataFrame({c.ARRIVAL_NS: arrivals, c.END_NS: ends},
+                 schema={c.ARRIVAL_NS: pl.Int64, c.END_NS: pl.Int64}).write_parquet(
+        path, row_group_size=2)
+    meta = pq.read_metadata(path)
+    assert meta.num_row_groups == 4
+    # groups: [100-200 ends 150/null: skip], [300-400 end 1200: read], [500, 1500: read],
+    # [2500-2600: at or after the end: skip]
+    assert _runs(meta, (0, 4), (lo, hi)) == [(2, 4)]
+    assert _runs(meta, (1, 3), (lo, hi)) == [(2, 4)]
+    assert _runs(meta, (0, 4), (0, 3000)) == [(0, 8)]
