@@ -449,7 +449,9 @@ def main() -> None:
     print(f"ray-2 / ray-1: {med['ray-2'] / med['ray-1']:.2f} (target <= 0.6); "
           f"ray-2 / local: {med['ray-2'] / med['local']:.2f}; ray-1 / local: "
           f"{med['ray-1'] / med['local']:.2f}; outputs identical in every run: {same}")
-    print(json.dumps({"hours": args.hours, "spans": spans, "points": points,
+    print(json.dumps({"hours": 1 if args.fleet_gpus else args.hours,
+                      "gpus": args.fleet_gpus or bench_pipeline.GPUS,
+                      "spans": spans, "points": points,
                       **{f"{k}_s": round(v, 2) for k, v in med.items()},
                       "ratio_2_1": round(med["ray-2"] / med["ray-1"], 3), "identical": same}))
 
