@@ -15,7 +15,9 @@ Calibration (:func:`calibrate`), from the pool's stored `capacity` row and its o
   first token); through the origin where the intercept comes out negative;
 - the time outside the engine (API server, the wait for the step in progress, the first
   token's way back): per request, a draw from what the pool's requests that found their
-  engine idle spent there (:mod:`.twin_requests`), in place of the simulator's constants;
+  engine idle spent there, or for one that found it busy from what those spent less half a
+  step (:mod:`.twin_requests`), in place of the simulator's constants. At another arrival
+  rate per engine the share that finds it idle is the calibration's to that power (M/G/inf);
 - KV blocks (the engine's reported KV capacity / 16, else its ``num_gpu_blocks``),
   ``max_num_seqs`` and
   ``max_num_batched_tokens`` (its configuration), else vLLM's defaults, said in ``notes``;
@@ -129,6 +131,13 @@ class Calibration:
     #: prompt ran (the host's own variation: the twin's steps keep it); empty: 1
     decode_scale: tuple[float, ...] = field(default=())
     prefill_scale: tuple[float, ...] = field(default=())
+    #: per request as ``outside_s``: a draw for an arrival that finds its engine idle, one
+    #: for an arrival that finds it busy, and whether it found it idle when measured; the
+    #: share that did (None: not measured)
+    outside_idle_s: tuple[float, ...] = field(default=())
+    outside_busy_s: tuple[float, ...] = field(default=())
+    found_idle: tuple[bool, ...] = field(default=())
+    p_idle: float | None = None
 
 
 def _prefill(requests: pl.DataFrame) -> tuple[float, float, float]:
@@ -222,11 +231,16 @@ def calibrate(row: dict, requests: pl.DataFrame, kv_capacity: float | None,
             c.STEP_PER_SEQ_ABOVE_S)
         outside: tuple[float, ...] = ()
         decode_scale: tuple[float, ...] = ()
+        by_state: dict = {}
     else:  # the batch each request decoded in is known: no KV term or hinge beside it
         step_base, slope, per_kv, above, hinge = (measured.base_s, measured.per_seq_s, 0.0,
                                                   0.0, None)
         outside = tuple(float(v) for v in measured.outside_s)
         decode_scale = tuple(float(v) for v in measured.decode_scale)
+        by_state = {"outside_idle_s": tuple(float(v) for v in measured.outside_idle_s),
+                    "outside_busy_s": tuple(float(v) for v in measured.outside_busy_s),
+                    "found_idle": tuple(bool(v) for v in measured.idle),
+                    "p_idle": measured.p_idle}
         notes.append(
             f"decode step from {measured.requests} requests' own timings: "
             f"{step_base * 1e3:.2f} ms + {slope * 1e3:.3f} ms per sequence"
@@ -267,7 +281,24 @@ def calibrate(row: dict, requests: pl.DataFrame, kv_capacity: float | None,
         tpot_slo_s=float(row[c.TPOT_SLO_S]), ttft_slo_s=float(row[c.TTFT_SLO_S]),
         notes=tuple(notes), outside_s=outside, decode_scale=decode_scale,
         prefill_scale=(_prefill_scale(requests, base, per_token, measured.idle)
-                       if measured is not None else ()))
+                       if measured is not None else ()), **by_state)
+
+
+def _outside_at(cal: Calibration, factor: float) -> tuple[float, ...]:
+    """``cal.outside_s`` for arrivals ``factor`` x as frequent per engine: the share that
+    finds its engine idle goes from ``p_idle`` to ``p_idle ** factor`` (Poisson arrivals at
+    an engine of many seats), those that found it idle when measured the ones that still do
+    (or, at a lower rate, more join them); seeded."""
+    if not cal.outside_busy_s or cal.p_idle is None or factor == 1.0:
+        return cal.outside_s
+    p, idle = cal.p_idle, np.array(cal.found_idle, dtype=bool)
+    q = p ** factor
+    u = np.random.default_rng(1).random(idle.size)
+    if q <= p:
+        stays = idle & (u < (q / p if p > 0 else 0.0))
+    else:
+        stays = idle | (u < (q - p) / (1.0 - p))
+    return tuple(float(v) for v in np.where(stays, cal.outside_idle_s, cal.outside_busy_s))
 
 
 def _free_bytes(model: str, gpu: str, tp: int, config: AnalyticsConfig) -> float | None:
@@ -297,6 +328,7 @@ def changed(cal: Calibration, model: str, what: WhatIf, config: AnalyticsConfig
         raise ValueError(f"gpus: {gpus} GPUs do not make whole engines of tp {cal.tp}")
     out = replace(cal, engines=gpus // cal.tp,
                   max_num_seqs=what.max_num_seqs or cal.max_num_seqs)
+    out = replace(out, outside_s=_outside_at(cal, what.rate * cal.engines / out.engines))
     if not what.gpu_model:
         return out
     bw_old, bw_new = hbm_gbps(cal.gpu_model, config), hbm_gbps(what.gpu_model, config)

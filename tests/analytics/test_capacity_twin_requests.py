@@ -87,9 +87,55 @@ def test_the_time_outside_the_engine_comes_from_the_requests_that_found_it_idle(
     steps = request_steps(frame, 10.0)
     outside = TOKENIZE_S + TOKENIZE_PER_TOKEN_S * 106
     assert steps is not None and steps.outside_from_idle
-    assert steps.outside_s == pytest.approx(outside, abs=1e-6)
+    assert steps.outside_idle_s == pytest.approx(outside, abs=1e-6)
+    assert steps.outside_s[steps.idle] == pytest.approx(outside, abs=1e-6)
     waited = (frame[c.TTFT_S] - frame[c.PREFILL_S]).to_numpy()
     assert waited.max() > outside + 0.003  # some arrivals waited for a step in progress
+    # the simulator counts that wait in its queue: less half a step, the busy arrivals'
+    # draws centre on the constant (within a quarter of the 5 ms step)
+    assert abs(float(np.median(steps.outside_busy_s)) - outside) < 0.00125
+
+
+def test_arrivals_that_find_the_engine_busy_draw_their_own_time_outside() -> None:
+    """A CPU vLLM's API server shares the core with the stepping engine: an arrival that
+    finds it busy spends, besides the wait for the step in progress (up to a step, 3 ms
+    here; the twin simulates it), 2 ms more outside the engine than one that finds it
+    idle. Drawn from the idle arrivals for all, the twin's TTFT p90 was 14-18% low."""
+    idle_at = np.arange(40.0)  # every request done 0.41 s after it came: the next is idle
+    busy_at = idle_at + 0.2  # arrives while the one before decodes
+    arrival = np.concatenate([idle_at, busy_at])
+    order = np.argsort(arrival)
+    found_busy = np.concatenate([np.zeros(40), np.ones(40)]).astype(bool)
+    outside = np.where(found_busy, 0.002 + 0.0015 + 0.002, 0.002)
+    n = arrival.size
+    frame = _frame(arrival[order], (outside + 0.004)[order], np.zeros(n), np.full(n, 0.004),
+                   np.full(n, 0.003))
+    steps = request_steps(frame, 10.0)
+    assert steps is not None and steps.p_idle == pytest.approx(0.5)
+    busy = found_busy[order]
+    assert steps.outside_s[~busy] == pytest.approx(0.002)
+    # their own less half a step (1.5 ms): the twin's engine adds its own wait
+    assert steps.outside_s[busy] == pytest.approx(0.004)
+
+
+def test_at_a_higher_rate_fewer_arrivals_find_the_engine_idle() -> None:
+    """Half the arrivals found the engine idle; at twice the rate a quarter do (Poisson
+    arrivals at an engine of many seats: the idle share to the power of the rate), and
+    they are among those that did; half the engines at the same rate: the same."""
+    from fleetlens.analytics.capacity.twin import Calibration, _outside_at
+
+    n = 4000
+    idle = np.arange(n) % 2 == 0
+    cal = Calibration("cpu", 1, 2, 0.002, 0.0, 0.0, float("inf"), 0.0, 0.0, 1e-5, 1000, 8,
+                      8192, None, 0.003, 2.0, outside_s=tuple(np.where(idle, 1.0, 2.0)),
+                      outside_idle_s=(1.0,) * n, outside_busy_s=(2.0,) * n,
+                      found_idle=tuple(idle), p_idle=0.5)
+    assert _outside_at(cal, 1.0) == cal.outside_s
+    twice = np.array(_outside_at(cal, 2.0))
+    assert (twice == 1.0).mean() == pytest.approx(0.25, abs=0.03)
+    assert not (twice[~idle] == 1.0).any()
+    assert (np.array(_outside_at(cal, 0.5)) == 1.0).mean() == pytest.approx(0.5 ** 0.5,
+                                                                          abs=0.03)
 
 
 def test_without_engine_timings_no_request_calibration() -> None:
@@ -129,10 +175,12 @@ def test_a_step_runs_as_slow_as_the_requests_it_carries() -> None:
     assert slow[0].tpot_s == pytest.approx(2 * plain[0].tpot_s) == pytest.approx(0.02)
 
 
-def test_a_spell_of_the_host_is_not_carried_but_its_spread_is() -> None:
+def test_a_spell_of_the_host_is_carried_with_its_spread() -> None:
     """Requests 10% either side of the line, alternately, and every request of one window
-    50% slower (the host's spell): the spell's requests get the others' scales, not 1.5x
-    theirs."""
+    50% slower (the host's spell): each request keeps its own ratio to the line, the
+    spell's 1.5x the others'. The twin runs on the host it was calibrated on: setting each
+    window's level to the windows' median put a real vLLM's TPOT p90 at twice the rate
+    8.5% low where the two rates, interleaved, met the same host."""
     arrival = np.arange(0.0, 100.0, 0.5)
     spread = np.where(np.arange(arrival.size) % 2, 1.1, 0.9)
     spell = (arrival >= 40.0) & (arrival < 50.0)
@@ -141,9 +189,10 @@ def test_a_spell_of_the_host_is_not_carried_but_its_spread_is() -> None:
     steps = request_steps(_frame(arrival, np.full(n, 0.0065), np.zeros(n), np.full(n, 0.004),
                                  tpot), 10.0)
     assert steps is not None and steps.per_seq_s == 0.0
-    # the line is the mean TPOT (spell included); each request keeps its own spread about
-    # the level of a window without a spell
-    assert steps.decode_scale == pytest.approx(spread * 0.003 / steps.base_s, rel=1e-9)
+    # the line is the mean TPOT (spell included); each request's ratio to it kept
+    assert steps.decode_scale == pytest.approx(tpot / steps.base_s, rel=1e-9)
+    assert np.median(steps.decode_scale[spell]) / np.median(steps.decode_scale[~spell]) \
+        == pytest.approx(1.5)
 
 
 def test_an_idle_engines_slower_first_step_is_not_carried() -> None:
