@@ -4,8 +4,10 @@ telemetry of a kept run of ``tests/agent/test_vllm_capacity.py`` (issue 31).
     python bench/capacity_vllm.py RUN_DIR [RUN_DIR ...] [--workdir DIR]
 
 ``RUN_DIR`` is the test's temporary directory (``data/``, ``low/``: the data dir cut to the
-25% phase, ``fleetlens.toml``, and ``phases.json`` where the run wrote one; without it the low
-phase is taken as the 90 s from the cut's first sample: the runs before the test shrank).
+low phases, since the test leaves the host's busy seconds out their calm parts, with
+``low.toml``; ``fleetlens.toml``, and ``phases.json`` where the run wrote one, with the high
+phases' calm parts measured; without it the low phase is taken as the 90 s from the cut's
+first sample: the runs before the test shrank).
 Both data dirs are copied under ``DIR`` and re-analysed there (``fleetlens analyze``: the
 capacity stage from the stored tables, so a changed estimator is judged on the same
 telemetry), then ``fleetlens capacity`` and ``--what-if rate=K,max_num_seqs=8`` on the low
@@ -52,8 +54,10 @@ def _phases(run: Path, low: DataDir) -> tuple[tuple[int, int], list[tuple[int, i
         doc = json.loads(phases.read_text())
         low, high = _of(doc["phases"], "low"), _of(doc["phases"], "high")
         rates = {k.rstrip("0123456789"): v for k, v in doc["rates"].items()}
-        return ((low[0][0], low[-1][1]), [(lo + int(settle * NS), hi) for lo, hi in high],
-                rates["high"] / rates["low"])
+        # since the test leaves the host's busy seconds out, their calm parts
+        measured = ([tuple(s) for s in doc["calm_high"]] if "calm_high" in doc
+                    else [(lo + int(settle * NS), hi) for lo, hi in high])
+        return (low[0][0], low[-1][1]), measured, rates["high"] / rates["low"]
     first = min(int(pl.read_parquet(p, columns=["ts_ns"])["ts_ns"].min())
                 for p in (low.root / "raw").rglob("*.parquet")
                 if "ts_ns" in pl.read_parquet_schema(p))
@@ -77,14 +81,16 @@ def judge(run: Path, work: Path) -> dict:
     for name in ("data", "low"):
         shutil.copytree(run / name, work / name)
     config = run / "fleetlens.toml"
+    # the cut's own configuration where the test wrote one (fewer windows for its knee)
+    low_config = run / "low.toml" if (run / "low.toml").exists() else config
     data, low = DataDir(work / "data"), DataDir(work / "low")
     (lo, hi), high_spans, factor = _phases(run, low)
-    for where in (data, low):
-        cli("analyze", "--data-dir", str(where.root), "--config", str(config))
+    for where, conf in ((data, config), (low, low_config)):
+        cli("analyze", "--data-dir", str(where.root), "--config", str(conf))
     passive = capacity_rows(data, config)[0]
-    calibrated = capacity_rows(low, config)[0]
+    calibrated = capacity_rows(low, low_config)[0]
     twin = {r["row"]: r for r in capacity_rows(
-        low, config, "--what-if", f"rate={factor:.4g},max_num_seqs={SEATS}", "--hours",
+        low, low_config, "--what-if", f"rate={factor:.4g},max_num_seqs={SEATS}", "--hours",
         f"{(hi - lo) / NS / 3600:.6f}")}
     high = _measured(data, high_spans)
 
