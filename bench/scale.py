@@ -100,7 +100,10 @@ print(json.dumps({{"wall_s": wall, "cold_s": cold, "hours": summary.dirty_hours,
                   "driver_cpu_s": driver, "tasks": len(tasks),
                   "task_cpu_s": sum(t.cpu_s for t in tasks),
                   "task_wall_s": sum(t.end - t.start for t in tasks),
-                  "busy_s": sorted(nodes.values(), reverse=True)}}))
+                  "busy_s": sorted(nodes.values(), reverse=True),
+                  "split_tasks": sum(getattr(t, "kind", "") == "split" for t in tasks),
+                  "split_cpu_s": sum(t.cpu_s for t in tasks
+                                     if getattr(t, "kind", "") == "split")}}))
 """
 
 
@@ -175,7 +178,8 @@ def _tasks(run: dict) -> str:
         return ""
     busy = ", ".join(f"{b:.1f}" for b in run["busy_s"])
     return (f", {run['tasks']} tasks: {run['task_cpu_s']:.1f} CPU-s in {run['task_wall_s']:.1f}"
-            f" s of task wall, busy per node {busy} s")
+            f" s of task wall, busy per node {busy} s (of them {run['split_tasks']} split "
+            f"tasks: {run['split_cpu_s']:.1f} CPU-s)")
 
 
 def interleaved(data: Path, repeat: int, warmup: bool = True,

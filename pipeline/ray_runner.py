@@ -141,13 +141,24 @@ class TaskTime:
     start: float
     end: float
     cpu_s: float
+    #: "split": a task reading an hour's inputs once for its shards (phase 1's split of the
+    #: raw segments, phase 2's bounds and split of the request partitions); "shard": the rest
+    kind: str = "shard"
 
 
-def _timed(phase: int, hour: int, began: tuple[float, float], out: object
-           ) -> tuple[object, TaskTime]:
+def _timed(phase: int, hour: int, began: tuple[float, float], out: object,
+           kind: str = "shard") -> tuple[object, TaskTime]:
     node = ray.get_runtime_context().get_node_id()
     return out, TaskTime(phase, hour, node, began[0], time.time(),
-                         time.process_time() - began[1])
+                         time.process_time() - began[1], kind)
+
+
+def _split_timed(phase: int, hour: int, began: tuple[float, float],
+                 pieces: list[pl.DataFrame | None]) -> tuple[pl.DataFrame | TaskTime | None, ...]:
+    """A split task's returns: one piece per shard, then its time (passed to the hour's
+    merge, so the driver sees it with the others)."""
+    _, took = _timed(phase, hour, began, None, "split")
+    return (*pieces, took)
 
 
 @ray.remote(**_TASK)
@@ -168,8 +179,9 @@ def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int
 # the driver waits for the merge alone, as for a one-shard hour.
 @ray.remote(**_TASK)
 def _split_task(cfg: PipelineConfig, chunk: Chunk, hour: int, shards: list[Shard]
-                ) -> tuple[pl.DataFrame, ...]:
-    return tuple(split_chunk(cfg, chunk, hour, shards))
+                ) -> tuple[pl.DataFrame | TaskTime | None, ...]:
+    began = time.time(), time.process_time()
+    return _split_timed(1, hour, began, split_chunk(cfg, chunk, hour, shards))
 
 
 @ray.remote(**_TASK)
@@ -195,14 +207,16 @@ def _spans_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, sha
 
 
 @ray.remote(**_TASK)
-def _merge_task(hour: int, shards: int, *halves: tuple[object, TaskTime]
+def _merge_task(hour: int, shards: int, *args: tuple[object, TaskTime] | TaskTime
                 ) -> tuple[list[Encoded], list[TaskTime]]:
-    """The hour's partitions from its shards' halves (points first, then spans), encoded."""
+    """The hour's partitions from its shards' halves (points first, then spans; then the
+    split tasks' times), encoded."""
     began = time.time(), time.process_time()
+    halves, splits = args[:2 * shards], args[2 * shards:]
     points, spans = [h for h, _ in halves[:shards]], [h for h, _ in halves[shards:]]
     parts = [encode(table, frame) for table, frame in merge_phase1(points, spans)]
     out, took = _timed(1, hour, began, parts)
-    return out, [*(t for _, t in halves), took]
+    return out, [*splits, *(t for _, t in halves), took]
 
 
 def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
@@ -218,7 +232,8 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     split: dict[str, list] = {"metrics": [], "spans": []}
     # Below cfg.split_from_shards no split: each shard task reads the segments itself.
     for chunk in chunks(files, rows) if len(shards) >= cfg.split_from_shards else ():
-        refs = _split_task.options(num_returns=len(shards)).remote(cfg, chunk, hour, shards)
+        refs = _split_task.options(num_returns=len(shards) + 1).remote(cfg, chunk, hour,
+                                                                       shards)
         split[chunk.signal].append(refs)
     points = [_points_task.remote(cfg, files, hour, shard,
                                   *(refs[shard.index] for refs in split["metrics"]))
@@ -227,7 +242,8 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     spans = [_spans_task.remote(cfg, files, hour, shard, mapping,
                                 *(refs[shard.index] for refs in split["spans"]))
              for shard in shards]
-    return _merge_task.remote(hour, len(shards), *points, *spans)
+    times = [refs[len(shards)] for refs in split["metrics"] + split["spans"]]
+    return _merge_task.remote(hour, len(shards), *points, *spans, *times)
 
 
 def _encode_phase2(out: Phase2Output) -> Phase2Encoded:
@@ -254,16 +270,19 @@ def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
 # fleet-wide partial results out), then the reduce.
 @ray.remote(**_TASK)
 def _phase2_bounds_task(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: RequestChunk
-                        ) -> Bounds:
-    return chunk_bounds(dd, cfg, hour, chunk)
+                        ) -> tuple[Bounds, TaskTime]:
+    began = time.time(), time.process_time()
+    return _timed(2, hour, began, chunk_bounds(dd, cfg, hour, chunk), "split")
 
 
 @ray.remote(**_TASK)
 def _phase2_split_task(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: RequestChunk,
-                       shards: list[Shard], *bounds: Bounds
-                       ) -> tuple[pl.DataFrame | None, ...]:
-    extent = extent_of(cfg, hour, bounds)  # the fleet's, from every chunk's bounds
-    return tuple(split_requests(dd, chunk, extent, shards))
+                       shards: list[Shard], *bounds: tuple[Bounds, TaskTime]
+                       ) -> tuple[pl.DataFrame | TaskTime | None, ...]:
+    began = time.time(), time.process_time()
+    # the fleet's extent, from every chunk's bounds
+    extent = extent_of(cfg, hour, [b for b, _ in bounds])
+    return _split_timed(2, hour, began, split_requests(dd, chunk, extent, shards))
 
 
 @ray.remote(**_TASK)
@@ -276,14 +295,18 @@ def _phase2_shard_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[i
 
 
 @ray.remote(**_TASK)
-def _phase2_merge_task(hour: int, window_s: int, *parts: tuple[Phase2Part, TaskTime]
+def _phase2_merge_task(hour: int, window_s: int, shards: int,
+                       *args: tuple[Phase2Part, TaskTime] | tuple[Bounds, TaskTime] | TaskTime
                        ) -> tuple[Phase2Encoded, list[TaskTime]]:
-    """The hour's phase-2 partitions from its shards' results, encoded."""
+    """The hour's phase-2 partitions from its shards' results (then the bounds tasks'
+    results and the split tasks' times), encoded."""
     began = time.time(), time.process_time()
+    parts = args[:shards]
+    splits = [a if isinstance(a, TaskTime) else a[1] for a in args[shards:]]
     times = [took for _, took in parts]
     merged = merge_phase2([part for part, _ in parts], window_s)
     out, took = _timed(2, hour, began, _encode_phase2(merged))
-    return out, [*times, took]
+    return out, [*splits, *times, took]
 
 
 def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
@@ -296,17 +319,18 @@ def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     if len(shards) < cfg.split_from_shards:  # each shard task reads the partitions itself
         parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, None)
                  for shard in shards]
-        return _phase2_merge_task.remote(hour, cfg.window_s, *parts)
+        return _phase2_merge_task.remote(hour, cfg.window_s, len(shards), *parts)
     plan = request_chunks(dd, cfg, hour)  # the partitions' footers
     bounds = [_phase2_bounds_task.remote(dd, cfg, hour, chunk) for chunk in plan
               if chunk.hour in hours_bounded(cfg, hour)]
-    split = [_phase2_split_task.options(num_returns=len(shards)).remote(
+    split = [_phase2_split_task.options(num_returns=len(shards) + 1).remote(
         dd, cfg, hour, chunk, shards, *bounds) for chunk in plan]
     hours = [chunk.hour for chunk in plan]
     parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, hours,
                                        *(refs[shard.index] for refs in split))
              for shard in shards]
-    return _phase2_merge_task.remote(hour, cfg.window_s, *parts)
+    return _phase2_merge_task.remote(hour, cfg.window_s, len(shards), *parts, *bounds,
+                                     *(refs[len(shards)] for refs in split))
 
 
 def _write(dd: DataDir, hour: int, part: Encoded) -> int:

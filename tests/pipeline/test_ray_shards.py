@@ -48,10 +48,14 @@ def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster, split
     assert _digest(remote) == _digest(local) and len(_digest(local)) > 10
     # 11 hosts in shards of 3: 4 shards, each a point task and a span task, then the merge;
     # in phase 2 a task per shard, then the reduce
-    phase1 = [took for took in job.task_times if took.phase == 1]
+    shard = [took for took in job.task_times if took.kind == "shard"]
+    phase1 = [took for took in shard if took.phase == 1]
     assert len(phase1) == summary.dirty_hours * (2 * 4 + 1)
-    phase2 = [took for took in job.task_times if took.phase == 2]
+    phase2 = [took for took in shard if took.phase == 2]
     assert len(phase2) == summary.dirty_hours * (4 + 1)
+    # the split tasks (from split_from shards) are timed too, in both phases
+    split = {took.phase for took in job.task_times if took.kind == "split"}
+    assert split == ({1, 2} if split_from <= 4 else set())
 
 
 @pytest.mark.slow
