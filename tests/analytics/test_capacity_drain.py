@@ -50,3 +50,22 @@ def test_a_queue_is_judged_at_the_load_it_built_in_not_where_it_drained() -> Non
     # the largest below 5, 3.4
     assert row[c.KNEE_LIMIT] == "ttft"
     assert 30 <= row[c.KNEE_BATCH] < TOP, row
+
+
+def test_a_window_that_met_the_slo_inside_the_breaking_bin_counts() -> None:
+    """A real vLLM's near-capacity window (batch 5.2, TTFT p99 0.15 s) shared its +-25% bin
+    with two of the overload's (7.6 and 7.7: 2.5 and 3.1 s): the bin breaks, but the SLO
+    was met at 5.2, below the first window that broke it (the knee was 3.0 here, the
+    largest batch below the bin)."""
+    from fleetlens.analytics.capacity.knee import Pool, ttft_limit
+
+    batch = np.array([1.0, 1.1, 2.0, 3.0, 5.2, 7.6, 7.7, 6.0])
+    ttft = np.array([0.01, 0.01, 0.01, 0.02, 0.15, 2.5, 3.1, np.nan])  # 6.0: no arrivals
+    zeros = np.zeros(batch.size)
+    pool = Pool(batch, zeros, zeros, zeros, ttft, zeros, np.ones(batch.size, bool), 100.0,
+                100.0, 0.01, None)
+    assert ttft_limit(pool, 2.0, 0.25) == 5.2
+    # where the bin's windows below its first break all broke too, the batch below the bin
+    assert ttft_limit(Pool(batch, zeros, zeros, zeros, np.where(batch > 5, 2.5, ttft), zeros,
+                           np.ones(batch.size, bool), 100.0, 100.0, 0.01, None),
+                      2.0, 0.25) == 3.0
