@@ -133,3 +133,18 @@ class HostSampler:
         step = int(slice_s * NS)
         return [(s, min(s + step, hi), self.others(s, min(s + step, hi)))
                 for s in range(lo, hi, step)]
+
+
+def settle(pid: int, share: float = 0.1, every_s: float = 1.0, timeout_s: float = 30.0) -> float:
+    """Wait until process ``pid`` and its children use less than ``share`` of a CPU over
+    ``every_s`` (a just started agent imports and connects for seconds on the server's core),
+    at most ``timeout_s``; the seconds waited."""
+    start = time.monotonic()
+    last = _tree_jiffies(pid)
+    while time.monotonic() - start < timeout_s:
+        time.sleep(every_s)
+        now = _tree_jiffies(pid)
+        if (now - last) / _HZ / every_s < share:
+            break
+        last = now
+    return time.monotonic() - start
