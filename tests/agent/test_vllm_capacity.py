@@ -150,6 +150,17 @@ def _config(tmp: Path, name: str = "fleetlens.toml", extra: str = "") -> Path:
     return path
 
 
+def _two_ports() -> dict[str, int]:
+    """The collector's gRPC and HTTP ports, told apart: asked for one after the other, the
+    OS once gave the same free port twice, the HTTP server took the agent's connections on
+    it and nothing landed (UNIMPLEMENTED)."""
+    grpc = free_port()
+    http = free_port()
+    while http == grpc:
+        http = free_port()
+    return {"grpc_port": grpc, "http_port": http}
+
+
 def _calm(host: HostSampler, spans: dict) -> tuple[list, list]:
     """The calm parts of the low phases and of the high phases' measured parts."""
     high = [(lo + int(SETTLE_S * NS), hi) for lo, hi in _of(spans, "high")]
@@ -231,7 +242,8 @@ def run(tmp_path_factory) -> Iterator[Run]:
 
     report: dict = {}
     with contextlib.ExitStack() as stack:
-        col = stack.enter_context(running_collector(data.root, config={"flush_interval_s": 1.0}))
+        col = stack.enter_context(running_collector(data.root, config={"flush_interval_s": 1.0},
+                                                    **_two_ports()))
         server = stack.enter_context(running_vllm(
             python, model, tmp / "vllm.log", port=free_port(), otlp_endpoint=col.grpc_address,
             service_name="vllm-capacity", extra_env=EXPORTER_ENV,
