@@ -23,7 +23,7 @@ chunk of the hour's segments reads them once and returns one piece per shard
 pieces, so no task holds more than one chunk's or one shard's raw rows, and a merge task
 returns the hour's encoded partitions as the one-task hour does.
 
-Phase 2 of an hour in several shards is a task per shard (:func:`submit_phase2`: the shard's
+Phase 2 of an hour in several shards is a task per shard (:mod:`pipeline.ray_phase2`: the shard's
 hosts' rows of the phase-1 partitions in, its rows of the hour's partitions and the
 fleet-wide partial results out, :mod:`pipeline.phase2`) and a merge task, which reduces the
 fleet-wide window rows and returns the hour's encoded partitions. From
@@ -37,129 +37,49 @@ it is submitted as soon as those are published (so the two phases overlap, as lo
 read the data directory themselves, so every node must see it at the same path (one machine,
 a shared file system, or the object store of DESIGN.md section 8).
 
-Ray is optional: only this module imports it, and only ``--runner ray`` imports this module.
+Ray is optional: only the pipeline's ``ray_*`` modules (this one, :mod:`pipeline.ray_base`
+and :mod:`pipeline.ray_phase2`) import it, and only ``--runner ray`` imports them.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import polars as pl
 import ray
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
-from fleetlens.pipeline.phase2 import Phase2Part, merge_phase2, phase2_shard
-from fleetlens.pipeline.phase2split import (
-    Bounds,
-    RequestChunk,
-    as_cache,
-    chunk_bounds,
-    extent_of,
-    hours_bounded,
-    shard_pieces,
-)
-from fleetlens.pipeline.phase2split import chunks as request_chunks
-from fleetlens.pipeline.phase2split import split_chunk as split_requests
 from fleetlens.pipeline.phases import phase1_points, phase1_spans, split_chunk
+from fleetlens.pipeline.ray_base import (
+    _TASK,
+    Encoded,
+    Phase2Encoded,
+    TaskTime,
+    _split_timed,
+    _timed,
+    encode,
+)
+from fleetlens.pipeline.ray_phase2 import submit_phase2
 from fleetlens.pipeline.runner import (
-    Phase2Output,
     Pipeline,
     Progress,
     RunSummary,
     phase1_files,
     phase1_hour,
-    phase2_hour,
 )
-from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shardreduce import Phase1Points, Phase1Spans, merge_by_host, merge_phase1
 from fleetlens.pipeline.shards import Shard, plan_hour
 from fleetlens.pipeline.shardsplit import Chunk, chunks, segment_rows, shard_rows
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, write_bytes_atomic
 
-#: Retries of a task whose worker or node died (Ray re-runs it, elsewhere if need be). An
-#: exception raised by the task itself (a damaged segment) is not retried: it would fail
-#: the same way again, and the driver reports it.
-MAX_RETRIES = 3
 #: Tasks in flight per CPU of the cluster: enough to keep every CPU busy while the driver
 #: publishes, without holding every hour's output in the object store at once.
 IN_FLIGHT_PER_CPU = 2
-
-
-#: Spread hours over the nodes: Ray's default packs tasks onto the driver's node until half
-#: its CPUs are busy, which leaves a small cluster's other nodes idle.
-_TASK = {"max_retries": MAX_RETRIES, "retry_exceptions": False, "scheduling_strategy": "SPREAD"}
-
-
-#: Parquet settings of :func:`~fleetlens.pipeline.partitions.publish` (zstd level 1): the
-#: byte-identity tests fail if the two ever differ.
-_PARQUET = {"compression": "zstd", "compression_level": 1}
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """One partition as a task returns it: its table, rows and Parquet bytes (None: empty,
-    so the partition is removed, as :func:`~fleetlens.pipeline.partitions.publish` does)."""
-
-    table: str
-    rows: int
-    body: bytes | None
-
-
-def encode(table: str, frame: pl.DataFrame) -> Encoded:
-    """``frame`` as the bytes :func:`~fleetlens.pipeline.partitions.publish` would write."""
-    if frame.height == 0:
-        return Encoded(table, 0, None)
-    buffer = io.BytesIO()
-    frame.rechunk().write_parquet(buffer, **_PARQUET)
-    return Encoded(table, frame.height, buffer.getvalue())
-
-
-@dataclass(frozen=True)
-class Phase2Encoded:
-    """One hour's phase-2 output from a task: its own partitions encoded, in publish order
-    (gpu_window_energy, request_energy, windows), and the crossers as frames."""
-
-    own: list[Encoded]
-    crossers: list[tuple[int, pl.DataFrame]]
-
-
-@dataclass(frozen=True)
-class TaskTime:
-    """Where and for how long one task ran (its last attempt). CPU seconds well below the
-    wall seconds mean the task did not get a whole core (bench/scale.py prints both)."""
-
-    phase: int
-    hour: int
-    node: str
-    start: float
-    end: float
-    cpu_s: float
-    #: "split": a task reading an hour's inputs once for its shards (phase 1's split of the
-    #: raw segments, phase 2's bounds and split of the request partitions); "shard": the rest
-    kind: str = "shard"
-
-
-def _timed(phase: int, hour: int, began: tuple[float, float], out: object,
-           kind: str = "shard") -> tuple[object, TaskTime]:
-    node = ray.get_runtime_context().get_node_id()
-    return out, TaskTime(phase, hour, node, began[0], time.time(),
-                         time.process_time() - began[1], kind)
-
-
-def _split_timed(phase: int, hour: int, began: tuple[float, float],
-                 pieces: list[pl.DataFrame | None]) -> tuple[pl.DataFrame | TaskTime | None, ...]:
-    """A split task's returns: one piece per shard, then its time (passed to the hour's
-    merge, so the driver sees it with the others)."""
-    _, took = _timed(phase, hour, began, None, "split")
-    return (*pieces, took)
-
 
 @ray.remote(**_TASK)
 def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int
@@ -244,93 +164,6 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
              for shard in shards]
     times = [refs[len(shards)] for refs in split["metrics"] + split["spans"]]
     return _merge_task.remote(hour, len(shards), *points, *spans, *times)
-
-
-def _encode_phase2(out: Phase2Output) -> Phase2Encoded:
-    return Phase2Encoded(
-        [encode(t.GPU_WINDOW_ENERGY, out.gpu_window_energy),
-         encode(t.REQUEST_ENERGY, out.request_energy), encode(t.WINDOWS, out.windows)],
-        out.crossers)
-
-
-@ray.remote(**_TASK)
-def _phase2_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int]
-                 ) -> tuple[Phase2Encoded, list[TaskTime]]:
-    """Phase 2 of an hour in one shard: one task."""
-    began = time.time(), time.process_time()
-    out, took = _timed(2, hour, began, _encode_phase2(phase2_hour(dd, cfg, hour, dirty)))
-    return out, [took]
-
-
-# Phase 2 of an hour in several shards: from cfg.split_from_shards shards the request
-# partitions are read once, a chunk (a run of row groups) per task, and cut into the
-# shards' pieces (one returned object per shard), after a task per chunk of the hour's own
-# requests gave their first arrival and last end (the fleet's extent); a task per shard
-# (its pieces and its hosts' rows of the other phase-1 partitions in, its hosts' rows and the
-# fleet-wide partial results out), then the reduce.
-@ray.remote(**_TASK)
-def _phase2_bounds_task(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: RequestChunk
-                        ) -> tuple[Bounds, TaskTime]:
-    began = time.time(), time.process_time()
-    return _timed(2, hour, began, chunk_bounds(dd, cfg, hour, chunk), "split")
-
-
-@ray.remote(**_TASK)
-def _phase2_split_task(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: RequestChunk,
-                       shards: list[Shard], *bounds: tuple[Bounds, TaskTime]
-                       ) -> tuple[pl.DataFrame | TaskTime | None, ...]:
-    began = time.time(), time.process_time()
-    # the fleet's extent, from every chunk's bounds
-    extent = extent_of(cfg, hour, [b for b, _ in bounds])
-    return _split_timed(2, hour, began, split_requests(dd, chunk, extent, shards))
-
-
-@ray.remote(**_TASK)
-def _phase2_shard_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
-                       shard: Shard, hours: list[int] | None,
-                       *pieces: pl.DataFrame | None) -> tuple[Phase2Part, TaskTime]:
-    began = time.time(), time.process_time()
-    cache = None if hours is None else as_cache(dd, shard_pieces(hours, pieces))
-    return _timed(2, hour, began, phase2_shard(dd, cfg, hour, dirty, shard, cache))
-
-
-@ray.remote(**_TASK)
-def _phase2_merge_task(hour: int, window_s: int, shards: int,
-                       *args: tuple[Phase2Part, TaskTime] | tuple[Bounds, TaskTime] | TaskTime
-                       ) -> tuple[Phase2Encoded, list[TaskTime]]:
-    """The hour's phase-2 partitions from its shards' results (then the bounds tasks'
-    results and the split tasks' times), encoded."""
-    began = time.time(), time.process_time()
-    parts = args[:shards]
-    splits = [a if isinstance(a, TaskTime) else a[1] for a in args[shards:]]
-    times = [took for _, took in parts]
-    merged = merge_phase2([part for part, _ in parts], window_s)
-    out, took = _timed(2, hour, began, _encode_phase2(merged))
-    return out, [*splits, *times, took]
-
-
-def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
-                  shards: list[Shard]) -> ray.ObjectRef:
-    """Phase 2 of ``hour`` on the cluster: one task for one shard, else a task per shard and
-    the reduce (:mod:`pipeline.phase2`). The ref resolves to the encoded partitions and the
-    tasks' times."""
-    if len(shards) == 1:
-        return _phase2_task.remote(dd, cfg, hour, dirty)
-    if len(shards) < cfg.split_from_shards:  # each shard task reads the partitions itself
-        parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, None)
-                 for shard in shards]
-        return _phase2_merge_task.remote(hour, cfg.window_s, len(shards), *parts)
-    plan = request_chunks(dd, cfg, hour)  # the partitions' footers
-    bounds = [_phase2_bounds_task.remote(dd, cfg, hour, chunk) for chunk in plan
-              if chunk.hour in hours_bounded(cfg, hour)]
-    split = [_phase2_split_task.options(num_returns=len(shards) + 1).remote(
-        dd, cfg, hour, chunk, shards, *bounds) for chunk in plan]
-    hours = [chunk.hour for chunk in plan]
-    parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, hours,
-                                       *(refs[shard.index] for refs in split))
-             for shard in shards]
-    return _phase2_merge_task.remote(hour, cfg.window_s, len(shards), *parts, *bounds,
-                                     *(refs[len(shards)] for refs in split))
 
 
 def _write(dd: DataDir, hour: int, part: Encoded) -> int:
