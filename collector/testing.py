@@ -156,11 +156,23 @@ def signal_of(request: Any) -> Signal:
     raise TypeError(f"not an OTLP Export request: {type(request).__name__}")
 
 
+#: Ports :func:`free_port` handed out in this process: the kernel may pick a port it just
+#: gave back, so two calls in a row (a collector's gRPC and HTTP ports) could get the same
+#: one, and the second server would take the first one's clients.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago and that no earlier call in this
+    process returned."""
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free TCP port on 127.0.0.1 that was not handed out already")
 
 
 def _toml(config: Mapping[str, Any], prefix: str = "collector") -> str:
