@@ -100,19 +100,22 @@ def _bins(batch: np.ndarray, rel: float) -> np.ndarray:
 
 def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
     """The largest batch visited before the first bin whose median TTFT p99 breaks the
-    bound, or inside that bin below its first window that breaks it where one met it (inf
-    when no visited bin breaks it); windows without arrivals (nan) are left out. The bins
-    are wide (+-25%): a real vLLM's near-capacity window (batch 5.2, TTFT p99 0.15 s) shared
-    one with two of the overload's (7.6 and 7.7, 2.5 and 3.1 s), and the knee came out at
-    the batch below the bin, 3.8, where the sweep's was 8."""
+    bound, or inside that bin the largest at which a window met it, no larger than the
+    bin's largest break (inf when no visited bin breaks it); windows without arrivals (nan)
+    are left out. The bins are wide (+-25%): a real vLLM's near-capacity window (batch 5.2,
+    TTFT p99 0.15 s) shared one with two of the overload's (7.6 and 7.7, 2.5 and 3.1 s), and
+    the knee came out at the batch below the bin, 3.8, where the sweep's was 8. Inside the
+    bin the batch does not order the breaks: at a seat limit every window runs the same
+    batch and the overload's queue, not the batch, breaks TTFT (near capacity 7.80 met it,
+    the overload's 7.80 and 8.0 broke it)."""
     judged = np.isfinite(pool.ttft_p99)
     batch, ttft = pool.batch[judged], pool.ttft_p99[judged]
     bins = _bins(batch, rel)
     for b in sorted(set(bins.tolist())):
         inside = bins == b
         if np.median(ttft[inside]) > bound:
-            first = batch[inside & (ttft > bound)].min()
-            met = batch[(bins < b) | (inside & (batch < first) & (ttft <= bound))]
+            last = batch[inside & (ttft > bound)].max()
+            met = batch[(bins < b) | (inside & (batch <= last) & (ttft <= bound))]
             return float(met.max()) if met.size else float(batch[inside].min())
     return float("inf")
 

@@ -65,7 +65,13 @@ def test_a_window_that_met_the_slo_inside_the_breaking_bin_counts() -> None:
     pool = Pool(batch, zeros, zeros, zeros, ttft, zeros, np.ones(batch.size, bool), 100.0,
                 100.0, 0.01, None)
     assert ttft_limit(pool, 2.0, 0.25) == 5.2
-    # where the bin's windows below its first break all broke too, the batch below the bin
+    # at the seat limit a window met it at the batch an overload one broke it at (7.80):
+    # the batch does not order the breaks there, the knee is the batch it was met at
+    saturated = Pool(np.array([1.0, 2.0, 3.8, 7.801, 7.7997, 8.0]), *(np.zeros(6),) * 3,
+                     np.array([0.01, 0.01, 0.26, 0.43, 4.5, 3.1]), np.zeros(6),
+                     np.ones(6, bool), 100.0, 100.0, 0.01, None)
+    assert ttft_limit(saturated, 2.0, 0.25) == 7.801
+    # where the bin's windows all broke, the batch below the bin
     assert ttft_limit(Pool(batch, zeros, zeros, zeros, np.where(batch > 5, 2.5, ttft), zeros,
                            np.ones(batch.size, bool), 100.0, 100.0, 0.01, None),
                       2.0, 0.25) == 3.0
