@@ -13,7 +13,8 @@ runs on the cluster:
 
 The driver publishes everything, under the job lock, as locally. Tasks read the data directory
 themselves: every node must see it at the same path (or use an ``s3://`` data directory).
-Ray is optional: only this module imports it, and only ``--runner ray`` imports this module.
+Ray is optional: of the analytics only this module imports it (the pipeline's are
+``pipeline/ray_*.py``), and only ``--runner ray`` imports this module.
 """
 
 from __future__ import annotations
