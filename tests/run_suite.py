@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM = ("tests/agent/test_vllm_e2e.py", "tests/agent/test_vllm_incidents.py")
 #: Issue 31's real-vLLM capacity validation (sweep, passive knee, twin): about 2.8 more
 #: minutes on the real-vLLM core (CI would stay under its 25 minutes), but its twin check
-#: still misses the 20% bound in about one run in four on a shared host (docs/benchmarks.md),
+#: still misses the 20% bound in two runs of five on a shared host (docs/benchmarks.md),
 #: so it is not in ``make test`` yet: run in that part with ``--capacity``, left out
 #: otherwise (never in the rest).
 CAPACITY = ("tests/agent/test_vllm_capacity.py",)

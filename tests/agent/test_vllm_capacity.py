@@ -39,7 +39,7 @@ gains under 10% (:data:`capacity_run.MIN_GAIN`), and below the seats each doubli
 20% (a flat step time doubles it: 47-121% measured). Every figure is printed, with the
 requests each percentile is of. About 2.8 minutes on one core (server start ~35 s, sweep
 ~16 s, load ~105 s, analysis ~5 s); ``make test`` runs it only with ``tests/run_suite.py
---capacity`` (the twin check passed 3 of 4 runs of this design: docs/benchmarks.md).
+--capacity`` (the twin check passed 3 of 5 runs of this design: docs/benchmarks.md).
 """
 
 from __future__ import annotations
