@@ -20,13 +20,15 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from fleetlens.cli import cli
-from fleetlens.collector.testing import running_collector, vllm_trace_request
+from fleetlens.collector.testing import RunningCollector, running_collector, vllm_trace_request
 from fleetlens.dashboard import data
 from fleetlens.pipeline.compact import compact
 from fleetlens.pipeline.config import PipelineConfig
@@ -86,6 +88,23 @@ def _dashboard_count(dd: DataDir):  # noqa: ANN202 - a callable
     return count
 
 
+def _export(col: RunningCollector, request: Any) -> Any:
+    """Export as an OTLP client does: a deadline or an unavailable server is retried (at most
+    three tries of 30 s). In two fresh-clone ``make test`` runs one export here got no answer
+    in 30 s, the whole rest of the suite on one core beside the real vLLM (cause not found; it
+    passes alone in seconds). A retry may deliver a span twice: what this test checks is that
+    every acknowledged span is there once after the pipeline's dedup."""
+    for attempt in range(3):
+        try:
+            return col.export(request)
+        except grpc.RpcError as error:
+            retryable = error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                         grpc.StatusCode.UNAVAILABLE)
+            if not retryable or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def test_ingest_pipeline_compaction_and_readers_at_once(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(data.QUERIES, COUNT_REQUESTS,
                         lambda con: con.execute("select count(*) from requests").fetchone()[0])
@@ -113,7 +132,7 @@ def test_ingest_pipeline_compaction_and_readers_at_once(tmp_path, monkeypatch) -
                 start = FIRST_HOUR + rng.randrange(3 * HOUR_NS - 60 * NS)
                 request = vllm_trace_request(SPANS_PER_REQUEST, seed=i, start_ns=start,
                                              host_name=f"gpu-{i % 3}")
-                response = col.export(request)
+                response = _export(col, request)
                 assert response.partial_success.rejected_spans == 0
                 acked.update((s.trace_id.hex(), s.span_id.hex())
                              for s in request.resource_spans[0].scope_spans[0].spans)
