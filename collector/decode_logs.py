@@ -12,9 +12,7 @@ from typing import Any
 from fleetlens.collector.decode_common import (
     ITEM_ERRORS,
     Limits,
-    NameLimiter,
     Outcome,
-    RequestNames,
     any_value,
     attribute_map,
     decode_resource,
@@ -22,6 +20,7 @@ from fleetlens.collector.decode_common import (
     hex_id,
     shared_chars,
 )
+from fleetlens.collector.name_budget import NameLimiter, RequestNames
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 

@@ -13,10 +13,8 @@ from typing import Any
 from fleetlens.collector.decode_common import (
     ITEM_ERRORS,
     Limits,
-    NameLimiter,
     Outcome,
     Reject,
-    RequestNames,
     attribute_map,
     check_count,
     decode_resource,
@@ -24,6 +22,7 @@ from fleetlens.collector.decode_common import (
     finite,
     shared_chars,
 )
+from fleetlens.collector.name_budget import NameLimiter, RequestNames
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 

@@ -21,10 +21,8 @@ from fleetlens.collector.decode_common import (
     EMPTY_OBJECT,
     ITEM_ERRORS,
     Limits,
-    NameLimiter,
     Outcome,
     Reject,
-    RequestNames,
     any_value,
     attribute_map,
     bounded_json,
@@ -44,6 +42,7 @@ from fleetlens.collector.lite_spans import (
     read_header,
     varint,
 )
+from fleetlens.collector.name_budget import NameLimiter, RequestNames
 from fleetlens.collector.span_events import events_json, links_json
 from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c

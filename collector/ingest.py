@@ -13,7 +13,7 @@ from typing import Any
 
 from fleetlens.collector.balance import Balancer
 from fleetlens.collector.config import CollectorConfig
-from fleetlens.collector.decode_common import Limits, NameLimiter, Outcome
+from fleetlens.collector.decode_common import Limits, Outcome
 from fleetlens.collector.errors import (
     ExportError,
     InvalidRequest,
@@ -21,6 +21,7 @@ from fleetlens.collector.errors import (
     TooLarge,
     Unauthenticated,
 )
+from fleetlens.collector.name_budget import NameLimiter
 from fleetlens.collector.rows import table_bytes, to_table
 from fleetlens.collector.signals import BY_CODE, Signal
 from fleetlens.collector.sink import Sink

@@ -9,8 +9,9 @@ import polars as pl
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from fleetlens.collector.decode_common import Limits, NameLimiter
+from fleetlens.collector.decode_common import Limits
 from fleetlens.collector.decode_spans import decode_spans
+from fleetlens.collector.name_budget import NameLimiter
 from fleetlens.collector.signals import SPANS
 from fleetlens.collector.testing import SERVER, kvs, resource
 from fleetlens.pipeline.schema import attributes as a

@@ -11,7 +11,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetlens.collector.decode_common import OVERFLOW_NAME, Limits, NameLimiter
+from fleetlens.collector.decode_common import OVERFLOW_NAME, Limits
+from fleetlens.collector.name_budget import NameLimiter
 from fleetlens.collector.signals import LOGS, METRICS, SPANS
 from fleetlens.collector.testing import gauge_request, kvs, log_request, trace_request, vllm_span
 from fleetlens.pipeline.schema import attributes as a

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from fleetlens.collector.decode_common import Limits, NameLimiter, any_value
+from fleetlens.collector.decode_common import Limits, any_value
 from fleetlens.collector.decode_spans import decode_spans
 from fleetlens.collector.lite_spans import LiteRequest, read_header, varint
+from fleetlens.collector.name_budget import NameLimiter
 from fleetlens.collector.signals import SPANS
 from fleetlens.collector.testing import kvs, trace_request, vllm_span
 from fleetlens.pipeline.schema import attributes as a
