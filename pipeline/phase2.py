@@ -80,8 +80,8 @@ class Phase2Part:
 def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
                      cache: dict | None = None) -> pl.DataFrame:
     """Requests with arrival < hi whose [arrival, end] reaches into [lo, hi)."""
-    back = -(-cfg.max_request_s * NS // HOUR_NS) * HOUR_NS
-    frame = read_hours(dd, t.REQUESTS, range(hour_of(lo - back), hi, HOUR_NS), cache=cache)
+    frame = read_hours(dd, t.REQUESTS, range(hour_of(lo - lookback(cfg)), hi, HOUR_NS),
+                       cache=cache)
     return frame.filter(_active(lo, hi))
 
 
