@@ -19,9 +19,10 @@ reading its peak RSS (``VmHWM``) when it ends:
   GPUs: it needs about 1 GB per 64 GPUs);
 - ``phase 2``: energy and windows of the hour in the same shards (:mod:`pipeline.phase2`):
   each shard's map task (its hosts' rows of the published phase-1 partitions -> its rows and
-  the fleet-wide partials, kept in a pickle), then the reduce task over all of them (the
-  hour's encoded partitions), and the hour in one unsharded task as before (up to
-  ``--unsharded-max`` GPUs).
+  the fleet-wide partials; its request_energy rows and latencies staged in files, the rest
+  kept in a pickle), then the reduce task over all of them (request_energy merged a range at
+  a time into a file beside its partition, the other partitions encoded), and the hour in
+  one unsharded task as before (up to ``--unsharded-max`` GPUs).
 
 A fresh Python with Polars, PyArrow and fleetlens imported holds about 150 MiB before any
 data: it is in every figure.
@@ -86,23 +87,33 @@ elif args["mode"] == "phase2shard":  # one shard's map task; its result kept for
     import pickle
     from fleetlens.pipeline.phase2 import phase2_shard
     from fleetlens.pipeline.storage import DataDir
-    part = phase2_shard(DataDir(args["data"]), cfg, hour, {{hour}}, shards[0])
-    rows = part.own.request_energy.height + part.own.windows.height
+    from pathlib import Path
+    from fleetlens.pipeline.rangemerge import rows as piece_rows
+    # its two big results staged, as both runners stage them on a local data directory
+    stage_to = Path(args["data"]) / "state" / "staging" / f"phase2-{{hour}}"
+    part = phase2_shard(DataDir(args["data"]), cfg, hour, {{hour}}, shards[0], None, stage_to)
+    rows = piece_rows(part.own.request_energy) + part.own.windows.height
     with open(args["mapping"], "wb") as handle:
         pickle.dump(part, handle)
 elif args["mode"] == "phase2merge":  # the reduce: every shard's result in, the hour out
     import pickle
     import io
-    from fleetlens.pipeline.phase2 import merge_phase2
+    from fleetlens.pipeline.phase2 import energy_file, merge_phase2
+    from fleetlens.pipeline.partitions import PARQUET
+    from fleetlens.pipeline.rangemerge import rows as piece_rows
+    from fleetlens.pipeline.storage import DataDir
     parts = []
     for path in args["files"]:
         with open(path, "rb") as handle:
             parts.append(pickle.load(handle))
-    out = merge_phase2(parts, cfg.window_s)
-    rows = 0
-    for frame in (out.gpu_window_energy, out.request_energy, out.windows):
-        # encoded as the Ray merge task encodes (ray_runner.encode; Ray not imported here)
-        frame.rechunk().write_parquet(io.BytesIO(), compression="zstd", compression_level=1)
+    # request_energy written beside its partition, as the runners' reduce writes it
+    out = merge_phase2(parts, cfg.window_s, cfg.reduce_rows,
+                       energy_file(DataDir(args["data"]), hour))
+    rows = piece_rows(out.request_energy)
+    out.request_energy.path.unlink()
+    for frame in (out.gpu_window_energy, out.windows):
+        # encoded as the Ray merge task encodes (ray_base.encode; Ray not imported here)
+        frame.rechunk().write_parquet(io.BytesIO(), **PARQUET)
         rows += frame.height
 else:
     from fleetlens.pipeline.partitions import publish

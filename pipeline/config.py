@@ -51,6 +51,11 @@ class PipelineConfig:
     #: pays from about 6 shards (bench/scale.py --memory: 1.07-1.09x the CPU at 3 shards,
     #: 0.57-0.80x at 12, two sittings).
     split_from_shards: int = 6
+    #: Rows the reduce of an hour in several shards holds at once (pipeline/rangemerge.py):
+    #: the shards write their ``request_energy`` rows and request latencies to files, and the
+    #: reduce merges about this many rows (latencies: requests) at a time, so its memory does
+    #: not grow with the fleet. Any value gives the same bytes.
+    reduce_rows: int = 262_144
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")
@@ -66,6 +71,7 @@ class PipelineConfig:
         require(self.shard_rows > 0, "shard_rows", "must be positive")
         require(self.hosts_per_shard >= 0, "hosts_per_shard", "must not be negative")
         require(self.split_from_shards >= 2, "split_from_shards", "must be at least 2")
+        require(self.reduce_rows > 0, "reduce_rows", "must be positive")
         require(self.max_request_s > 0, "max_request_s", "must be positive")
         require(self.max_sample_gap_s > 0, "max_sample_gap_s", "must be positive")
         step_ns = round(self.gpu_sample_interval_s * 1e9)

@@ -5,9 +5,9 @@ Everything phase 2 computes per host stays in the host's shard (:mod:`pipeline.s
 same plan as phase 1): a request is owned by its engine's host (its ``host_name``), energy is
 attributed per GPU slot among the requests of that GPU's host, and a host's windows, engine
 figures and group energy come from its own rows. A shard reads only its hosts' rows of the
-phase-1 partitions (:func:`phase2_shard`), and gives the hour's reduce (:func:`merge_phase2`)
-its per-host partitions plus three small partial results for the fleet-wide
-(``host_name = '*'``) window rows:
+phase-1 partitions (:func:`phase2_shard`), and gives the hour's reduce
+(:func:`~pipeline.phase2reduce.merge_phase2`) its per-host partitions plus three partial
+results for the fleet-wide (``host_name = '*'``) window rows:
 
 - per (window, service, model), the request count, token and error sums (integers) and every
   latency, as lists (:func:`~pipeline.windows.fleet_requests`): exact percentiles need every
@@ -18,12 +18,16 @@ its per-host partitions plus three small partial results for the fleet-wide
 
 The reduce adds the floating-point partials in host order (sorted first), so the hour's
 partitions are the same bytes for any shard size, one shard included: the whole hour is the
-one-shard case of the same code.
+one-shard case of the same code. With several shards on a local data directory the shards
+write their two big results (``request_energy`` rows, latencies) to a staging folder
+(:func:`staging_folder`) and the reduce reads them a range at a time
+(:mod:`pipeline.phase2reduce`): its memory does not grow with the fleet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
+from pathlib import Path
 
 import polars as pl
 
@@ -38,6 +42,7 @@ from fleetlens.pipeline.partitions import (
     partition_file,
     read_hours,
 )
+from fleetlens.pipeline.phase2reduce import Phase2Output, Phase2Part, merge_phase2
 from fleetlens.pipeline.phase2split import (
     FrameSplit,
     _active,
@@ -47,34 +52,14 @@ from fleetlens.pipeline.phase2split import (
     hours_read,
     lookback,
 )
+from fleetlens.pipeline.rangemerge import stage
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard
 from fleetlens.pipeline.storage import DataDir
-from fleetlens.pipeline.storage.readers import is_remote
+from fleetlens.pipeline.storage.readers import is_remote, remove_tree
 
-
-@dataclass
-class Phase2Output:
-    """One hour's phase-2 partitions, not yet published."""
-
-    gpu_window_energy: pl.DataFrame
-    request_energy: pl.DataFrame
-    windows: pl.DataFrame
-    #: (arrival hour, fresh request_energy rows) of requests from clean earlier hours that
-    #: ran into this one: merged into that hour's partition when published
-    crossers: list[tuple[int, pl.DataFrame]]
-
-
-@dataclass
-class Phase2Part:
-    """One shard's phase 2: its hosts' partitions (``windows``: the per-host rows only) and
-    the partial results the fleet-wide rows are reduced from."""
-
-    own: Phase2Output
-    requests: pl.DataFrame
-    engine: pl.DataFrame
-    energy: pl.DataFrame
+__all__ = ["Phase2Output", "Phase2Part", "merge_phase2", "phase2_hour", "phase2_shard"]
 
 
 def _requests_active(dd: DataDir, cfg: PipelineConfig, lo: int, hi: int,
@@ -131,7 +116,7 @@ class _Reader:
 
 
 def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], shard: Shard,
-                 cache: dict | None = None) -> Phase2Part:
+                 cache: dict | None = None, stage_to: Path | None = None) -> Phase2Part:
     """Phase 2 of one (host group x hour) shard as a pure function of the phase-1 partitions
     published in ``dd``: the requests its hosts own, their GPUs' slot energy and mapping and
     their engine samples in; its hosts' rows of the hour's partitions and its partial results
@@ -142,7 +127,10 @@ def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], s
     of the shard's GPUs is the shard's, so each share is the one the whole hour gives.
 
     ``cache``: request partitions already read, whole or the shard's pieces of them
-    (:func:`~pipeline.phase2split.as_cache`); None: its hosts' rows are read here."""
+    (:func:`~pipeline.phase2split.as_cache`); None: its hosts' rows are read here.
+    ``stage_to``: a folder where the shard's two big results (its ``request_energy`` rows and
+    its requests' latencies) are written for the reduce (:func:`stage_part`) instead of
+    returned."""
     lo, hi = hour, hour + HOUR_NS
     gap_ns = int(cfg.max_sample_gap_s * NS)
     read = _Reader(dd, shard, cache)
@@ -187,64 +175,22 @@ def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], s
     stats = win.engine_host_stats(eng, cfg.window_s).filter(pl.col(c.WINDOW_START_NS) >= lo)
     requests = own.drop(en.RIX, en.IID, en.GRP)
     windows = win.host_windows(requests, stats, en.with_joules(groups), cfg.window_s)
-    return Phase2Part(
+    part = Phase2Part(
         Phase2Output(gpu_windows, en.request_energy(shares, own), windows, patches),
         win.fleet_requests(requests, cfg.window_s), stats, groups)
+    return part if stage_to is None else stage_part(part, stage_to, shard.index)
 
 
-def _merge_crossers(parts: list[Phase2Part]) -> list[tuple[int, pl.DataFrame]]:
-    """The shards' crosser rows, one frame per arrival hour in hour order, sorted as a
-    ``request_energy`` partition (a request is in one shard only)."""
-    by_hour: dict[int, list[pl.DataFrame]] = {}
-    for part in parts:
-        for h, rows in part.own.crossers:
-            by_hour.setdefault(h, []).append(rows)
-    return [(h, _sorted_energy(by_hour[h])) for h in sorted(by_hour)]
-
-
-def _sorted_energy(pieces: list[pl.DataFrame]) -> pl.DataFrame:
-    """``request_energy`` pieces as one partition (sorted as :func:`energy.request_energy`
-    sorts; a request is in one piece only). Empties ``pieces``."""
-    if len(pieces) == 1:
-        return pieces.pop()
-    merged = pl.concat(pieces, how="vertical_relaxed")
-    pieces.clear()
-    return merged.sort(c.REQUEST_ID, *en.REQUEST_KEY)
-
-
-def _by_host(pieces: list[pl.DataFrame], table: str) -> pl.DataFrame:
-    """Per-host pieces of a table sorted by its key (unique; every row names its host)."""
-    if len(pieces) == 1:
-        return pieces[0]
-    key = list(t.table(table).key)
-    return pl.concat(pieces, how="vertical_relaxed").sort(key)
-
-
-def merge_phase2(parts: list[Phase2Part], window_s: int) -> Phase2Output:
-    """The hour's phase-2 partitions from its shards' results (see the module docstring):
-    the per-host rows concatenated and sorted by each table's key, the fleet-wide window rows
-    reduced from the partial results.
-
-    Empties ``parts`` and merges table by table, dropping each table's pieces once merged
-    (a caller that passed the only references then holds the biggest table, request_energy,
-    about twice at most, not every piece and every merged table at once)."""
-    crossers = _merge_crossers(parts)
-    own = {name: [getattr(p.own, name) for p in parts]
-           for name in ("request_energy", "gpu_window_energy", "windows")}
-    partial = {name: [getattr(p, name) for p in parts] for name in ("requests", "engine",
-                                                                     "energy")}
-    parts.clear()
-    energy = _sorted_energy(own.pop("request_energy"))
-    gpu_windows = _by_host(own.pop("gpu_window_energy"), t.GPU_WINDOW_ENERGY)
-    requests = pl.concat(partial.pop("requests"), how="vertical_relaxed")
-    if requests.height == 0:
-        return Phase2Output(gpu_windows, energy, t.table(t.WINDOWS).empty(), crossers)
-    stats = pl.concat(partial.pop("engine"), how="vertical_relaxed")
-    fleet_energy = en.fleet_group_energy(pl.concat(partial.pop("energy"),
-                                                   how="vertical_relaxed"))
-    fleet = win.fleet_windows(requests, stats, en.with_joules(fleet_energy), window_s)
-    return Phase2Output(gpu_windows, energy, win.sorted_windows([*own.pop("windows"), fleet]),
-                        crossers)
+def stage_part(part: Phase2Part, folder: Path, index: int) -> Phase2Part:
+    """``part`` with its ``request_energy`` rows and its requests' latencies written to
+    ``folder`` (:func:`~pipeline.rangemerge.stage`): the reduce then reads them a range at a
+    time (:func:`merge_phase2`), not every shard's at once. The latencies are sorted by
+    window, a few rows (one per window and group) to a row group, so a window range reads
+    only its own."""
+    energy = stage(part.own.request_energy, folder / f"{index}-{t.REQUEST_ENERGY}.parquet")
+    latencies = stage(part.requests.sort(c.WINDOW_START_NS),
+                      folder / f"{index}-latencies.parquet", row_group_size=4)
+    return replace(part, own=replace(part.own, request_energy=energy), requests=latencies)
 
 
 def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
@@ -263,7 +209,7 @@ def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     shards = shards or [Shard(0, 1)]
     if len(shards) == 1:
         return merge_phase2([phase2_shard(dd, cfg, hour, dirty, shards[0], read)],
-                            cfg.window_s)
+                            cfg.window_s, cfg.reduce_rows)
     # Several shards: the request partitions cut once into the shards' pieces (from the
     # cache: phase 1 handed most of them over), not filtered once per shard.
     extent = fleet_extent(dd, cfg, hour, read)
@@ -273,6 +219,36 @@ def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     split = FrameSplit({h: f for h, f in frames.items()
                         if partition_file(dd, t.REQUESTS, h) in present}, extent, shards)
     del frames
-    parts = [phase2_shard(dd, cfg, hour, dirty, shard, as_cache(dd, split.pieces(shard.index)))
-             for shard in shards]
-    return merge_phase2(parts, cfg.window_s)
+    folder = staging_folder(dd, hour)
+    try:
+        parts = [phase2_shard(dd, cfg, hour, dirty, shard,
+                              as_cache(dd, split.pieces(shard.index)), folder)
+                 for shard in shards]
+        return merge_phase2(parts, cfg.window_s, cfg.reduce_rows,
+                            energy_file(dd, hour) if folder else None)
+    finally:
+        if folder is not None and folder.exists():
+            remove_tree(folder)
+
+
+def staging_folder(dd: DataDir, hour: int) -> Path | None:
+    """Where the shards of an hour write what its reduce reads a range at a time
+    (``state/staging/phase2-<hour>``, emptied first: a run that died may have left pieces);
+    None on an object store, where the shards return their results and the reduce merges
+    them in memory (ranged reads of an object are not implemented)."""
+    if dd.remote:
+        return None
+    folder = staging_root(dd) / f"phase2-{hour}"
+    if folder.exists():
+        remove_tree(folder)
+    return folder
+
+
+def staging_root(dd: DataDir) -> Path:
+    """The folder every staging folder is under (a run removes what a dead one left)."""
+    return dd.state / "staging"
+
+
+def energy_file(dd: DataDir, hour: int) -> Path:
+    """The hour's ``request_energy`` partition file, beside which a reduce writes it."""
+    return partition_file(dd, t.REQUEST_ENERGY, hour)

@@ -53,8 +53,9 @@ from fleetlens.pipeline.storage import DataDir
 #: gpu_sample_interval_s, slot energy from the native points; 5: failed gateway spans are
 #: requests, engine_samples' up and start time, engine_configs and gpu_health; 6: phase 2 in
 #: host shards, the fleet-wide windows' power, KV mean and counter sums added per host in
-#: host order, the same bytes for any shard size).
-OUTPUT_FORMAT = 6
+#: host order, the same bytes for any shard size; 7: every partition in row groups of
+#: ROW_GROUP_ROWS, so a reduce merging a range at a time writes the bytes of one frame).
+OUTPUT_FORMAT = 7
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
 OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
            t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS, t.ENGINE_CONFIGS, t.GPU_HEALTH)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import polars as pl
 import ray
 
+from fleetlens.pipeline.partitions import PARQUET
+from fleetlens.pipeline.rangemerge import Staged
+
 #: Retries of a task whose worker or node died (Ray re-runs it, elsewhere if need be). An
 #: exception raised by the task itself (a damaged segment) is not retried: it would fail
 #: the same way again, and the driver reports it.
@@ -26,27 +29,28 @@ MAX_RETRIES = 3
 _TASK = {"max_retries": MAX_RETRIES, "retry_exceptions": False, "scheduling_strategy": "SPREAD"}
 
 
-#: Parquet settings of :func:`~fleetlens.pipeline.partitions.publish` (zstd level 1): the
-#: byte-identity tests fail if the two ever differ.
-_PARQUET = {"compression": "zstd", "compression_level": 1}
-
-
 @dataclass(frozen=True)
 class Encoded:
     """One partition as a task returns it: its table, rows and Parquet bytes (None: empty,
-    so the partition is removed, as :func:`~fleetlens.pipeline.partitions.publish` does)."""
+    so the partition is removed, as :func:`~fleetlens.pipeline.partitions.publish` does),
+    or the file a reduce wrote beside the partition (``staged``), which the driver renames
+    into place (:func:`~fleetlens.pipeline.partitions.publish_staged`)."""
 
     table: str
     rows: int
     body: bytes | None
+    staged: Staged | None = None
 
 
-def encode(table: str, frame: pl.DataFrame) -> Encoded:
-    """``frame`` as the bytes :func:`~fleetlens.pipeline.partitions.publish` would write."""
+def encode(table: str, frame: pl.DataFrame | Staged) -> Encoded:
+    """``frame`` as the bytes :func:`~fleetlens.pipeline.partitions.publish` would write (a
+    partition already written, ``Staged``, as its file: it is not read back)."""
+    if isinstance(frame, Staged):
+        return Encoded(table, frame.rows, None, frame)
     if frame.height == 0:
         return Encoded(table, 0, None)
     buffer = io.BytesIO()
-    frame.rechunk().write_parquet(buffer, **_PARQUET)
+    frame.rechunk().write_parquet(buffer, **PARQUET)
     return Encoded(table, frame.height, buffer.getvalue())
 
 

@@ -8,6 +8,7 @@ reduce alone and publishes what it returns.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import polars as pl
 import ray
@@ -16,9 +17,11 @@ from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.phase2 import (
     Phase2Output,
     Phase2Part,
+    energy_file,
     merge_phase2,
     phase2_hour,
     phase2_shard,
+    staging_folder,
 )
 from fleetlens.pipeline.phase2split import (
     Bounds,
@@ -78,24 +81,25 @@ def _phase2_split_task(dd: DataDir, cfg: PipelineConfig, hour: int, chunk: Reque
 
 @ray.remote(**_TASK)
 def _phase2_shard_task(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
-                       shard: Shard, hours: list[int] | None,
+                       shard: Shard, hours: list[int] | None, stage_to: Path | None,
                        *pieces: pl.DataFrame | None) -> tuple[Phase2Part, TaskTime]:
     began = time.time(), time.process_time()
     cache = None if hours is None else as_cache(dd, shard_pieces(hours, pieces))
-    return _timed(2, hour, began, phase2_shard(dd, cfg, hour, dirty, shard, cache))
+    return _timed(2, hour, began, phase2_shard(dd, cfg, hour, dirty, shard, cache, stage_to))
 
 
 @ray.remote(**_TASK)
-def _phase2_merge_task(hour: int, window_s: int, shards: int,
+def _phase2_merge_task(hour: int, cfg: PipelineConfig, shards: int, write_to: Path | None,
                        *args: tuple[Phase2Part, TaskTime] | tuple[Bounds, TaskTime] | TaskTime
                        ) -> tuple[Phase2Encoded, list[TaskTime]]:
     """The hour's phase-2 partitions from its shards' results (then the bounds tasks'
-    results and the split tasks' times), encoded."""
+    results and the split tasks' times), encoded; ``request_energy`` written beside
+    ``write_to`` (its partition's file) when given (the driver renames it into place)."""
     began = time.time(), time.process_time()
     parts = args[:shards]
     splits = [a if isinstance(a, TaskTime) else a[1] for a in args[shards:]]
     times = [took for _, took in parts]
-    merged = merge_phase2([part for part, _ in parts], window_s)
+    merged = merge_phase2([part for part, _ in parts], cfg.window_s, cfg.reduce_rows, write_to)
     out, took = _timed(2, hour, began, _encode_phase2(merged))
     return out, [*splits, *times, took]
 
@@ -107,18 +111,23 @@ def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     tasks' times."""
     if len(shards) == 1:
         return _phase2_task.remote(dd, cfg, hour, dirty)
+    # The shards stage their big results there, and the reduce writes request_energy
+    # beside its partition (a local or shared data directory; on an object store the
+    # results travel through Ray's object store, as before).
+    folder = staging_folder(dd, hour)
+    write_to = energy_file(dd, hour) if folder else None
     if len(shards) < cfg.split_from_shards:  # each shard task reads the partitions itself
-        parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, None)
+        parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, None, folder)
                  for shard in shards]
-        return _phase2_merge_task.remote(hour, cfg.window_s, len(shards), *parts)
+        return _phase2_merge_task.remote(hour, cfg, len(shards), write_to, *parts)
     plan = request_chunks(dd, cfg, hour)  # the partitions' footers
     bounds = [_phase2_bounds_task.remote(dd, cfg, hour, chunk) for chunk in plan
               if chunk.hour in hours_bounded(cfg, hour)]
     split = [_phase2_split_task.options(num_returns=len(shards) + 1).remote(
         dd, cfg, hour, chunk, shards, *bounds) for chunk in plan]
     hours = [chunk.hour for chunk in plan]
-    parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, hours,
+    parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, hours, folder,
                                        *(refs[shard.index] for refs in split))
              for shard in shards]
-    return _phase2_merge_task.remote(hour, cfg.window_s, len(shards), *parts, *bounds,
+    return _phase2_merge_task.remote(hour, cfg, len(shards), write_to, *parts, *bounds,
                                      *(refs[len(shards)] for refs in split))

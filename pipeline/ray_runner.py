@@ -52,7 +52,8 @@ import polars as pl
 import ray
 
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file
+from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file, publish_staged
+from fleetlens.pipeline.phase2 import staging_root
 from fleetlens.pipeline.phases import phase1_points, phase1_spans, split_chunk
 from fleetlens.pipeline.ray_base import (
     _TASK,
@@ -75,7 +76,7 @@ from fleetlens.pipeline.shardreduce import Phase1Points, Phase1Spans, merge_by_h
 from fleetlens.pipeline.shards import Shard, plan_hour
 from fleetlens.pipeline.shardsplit import Chunk, chunks, segment_rows, shard_rows
 from fleetlens.pipeline.state import PipelineState
-from fleetlens.pipeline.storage import DataDir, write_bytes_atomic
+from fleetlens.pipeline.storage import DataDir, remove_tree, write_bytes_atomic
 
 #: Tasks in flight per CPU of the cluster: enough to keep every CPU busy while the driver
 #: publishes, without holding every hour's output in the object store at once.
@@ -168,6 +169,8 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
 
 def _write(dd: DataDir, hour: int, part: Encoded) -> int:
     """Publish one encoded partition (atomically, as :func:`partitions.publish`)."""
+    if part.staged is not None:
+        return publish_staged(dd, part.table, hour, part.staged)
     path = partition_file(dd, part.table, hour)
     if part.body is None:
         path.unlink(missing_ok=True)
@@ -263,6 +266,8 @@ class RayPipeline(Pipeline):
                 hour, ref = run2.popleft()
                 out, took = ray.get(ref)
                 self.task_times.extend(took)
+                if (folder := staging_root(self.dd) / f"phase2-{hour}").exists():
+                    remove_tree(folder)  # the reduce read its shards' pieces: done with them
                 self._publish_encoded(hour, out, summary)
                 done2 += 1
                 self.progress("energy+windows", done2, len(hours2))

@@ -42,8 +42,10 @@ from fleetlens.pipeline.partitions import (
     hour_of,
     partition_file,
     publish,
+    publish_staged,
     read_hours,
 )
+from fleetlens.pipeline.phase2 import staging_root
 from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
     _CATEGORICAL,
     _COLUMNS,
@@ -60,12 +62,19 @@ from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
     phase1_hour,
     phase2_hour,
 )
+from fleetlens.pipeline.rangemerge import Staged
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard, plan_hour
 from fleetlens.pipeline.shardsplit import segment_rows
 from fleetlens.pipeline.state import PipelineState
-from fleetlens.pipeline.storage import DataDir, damaged_error, unreadable_files
+from fleetlens.pipeline.storage import (
+    DataDir,
+    damaged_error,
+    remove_stale_tmp,
+    remove_tree,
+    unreadable_files,
+)
 
 
 @dataclass
@@ -163,10 +172,16 @@ class Pipeline:
         phase2_until(None)
         self.progress("energy+windows", len(hours2), len(hours2))
 
-    def _publish(self, table: str, hour: int, frame: pl.DataFrame, summary: RunSummary) -> None:
+    def _publish(self, table: str, hour: int, frame: pl.DataFrame | Staged,
+                 summary: RunSummary) -> None:
         """Publish a partition on the writer thread: Parquet encoding (pyarrow) and Polars
         both release the GIL, so writing hour h overlaps computing the next step on the other
         core. Writes run one at a time in submission order; :meth:`_flush` waits for them."""
+        if isinstance(frame, Staged):  # written by the reduce beside its place: renamed
+            summary.rows_written[table] = summary.rows_written.get(table, 0) + frame.rows
+            self._pending.append(self._writer.submit(publish_staged, self.dd, table, hour,
+                                                     frame))
+            return
         summary.rows_written[table] = summary.rows_written.get(table, 0) + frame.height
         self._pending.append(self._writer.submit(publish, self.dd, table, hour, frame))
 
@@ -249,6 +264,7 @@ class Pipeline:
     def _run_once(self, full: bool) -> RunSummary:
         began = time.perf_counter()
         summary = RunSummary()
+        self._clear_staging()
         fp = fingerprint(self.cfg)
         # A full run needs nothing of the old state, so it also replaces a damaged one.
         state = PipelineState() if full else PipelineState.load(self.dd)
@@ -279,6 +295,17 @@ class Pipeline:
         state.save(self.dd)
         summary.seconds = round(time.perf_counter() - began, 3)
         return summary
+
+    def _clear_staging(self) -> None:
+        """Remove what a run that died left of its reduces (this one holds the job lock, so
+        no other run is using them): the shards' staged pieces, and partitions written
+        beside their place and never renamed into it."""
+        if self.dd.remote:
+            return
+        if (root := staging_root(self.dd)).exists():
+            remove_tree(root)
+        if (folder := self.dd.table_dir(t.REQUEST_ENERGY)).exists():
+            remove_stale_tmp(folder)
 
     def _clear_orphans(self, keep: Iterable[int], oldest: int | None) -> None:
         """After a full run, remove derived partitions of hours with no raw data left (hours

@@ -78,23 +78,27 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int = 
 
 def write_parquet_atomic(
     frame: pl.DataFrame | pa.Table, path: str | os.PathLike[str], *, compression: str = "zstd",
-    compression_level: int | None = None, **arrow_options: Any,
+    compression_level: int | None = None, row_group_size: int | None = None,
+    **arrow_options: Any,
 ) -> Path:
     """Publish ``frame`` at ``path`` so readers see all of it or nothing.
 
     Writes a hidden temporary file in the same directory, fsyncs it, renames it over
     ``path`` and fsyncs the directory. On any error the temporary file is removed and the
     error propagates; ``path`` is never left torn. ``compression_level`` is the codec's
-    default when None. ``arrow_options`` (encodings, dictionary columns) go to
-    :func:`pyarrow.parquet.write_table` when ``frame`` is an Arrow table.
+    default when None; ``row_group_size`` the writer's choice when None. ``arrow_options``
+    (encodings, dictionary columns) go to :func:`pyarrow.parquet.write_table` when ``frame``
+    is an Arrow table.
     """
     def write(handle: Any) -> None:
         if isinstance(frame, pa.Table):
             pq.write_table(frame, handle, compression=compression,
-                           compression_level=compression_level, **arrow_options)
+                           compression_level=compression_level,
+                           row_group_size=row_group_size, **arrow_options)
         else:  # Polars' own writer: 1.5-2x faster than to_arrow + pyarrow, and smaller
             frame.write_parquet(handle, compression=compression,
-                                compression_level=compression_level)
+                                compression_level=compression_level,
+                                row_group_size=row_group_size)
 
     return write_bytes_atomic(path, write)
 

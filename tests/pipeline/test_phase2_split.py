@@ -118,7 +118,8 @@ def test_a_shard_given_its_pieces_computes_what_it_reads(published: DataDir) -> 
         read.append(phase2_shard(dd, CFG, hour, set(), shard))
         assert read[-1].own.request_energy.height > 100
     # (a shard's rows come in no set order: the reduce sorts them)
-    ours, theirs = merge_phase2(given, CFG.window_s), merge_phase2(read, CFG.window_s)
+    ours = merge_phase2(given, CFG.window_s, CFG.reduce_rows)
+    theirs = merge_phase2(read, CFG.window_s, CFG.reduce_rows)
     assert ours.windows.height > 100
     for name in ("request_energy", "gpu_window_energy", "windows"):
         assert_frame_equal(getattr(ours, name), getattr(theirs, name))

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetlens.pipeline import phase2, phases
+from fleetlens.pipeline import phase2, phase2reduce, phases, rangemerge
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.discovery import discover
 from fleetlens.pipeline.runner import OUTPUTS, Pipeline
@@ -75,31 +75,52 @@ def one_shard(tmp_path_factory, fleet) -> dict[str, str]:
     return _run(tmp_path_factory.mktemp("one") / "data", fleet, PipelineConfig())
 
 
-@pytest.mark.parametrize("per_shard", [1, 2, 7, HOSTS + len(GATEWAYS)])
+@pytest.mark.parametrize(("per_shard", "reduce_rows"), [
+    (1, 500), (2, PipelineConfig().reduce_rows), (2, 97), (7, 500),
+    (HOSTS + len(GATEWAYS), 500)])
 def test_any_shard_size_gives_the_same_files(tmp_path: Path, fleet, one_shard, per_shard,
-                                             monkeypatch) -> None:
+                                             reduce_rows, monkeypatch) -> None:
+    """Any shard size, and with several shards any size of the reduce's ranges (a few rows:
+    many ranges of request_energy and of windows), gives the one-shard files."""
     seen: list[int] = []
     seen2: list[int] = []
+    cuts: list[int] = []
     real, real2 = phases.phase1_spans, phase2.phase2_shard
+    real_bounds, real_windows = rangemerge.range_bounds, phase2reduce.window_bounds
 
     def spy(cfg, files, hour, shard, mapping, rows=None):
         seen.append(shard.count)
         return real(cfg, files, hour, shard, mapping, rows)
 
-    def spy2(dd, cfg, hour, dirty, shard, cache=None):
+    def spy2(dd, cfg, hour, dirty, shard, cache=None, stage_to=None):
         seen2.append(shard.count)
-        return real2(dd, cfg, hour, dirty, shard, cache)
+        return real2(dd, cfg, hour, dirty, shard, cache, stage_to)
+
+    def bounds(*args):
+        cuts.append(len(out := real_bounds(*args)))
+        return out
+
+    def windows(*args):
+        cuts.append(len(out := real_windows(*args)))
+        return out
 
     monkeypatch.setattr(phases, "phase1_spans", spy)
     monkeypatch.setattr(phase2, "phase2_shard", spy2)
-    cfg = replace(PipelineConfig(), hosts_per_shard=per_shard)
+    monkeypatch.setattr(rangemerge, "range_bounds", bounds)
+    monkeypatch.setattr(phase2reduce, "window_bounds", windows)
+    cfg = replace(PipelineConfig(), hosts_per_shard=per_shard, reduce_rows=reduce_rows)
     files = _run(tmp_path / "data", fleet, cfg)
     hosts = HOSTS + len(GATEWAYS)
     # both phases of the hours really ran in that many shards
     assert set(seen) == set(seen2) == {-(-hosts // per_shard)}
+    # the reduce merged in ranges (request_energy and the fleet-wide windows) where asked
+    if per_shard < hosts:
+        assert (max(cuts) > 3) == (reduce_rows < 1000), cuts
     assert files == one_shard
     for table in ("requests", "request_energy", "gpu_window_energy", "windows"):
         assert any(f"/{table}/" in f"/{name}" for name in files), table
+    assert not (tmp_path / "data" / "state" / "staging").exists() or not any(
+        (tmp_path / "data" / "state" / "staging").iterdir())
 
 
 def test_the_fleet_exercises_what_crosses_shards(one_shard, tmp_path: Path, fleet) -> None:
@@ -151,9 +172,9 @@ def test_the_reduce_gives_the_same_bytes_in_any_shard_order(tmp_path: Path, flee
     state = PipelineState.load(dd)
     hour = max(h for h in {s.min_ns - s.min_ns % (3600 * NS) for s in state.segments.values()})
     shards = plan(list(state.watermarks), 2)
-    forward = merge_phase2([phase2_shard(dd, cfg, hour, set(), s) for s in shards], 60)
+    forward = merge_phase2([phase2_shard(dd, cfg, hour, set(), s) for s in shards], 60, 10**9)
     backward = merge_phase2([phase2_shard(dd, cfg, hour, set(), s)
-                             for s in reversed(shards)], 60)
+                             for s in reversed(shards)], 60, 10**9)
     whole = phases.phase2_hour(dd, cfg, hour, set())
     assert forward.windows.height > 20
     for out in (backward, whole):
@@ -209,7 +230,7 @@ _KILLED_IN_A_SHARD = """
 import os, signal, sys, time
 from dataclasses import replace
 from pathlib import Path
-from fleetlens.pipeline import phase2, phases
+from fleetlens.pipeline import phase2, phase2reduce, phases, rangemerge
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.storage import DataDir

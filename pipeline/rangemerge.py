@@ -1,0 +1,149 @@
+"""The reduce's bounded merge: the shards' pieces of one table, each sorted by the table's
+key, -> the hour's partition, one range of the key's first column at a time.
+
+A reduce that concatenates every shard's piece and sorts them holds the hour's rows: its
+memory grows with the fleet (2.8 GB for the ``request_energy`` of a 1,024-GPU hour). Here
+the shards write their pieces to files (:func:`stage`) and the reduce cuts the key's first
+column into ranges of about ``budget`` rows (:func:`range_bounds`, from the pieces' own
+sorted values), reads each range from every piece (the pieces are sorted, so a range filter
+skips the row groups outside it), sorts it and writes it on (:func:`sink_sorted`): it holds
+one range, whatever the fleet's size.
+
+The bytes do not depend on the ranges: :func:`sink_sorted` writes the row groups
+:func:`~pipeline.partitions.publish` writes for the same rows in one frame (fixed row
+groups, ``ROW_GROUP_ROWS``), so a partition merged in any number of ranges from any number
+of shards is the file one shard over the whole hour publishes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from fleetlens.pipeline.storage import write_parquet_atomic
+from fleetlens.pipeline.storage.publish import tmp_path_for
+
+#: Rows per row group of a staged piece: the granularity a range reads a piece at.
+STAGED_ROW_GROUP = 16_384
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Rows written to a file and not published: a shard's sorted piece of a table, or a
+    partition the reduce wrote under a hidden name beside its final one (which the driver
+    renames into place, :func:`~pipeline.partitions.publish_staged`)."""
+
+    path: Path
+    rows: int
+
+
+Piece = pl.DataFrame | Staged
+
+
+def stage(frame: pl.DataFrame, path: Path, row_group_size: int = STAGED_ROW_GROUP) -> Staged:
+    """``frame`` (sorted by its table's key) written to ``path`` for the reduce: small row
+    groups, so a key range reads little more than itself; lz4, which is cheap to write and
+    read back. Written whole or not at all: a retried shard task replaces it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet_atomic(frame, path, compression="lz4", row_group_size=row_group_size)
+    return Staged(path, frame.height)
+
+
+def scan(piece: Piece) -> pl.LazyFrame:
+    """A piece's rows, lazily (a staged piece is read only where a query needs it)."""
+    return piece.lazy() if isinstance(piece, pl.DataFrame) else pl.scan_parquet(piece.path)
+
+
+def rows(piece: Piece) -> int:
+    return piece.height if isinstance(piece, pl.DataFrame) else piece.rows
+
+
+def _samples(piece: Piece, column: str) -> pl.DataFrame:
+    """Sampled values of ``column`` in a piece sorted by it, each with the rows it stands
+    for: a staged piece's first value of each row group (from its footer), an in-memory
+    piece's every ``STAGED_ROW_GROUP // 4``-th value."""
+    if isinstance(piece, pl.DataFrame):
+        step = STAGED_ROW_GROUP // 4
+        values = piece.get_column(column).drop_nulls().gather_every(step)
+        return pl.DataFrame({"value": values, "rows": [step] * len(values)})
+    meta = pq.ParquetFile(piece.path).metadata
+    index = meta.schema.names.index(column)
+    groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
+    firsts = [(g.column(index).statistics, g.num_rows) for g in groups]
+    kept = [(s.min, n) for s, n in firsts if s is not None and s.has_min_max]
+    return pl.DataFrame({"value": [v for v, _ in kept], "rows": [n for _, n in kept]},
+                        schema_overrides={"rows": pl.Int64})
+
+
+def range_bounds(pieces: list[Piece], column: str, budget: int) -> list[Any]:
+    """Increasing cut points of ``column`` such that each range between two holds about
+    ``budget`` rows of all the pieces (each sorted by ``column``; nulls first), give or take
+    the sampling (a staged piece's row group). None when the pieces hold at most ``budget``
+    rows: one range."""
+    if sum(rows(p) for p in pieces) <= budget:
+        return []
+    samples = [s for p in pieces if rows(p) and (s := _samples(p, column)).height]
+    if not samples:
+        return []
+    table = pl.concat(samples, how="vertical_relaxed").sort("value")
+    # the rows before each sample, in budgets: a cut where that count enters a new budget
+    before = (table.get_column("rows").cum_sum() - table.get_column("rows")) // budget
+    cuts = table.filter(before != before.shift(1, fill_value=0)).get_column("value")
+    return cuts.unique(maintain_order=True).to_list()
+
+
+def range_filters(column: str, bounds: list[Any]) -> list[pl.Expr]:
+    """One filter per range between consecutive ``bounds`` (the first takes the nulls)."""
+    col = pl.col(column)
+    if not bounds:
+        return [pl.lit(True)]
+    first = [col.is_null() | (col < bounds[0])]
+    middle = [(col >= lo) & (col < hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    return [*first, *middle, col >= bounds[-1]]
+
+
+def sorted_ranges(pieces: list[Piece], key: list[str], budget: int,
+                  fix: Callable[[pl.DataFrame], pl.DataFrame] | None = None
+                  ) -> Iterator[pl.DataFrame]:
+    """The pieces' rows sorted by ``key`` (unique across the pieces), one range of its first
+    column at a time; ``fix`` (if given) is applied to each range before it is sorted."""
+    lazies = [scan(p) for p in pieces if rows(p)]
+    for where in range_filters(key[0], range_bounds(pieces, key[0], budget)):
+        frame = pl.concat([lf.filter(where) for lf in lazies], how="vertical_relaxed").collect()
+        yield (fix(frame) if fix else frame).sort(key)
+
+
+def sink_sorted(ranges: Iterator[pl.DataFrame], schema: pl.Schema, path: Path,
+                **parquet: Any) -> Staged:
+    """Write ``ranges`` one after the other to a hidden file beside ``path`` (fsynced, not
+    yet renamed over it) with the ``parquet`` options :func:`partitions.publish` uses: the
+    same bytes as one frame of every range written there. Holds one range at a time."""
+    from polars.io.plugins import register_io_source
+
+    written = 0
+
+    def source(with_columns: list[str] | None, predicate: pl.Expr | None,
+               n_rows: int | None, batch_size: int | None) -> Iterator[pl.DataFrame]:
+        nonlocal written
+        for frame in ranges:
+            written += frame.height
+            if predicate is not None:
+                frame = frame.filter(predicate)
+            yield frame if with_columns is None else frame.select(with_columns)
+
+    target = tmp_path_for(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        register_io_source(source, schema=schema).sink_parquet(target, **parquet)
+        with open(target, "rb") as handle:
+            os.fsync(handle.fileno())
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return Staged(target, written)
