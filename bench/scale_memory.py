@@ -13,8 +13,12 @@ reading its peak RSS (``VmHWM``) when it ends:
   engine tables); with several shards also run reading the raw segments itself, as before
   the split, for the CPU it cost (every shard decoded every segment);
 - ``spans``: one shard's span half (its trace bucket's spans, from its pieces -> requests);
+  both halves stage their tables in files for the merge, as the runners do;
+- ``merge``: phase 1's merge task over every shard's staged halves (each partition merged a
+  range at a time into a file; with one shard too, for a figure to compare);
 - ``hour``: the whole hour as the local runner runs it (every shard one after the other, then
-  the merge): what one thread of ``--runner local`` holds;
+  the merge, staged as the runner stages it): what one thread of ``--runner local`` holds;
+  with one shard it is also the Ray runner's one phase-1 task;
 - ``unsharded``: the hour in one shard, as before issue 36 (skipped above ``--unsharded-max``
   GPUs: it needs about 1 GB per 64 GPUs);
 - ``phase 2``: energy and windows of the hour in the same shards (:mod:`pipeline.phase2`):
@@ -71,14 +75,41 @@ if args["mode"] == "split":
             piece.write_ipc(Path(args["pieces"]) / f"{{chunk.signal}}-{{i}}-{{n}}.arrow",
                             compression="uncompressed")
             rows += piece.height
-elif args["mode"] == "points":
-    out = phases.phase1_points(cfg, files, hour, shards[0], pieces("metrics"))
+elif args["mode"] == "points":  # its tables staged for the merge, as the runners stage them
+    import pickle
+    from pathlib import Path
+    from fleetlens.pipeline.rangemerge import rows as piece_rows
+    out = phases.phase1_points(cfg, files, hour, shards[0], pieces("metrics"),
+                               Path(args["stage"]) if args["stage"] else None)
     out.mapping.write_parquet(args["mapping"])
-    rows = sum(f.height for _, f in out.tables)
+    rows = sum(piece_rows(f) for _, f in out.tables)
+    if args["keep"]:
+        with open(args["keep"], "wb") as handle:
+            pickle.dump(out, handle)
 elif args["mode"] == "spans":
+    import pickle
+    from pathlib import Path
+    from fleetlens.pipeline.rangemerge import rows as piece_rows
     mapping = pl.read_parquet(args["mapping"])
-    rows = phases.phase1_spans(cfg, files, hour, shards[0], mapping,
-                               pieces("spans")).requests.height
+    out = phases.phase1_spans(cfg, files, hour, shards[0], mapping, pieces("spans"),
+                              Path(args["stage"]) if args["stage"] else None)
+    rows = piece_rows(out.requests)
+    if args["keep"]:
+        with open(args["keep"], "wb") as handle:
+            pickle.dump(out, handle)
+elif args["mode"] == "phase1merge":  # the merge task: every half in, the hour's files out
+    import pickle
+    from pathlib import Path
+    from fleetlens.pipeline.shardreduce import merge_phase1
+    halves = []
+    for path in args["files"]:
+        with open(path, "rb") as handle:
+            halves.append(pickle.load(handle))
+    points, spans = halves[:len(shards)], halves[len(shards):]
+    out = Path(args["stage"]) / "out"
+    merged = merge_phase1(points, spans, cfg.reduce_rows,
+                          {{name: out / name / "part.parquet" for name in phases.PHASE1_TABLES}})
+    rows = sum(piece.rows for _, piece in merged)
 elif args["mode"] == "phase2":  # the hour in one shard, as before phase 2 was sharded
     from fleetlens.pipeline.storage import DataDir
     out = phases.phase2_hour(DataDir(args["data"]), cfg, hour, {{hour}})
@@ -116,13 +147,22 @@ elif args["mode"] == "phase2merge":  # the reduce: every shard's result in, the 
         frame.rechunk().write_parquet(io.BytesIO(), **PARQUET)
         rows += frame.height
 else:
-    from fleetlens.pipeline.partitions import publish
+    from fleetlens.pipeline.partitions import partition_file, publish, publish_staged
+    from fleetlens.pipeline.rangemerge import Staged, staging_folder
+    from fleetlens.pipeline.rangemerge import rows as piece_rows
     from fleetlens.pipeline.storage import DataDir
-    parts = phases.phase1_hour(cfg, files, hour, shards, segment_rows)
-    rows = sum(f.height for _, f in parts)
-    if args["data"]:  # the hour's phase-1 partitions, for the phase-2 task
-        for table, frame in parts:
-            publish(DataDir(args["data"]), table, hour, frame)
+    # as the local runner runs it: with several shards on a data directory, staged
+    dd = DataDir(args["data"]) if args["data"] else None
+    folder = staging_folder(dd, 1, hour) if dd and len(shards) > 1 else None
+    write_to = folder and {{name: partition_file(dd, name, hour)
+                            for name in phases.PHASE1_TABLES}}
+    parts = phases.phase1_hour(cfg, files, hour, shards, segment_rows, folder, write_to)
+    rows = sum(piece_rows(f) for _, f in parts)
+    for table, frame in parts if dd else ():  # the hour's partitions, for the phase-2 task
+        if isinstance(frame, Staged):
+            publish_staged(dd, table, hour, frame)
+        else:
+            publish(dd, table, hour, frame)
 use = resource.getrusage(resource.RUSAGE_SELF)
 hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
 print(json.dumps({{"rss_mb": hwm / 1024, "cpu_s": use.ru_utime + use.ru_stime,
@@ -153,10 +193,11 @@ def generate(bench: ModuleType, root: Path, gpus: int, hour: int) -> tuple[int, 
     return spans, points
 
 
-def _task(mode: str, files: dict, hour: int, shards: list, mapping: str, data: str = "",
-          rows: dict | None = None, pieces: str = "") -> dict:
+def _task(mode: str, files: dict | list, hour: int, shards: list, mapping: str, data: str = "",
+          rows: dict | None = None, pieces: str = "", stage: str = "", keep: str = "") -> dict:
     args = json.dumps({"mode": mode, "files": files, "hour": hour, "mapping": mapping,
-                       "data": data, "rows": rows or {}, "pieces": pieces,
+                       "data": data, "rows": rows or {}, "pieces": pieces, "stage": stage,
+                       "keep": keep,
                        "shards": [[s.index, s.count, list(s.hosts), s.rest] for s in shards]})
     out = subprocess.run([sys.executable, "-c", _TASK.format(repo=str(REPO), args=args)],
                          capture_output=True, text=True, check=False)
@@ -192,21 +233,27 @@ def measure(bench: ModuleType, gpus: int, shard_rows: int, unsharded_max: int) -
         split = (_task("split", files, hour, shards, "", rows=rows, pieces=str(split_dir))
                  if len(shards) > 1 else None)
         runs: dict[str, tuple[list, list]] = {}
+        halves = [str(Path(tmp) / f"half-{i}.pickle") for i in range(2 * len(shards))]
         # With several shards: the halves from the split's pieces (as the runners run them
         # now), then reading the raw segments themselves (as before the split), for the CPU.
         for how, where in (("split", str(split_dir) if split else ""), ("read", "")):
             if how == "read" and not split:
                 break
             mappings, point_runs, span_runs = [], [], []
+            stage = str(Path(tmp) / f"stage-{how}")  # the halves stage their tables there
             for shard in shards:
                 path = str(Path(tmp) / f"mapping-{shard.index}.parquet")
-                point_runs.append(_task("points", files, hour, [shard], path, pieces=where))
+                point_runs.append(_task("points", files, hour, [shard], path, pieces=where,
+                                        stage=stage, keep=halves[shard.index]))
                 mappings.append(pl.read_parquet(path))
             mapping = str(Path(tmp) / "mapping.parquet")
             merge_by_host(mappings).write_parquet(mapping)
             for shard in shards:
-                span_runs.append(_task("spans", files, hour, [shard], mapping, pieces=where))
+                span_runs.append(_task("spans", files, hour, [shard], mapping, pieces=where,
+                                       stage=stage, keep=halves[len(shards) + shard.index]))
             runs[how] = point_runs, span_runs
+            if how == "split":  # the merge task over the halves just staged
+                merge1 = _task("phase1merge", halves, hour, shards, "", stage=stage)
         whole = _task("hour", files, hour, shards, mapping, str(root), rows=rows)
         phase2 = (_task("phase2", files, hour, shards, mapping, str(root))
                   if gpus <= unsharded_max else None)
@@ -223,6 +270,7 @@ def measure(bench: ModuleType, gpus: int, shard_rows: int, unsharded_max: int) -
             "hosts_per_shard": len(shards[0].hosts) if len(shards) > 1 else gpus // 4,
             "split_task_mb": split and split["rss_mb"], "split_cpu_s": split and split["cpu_s"],
             "points_task_mb": max(r["rss_mb"] for r in point_runs),
+            "phase1_merge_mb": merge1["rss_mb"], "phase1_merge_cpu_s": merge1["cpu_s"],
             "spans_task_mb": max(r["rss_mb"] for r in span_runs),
             "task_cpu_s": sum(r["cpu_s"] for r in point_runs + span_runs)
             + (split["cpu_s"] if split else 0.0),
@@ -253,7 +301,9 @@ def report(rows: list[dict]) -> None:
         print(f"{r['gpus']:5d} GPUs ({r['spans']:,} spans, {r['points']:,} points): "
               f"{r['shards']} shard(s) of {r['hosts_per_shard']} hosts; peak per task: point "
               f"half {r['points_task_mb']:.0f} MiB, span half {r['spans_task_mb']:.0f} MiB "
-              f"({r['task_cpu_s']:.1f} CPU-s in all{_split(r)}); the whole hour on one thread "
+              f"({r['task_cpu_s']:.1f} CPU-s in all{_split(r)}); merge task "
+              f"{r['phase1_merge_mb']:.0f} MiB ({r['phase1_merge_cpu_s']:.1f} CPU-s); "
+              f"the whole hour on one thread "
               f"{r['hour_mb']:.0f} MiB ({r['hour_cpu_s']:.1f} CPU-s); unsharded {unsharded}; "
               f"phase 2: shard task {r['phase2_map_mb']:.0f} MiB "
               f"({r['phase2_map_cpu_s']:.1f} CPU-s in all), reduce task "
@@ -264,6 +314,9 @@ def report(rows: list[dict]) -> None:
              for r in rows]
     print(f"phase 1: largest task peak / smallest across the fleet sizes: "
           f"{max(peaks) / min(peaks):.2f} (target <= 1.5)")
+    merges = [r["phase1_merge_mb"] for r in rows]
+    print(f"phase 1 merge task: largest peak / smallest across the fleet sizes: "
+          f"{max(merges) / min(merges):.2f} (target <= 1.5)")
     for name, key in (("shard", "phase2_map_mb"), ("reduce", "phase2_merge_mb")):
         peaks = [r[key] for r in rows]
         print(f"phase 2 {name} task: largest peak / smallest across the fleet sizes: "

@@ -55,7 +55,7 @@ class PipelineConfig:
     #: the shards write their ``request_energy`` rows and request latencies to files, and the
     #: reduce merges about this many rows (latencies: requests) at a time, so its memory does
     #: not grow with the fleet. Any value gives the same bytes.
-    reduce_rows: int = 262_144
+    reduce_rows: int = 131_072
 
     def validate(self) -> None:
         require(self.window_s > 0, "window_s", "must be positive")

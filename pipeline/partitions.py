@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from fleetlens.pipeline.rangemerge import Staged
+from fleetlens.pipeline.rangemerge import PARQUET_OF_PARTITIONS, Staged
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import (
     DataDir,
@@ -29,14 +29,10 @@ from fleetlens.pipeline.storage import (
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
 PART_NAME = "part.parquet"
-#: Rows per row group of every derived partition. Fixed, so a partition the reduce writes a
-#: range at a time (:mod:`pipeline.rangemerge`) is the bytes one frame of the same rows
-#: gives: Polars' own choice depends on the frame's height and how it is chunked.
-ROW_GROUP_ROWS = 131_072
-#: How partitions are encoded (zstd level 1: about 30% less encoding time than the default
-#: level for 5% larger files; derived partitions are rewritten often and are not the
-#: long-term store, raw data is). The Ray tasks encode with the same (ray_base).
-PARQUET = {"compression": "zstd", "compression_level": 1, "row_group_size": ROW_GROUP_ROWS}
+#: How partitions are encoded (see :data:`~pipeline.rangemerge.PARQUET_OF_PARTITIONS`).
+PARQUET = PARQUET_OF_PARTITIONS
+#: Rows per row group of every derived partition (fixed: see there).
+ROW_GROUP_ROWS: int = PARQUET["row_group_size"]  # type: ignore[assignment]
 
 
 def hour_of(ts_ns: int) -> int:

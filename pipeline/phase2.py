@@ -20,7 +20,7 @@ The reduce adds the floating-point partials in host order (sorted first), so the
 partitions are the same bytes for any shard size, one shard included: the whole hour is the
 one-shard case of the same code. With several shards on a local data directory the shards
 write their two big results (``request_energy`` rows, latencies) to a staging folder
-(:func:`staging_folder`) and the reduce reads them a range at a time
+(:func:`~pipeline.rangemerge.staging_folder`) and the reduce reads them a range at a time
 (:mod:`pipeline.phase2reduce`): its memory does not grow with the fleet.
 """
 
@@ -52,7 +52,7 @@ from fleetlens.pipeline.phase2split import (
     hours_read,
     lookback,
 )
-from fleetlens.pipeline.rangemerge import stage
+from fleetlens.pipeline.rangemerge import stage, staged_row_group, staging_folder
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard
@@ -178,16 +178,20 @@ def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], s
     part = Phase2Part(
         Phase2Output(gpu_windows, en.request_energy(shares, own), windows, patches),
         win.fleet_requests(requests, cfg.window_s), stats, groups)
-    return part if stage_to is None else stage_part(part, stage_to, shard.index)
+    if stage_to is None:
+        return part
+    return stage_part(part, stage_to, shard, staged_row_group(cfg.reduce_rows, shard.count))
 
 
-def stage_part(part: Phase2Part, folder: Path, index: int) -> Phase2Part:
+def stage_part(part: Phase2Part, folder: Path, shard: Shard, row_group: int) -> Phase2Part:
     """``part`` with its ``request_energy`` rows and its requests' latencies written to
-    ``folder`` (:func:`~pipeline.rangemerge.stage`): the reduce then reads them a range at a
-    time (:func:`merge_phase2`), not every shard's at once. The latencies are sorted by
-    window, a few rows (one per window and group) to a row group, so a window range reads
-    only its own."""
-    energy = stage(part.own.request_energy, folder / f"{index}-{t.REQUEST_ENERGY}.parquet")
+    ``folder`` (:func:`~pipeline.rangemerge.stage`, ``row_group`` rows to a row group): the
+    reduce then reads them a range at a time (:func:`merge_phase2`), not every shard's at
+    once. The latencies are sorted by window, a few rows (one per window and group) to a row
+    group, so a window range reads only its own."""
+    index = shard.index
+    energy = stage(part.own.request_energy, folder / f"{index}-{t.REQUEST_ENERGY}.parquet",
+                   row_group)
     latencies = stage(part.requests.sort(c.WINDOW_START_NS),
                       folder / f"{index}-latencies.parquet", row_group_size=4)
     return replace(part, own=replace(part.own, request_energy=energy), requests=latencies)
@@ -219,7 +223,7 @@ def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     split = FrameSplit({h: f for h, f in frames.items()
                         if partition_file(dd, t.REQUESTS, h) in present}, extent, shards)
     del frames
-    folder = staging_folder(dd, hour)
+    folder = staging_folder(dd, 2, hour)
     try:
         parts = [phase2_shard(dd, cfg, hour, dirty, shard,
                               as_cache(dd, split.pieces(shard.index)), folder)
@@ -229,24 +233,6 @@ def phase2_hour(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     finally:
         if folder is not None and folder.exists():
             remove_tree(folder)
-
-
-def staging_folder(dd: DataDir, hour: int) -> Path | None:
-    """Where the shards of an hour write what its reduce reads a range at a time
-    (``state/staging/phase2-<hour>``, emptied first: a run that died may have left pieces);
-    None on an object store, where the shards return their results and the reduce merges
-    them in memory (ranged reads of an object are not implemented)."""
-    if dd.remote:
-        return None
-    folder = staging_root(dd) / f"phase2-{hour}"
-    if folder.exists():
-        remove_tree(folder)
-    return folder
-
-
-def staging_root(dd: DataDir) -> Path:
-    """The folder every staging folder is under (a run removes what a dead one left)."""
-    return dd.state / "staging"
 
 
 def energy_file(dd: DataDir, hour: int) -> Path:

@@ -22,16 +22,7 @@ import polars as pl
 
 from fleetlens.pipeline import energy as en
 from fleetlens.pipeline import windows as win
-from fleetlens.pipeline.partitions import PARQUET
-from fleetlens.pipeline.rangemerge import (
-    Piece,
-    Staged,
-    range_filters,
-    rows,
-    scan,
-    sink_sorted,
-    sorted_ranges,
-)
+from fleetlens.pipeline.rangemerge import Piece, Staged, merged, range_filters, rows, scan
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
@@ -96,15 +87,9 @@ def _by_host(pieces: list[pl.DataFrame], table: str) -> pl.DataFrame:
 def merged_energy(pieces: list[Piece], budget: int, write_to: Path | None) -> Piece:
     """The hour's ``request_energy`` from the shards' pieces, merged ``budget`` rows at a
     time: written beside ``write_to`` (the partition's file) when given, else one frame."""
-    if len(pieces) == 1 and isinstance(pieces[0], pl.DataFrame) and write_to is None:
-        return pieces[0]
     if not any(rows(p) for p in pieces):  # no partition: publishing it removes the file
         return t.table(t.REQUEST_ENERGY).empty()
-    ranges = sorted_ranges(pieces, ENERGY_ORDER, budget)
-    if write_to is None:
-        return pl.concat(list(ranges), how="vertical_relaxed")
-    schema = scan(pieces[0]).collect_schema()
-    return sink_sorted(ranges, schema, write_to, **PARQUET)
+    return merged(pieces, ENERGY_ORDER, budget, write_to)
 
 
 def window_bounds(latencies: list[Piece], budget: int) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import polars as pl
 
@@ -32,6 +33,7 @@ from fleetlens.pipeline.phase2 import (  # noqa: F401 - re-exported
     phase2_hour,
 )
 from fleetlens.pipeline.pivot import as_split
+from fleetlens.pipeline.rangemerge import Piece, stage, staged_row_group
 from fleetlens.pipeline.samples import engine_samples, gpu_samples, instance_gpus
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
@@ -45,7 +47,7 @@ from fleetlens.pipeline.shardreduce import (
 from fleetlens.pipeline.shards import Shard
 from fleetlens.pipeline.shardsplit import Chunk, Spill, chunks, shard_rows, split_rows
 from fleetlens.pipeline.state import PipelineState
-from fleetlens.pipeline.storage import DataDir
+from fleetlens.pipeline.storage import DataDir, remove_tree
 
 #: Version of the derived files' layout or meaning: a change recomputes them all on the next
 #: run (2: request_energy keyed by trace_id/span_id, gpu_slot_energy added; 3: negative
@@ -56,6 +58,9 @@ from fleetlens.pipeline.storage import DataDir
 #: host order, the same bytes for any shard size; 7: every partition in row groups of
 #: ROW_GROUP_ROWS, so a reduce merging a range at a time writes the bytes of one frame).
 OUTPUT_FORMAT = 7
+#: The partitions phase 1 writes.
+PHASE1_TABLES = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS,
+                 t.GPU_SLOT_ENERGY, t.ENGINE_CONFIGS, t.GPU_HEALTH)
 #: Derived tables this job owns (cleared for hours that lost all their raw data).
 OUTPUTS = (t.REQUESTS, t.GPU_SAMPLES, t.ENGINE_SAMPLES, t.INSTANCE_GPUS, t.GPU_SLOT_ENERGY,
            t.REQUEST_ENERGY, t.GPU_WINDOW_ENERGY, t.WINDOWS, t.ENGINE_CONFIGS, t.GPU_HEALTH)
@@ -127,10 +132,12 @@ def read_rows(cfg: PipelineConfig, signal: str, files: list[str], hour: int,
 
 
 def phase1_points(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
-                  shard: Shard, rows: pl.DataFrame | None = None) -> Phase1Points:
+                  shard: Shard, rows: pl.DataFrame | None = None,
+                  stage_to: Path | None = None) -> Phase1Points:
     """The point half of phase 1 for one shard: the metric points of its hosts (the hour's,
     plus one sample gap before it) -> the hour's GPU and engine tables for those hosts.
-    ``rows``: those points already read (:mod:`pipeline.shardsplit`); None: read them."""
+    ``rows``: those points already read (:mod:`pipeline.shardsplit`); None: read them.
+    ``stage_to``: a folder the tables are written to for the merge (:func:`_staged`)."""
     lo = hour
     points = rows if rows is not None else read_rows(cfg, "metrics", files["metrics"], hour,
                                                      shard)
@@ -144,14 +151,27 @@ def phase1_points(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     # reads these few rows instead.
     slots = en.gpu_slot_energy(gpu_pts, cfg.slot_s, lo, cfg.max_sample_gap_s)
     eng = engine_samples(points).filter(in_hour)
-    return Phase1Points(mapping, [
+    tables = [
         (t.GPU_SAMPLES, gpu.filter(in_hour)), (t.ENGINE_SAMPLES, eng),
         (t.INSTANCE_GPUS, mapping), (t.GPU_SLOT_ENERGY, slots),
-        (t.ENGINE_CONFIGS, engine_configs(hour_points)), (t.GPU_HEALTH, gpu_health(hour_points))])
+        (t.ENGINE_CONFIGS, engine_configs(hour_points)), (t.GPU_HEALTH, gpu_health(hour_points))]
+    return Phase1Points(mapping, [(name, _staged(cfg, frame, stage_to, name, shard))
+                                  for name, frame in tables])
+
+
+def _staged(cfg: PipelineConfig, frame: pl.DataFrame, folder: Path | None, table: str,
+            shard: Shard) -> Piece:
+    """A shard's piece of ``table`` for the merge: written to ``folder``, which the merge
+    reads a range at a time (:mod:`pipeline.rangemerge`), or (None) the frame itself."""
+    if folder is None:
+        return frame
+    return stage(frame, folder / f"{shard.index}-{table}.parquet",
+                 staged_row_group(cfg.reduce_rows, shard.count))
 
 
 def phase1_spans(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
-                 mapping: pl.DataFrame, rows: pl.DataFrame | None = None) -> Phase1Spans:
+                 mapping: pl.DataFrame, rows: pl.DataFrame | None = None,
+                 stage_to: Path | None = None) -> Phase1Spans:
     """The span half of phase 1 for one shard: the spans of its trace bucket overlapping the
     hour -> the requests arriving in the hour. ``mapping``: the whole hour's
     ``instance_gpus`` (a request's model may come from its engine's labels). ``rows``: those
@@ -162,13 +182,14 @@ def phase1_spans(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, sh
     # Across shards, a failed gateway request takes its engine's service from the engine's
     # requests of every shard (see shardreduce.gateway_services): each shard gives its own.
     services = None if shard.whole else engine_services(requests)
-    return Phase1Spans(requests.filter(pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left")),
-                       services)
+    in_hour = requests.filter(pl.col(c.ARRIVAL_NS).is_between(lo, hi, closed="left"))
+    return Phase1Spans(_staged(cfg, in_hour, stage_to, t.REQUESTS, shard), services)
 
 
 def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
                 shards: list[Shard] | None = None,
-                rows: Callable[[str], int] | None = None) -> list[tuple[str, pl.DataFrame]]:
+                rows: Callable[[str], int] | None = None, stage_to: Path | None = None,
+                write_to: dict[str, Path] | None = None) -> list[tuple[str, Piece]]:
     """Phase 1 of one hour as a pure function: the raw ``files`` (see :func:`phase1_files`)
     in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
     can run this anywhere the files can be read).
@@ -179,24 +200,42 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     ``rows``: a segment's rows, which size the chunks), below it each shard reads them
     itself; then the point halves run shard by shard, then the span halves with the hour's merged
     ``instance_gpus``, and the pieces are merged (:mod:`pipeline.shardreduce`) into the same
-    partitions as one shard gives, so only one shard's raw rows are in memory at a time."""
+    partitions as one shard gives, so only one shard's raw rows are in memory at a time.
+    With several shards, ``stage_to`` (a folder, removed at the end) and ``write_to`` (each
+    table's partition file): the halves write their tables there and the merge reads them a
+    range at a time, writing each partition beside its file (:mod:`pipeline.rangemerge`), so
+    no step holds the hour's rows."""
     shards = shards or [Shard(0, 1)]
+    if len(shards) == 1:
+        stage_to = write_to = None
+    try:
+        return _phase1_shards(cfg, files, hour, shards, rows, stage_to, write_to)
+    finally:
+        if stage_to is not None and stage_to.exists():
+            remove_tree(stage_to)
+
+
+def _phase1_shards(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                   shards: list[Shard], rows: Callable[[str], int] | None,
+                   stage_to: Path | None, write_to: dict[str, Path] | None
+                   ) -> list[tuple[str, Piece]]:
     if len(shards) < cfg.split_from_shards:  # each shard reads the segments itself
-        points = [phase1_points(cfg, files, hour, shard) for shard in shards]
+        points = [phase1_points(cfg, files, hour, shard, None, stage_to) for shard in shards]
         mapping = merge_by_host([p.mapping for p in points])
-        spans = [phase1_spans(cfg, files, hour, shard, mapping) for shard in shards]
-        return merge_phase1(points, spans)
+        spans = [phase1_spans(cfg, files, hour, shard, mapping, None, stage_to)
+                 for shard in shards]
+        return merge_phase1(points, spans, cfg.reduce_rows, write_to)
     with Spill(shards) as spill:
         for chunk in chunks(files, rows):
             spill.add(chunk.signal, split_chunk(cfg, chunk, hour, shards))
         points = [phase1_points(cfg, files, hour, shard,
-                                shard_rows(spill.pieces("metrics", shard.index)))
+                                shard_rows(spill.pieces("metrics", shard.index)), stage_to)
                   for shard in shards]
         mapping = merge_by_host([p.mapping for p in points])
         spans = [phase1_spans(cfg, files, hour, shard, mapping,
-                              shard_rows(spill.pieces("spans", shard.index)))
+                              shard_rows(spill.pieces("spans", shard.index)), stage_to)
                  for shard in shards]
-    return merge_phase1(points, spans)
+    return merge_phase1(points, spans, cfg.reduce_rows, write_to)
 
 
 def split_chunk(cfg: PipelineConfig, chunk: Chunk, hour: int,

@@ -17,6 +17,7 @@ of shards is the file one shard over the whole hour publishes.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,11 +27,26 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from fleetlens.pipeline.storage import write_parquet_atomic
+from fleetlens.pipeline.storage import DataDir, remove_tree, write_parquet_atomic
 from fleetlens.pipeline.storage.publish import tmp_path_for
 
-#: Rows per row group of a staged piece: the granularity a range reads a piece at.
+#: How partitions are encoded (zstd level 1: about 30% less encoding time than the default
+#: level for 5% larger files; derived partitions are rewritten often and are not the
+#: long-term store, raw data is), in row groups of a fixed size: Polars' own choice depends
+#: on the frame's height and chunks, so a partition written a range at a time would not be
+#: the bytes of one frame. :func:`pipeline.partitions.publish` and the Ray tasks use these.
+PARQUET_OF_PARTITIONS = {"compression": "zstd", "compression_level": 1,
+                         "row_group_size": 131_072}
+
+#: Rows per row group of a staged piece at most: the granularity a range reads a piece at.
 STAGED_ROW_GROUP = 16_384
+
+
+def staged_row_group(budget: int, pieces: int) -> int:
+    """Rows per row group for a piece of one of ``pieces`` merged ``budget`` rows at a time:
+    a range reads up to one row group too many from each piece, so that overshoot is kept to
+    half the budget however many pieces there are (between 256 and ``STAGED_ROW_GROUP``)."""
+    return max(256, min(STAGED_ROW_GROUP, budget // (2 * max(1, pieces))))
 
 
 @dataclass(frozen=True)
@@ -109,29 +125,50 @@ def range_filters(column: str, bounds: list[Any]) -> list[pl.Expr]:
 
 
 def sorted_ranges(pieces: list[Piece], key: list[str], budget: int,
-                  fix: Callable[[pl.DataFrame], pl.DataFrame] | None = None
-                  ) -> Iterator[pl.DataFrame]:
-    """The pieces' rows sorted by ``key`` (unique across the pieces), one range of its first
-    column at a time; ``fix`` (if given) is applied to each range before it is sorted."""
-    lazies = [scan(p) for p in pieces if rows(p)]
+                  fix: Callable[[pl.DataFrame], pl.DataFrame] | None = None,
+                  stable: bool = False) -> Iterator[pl.DataFrame]:
+    """The pieces' rows sorted by ``key``, one range of its first column at a time; ``fix``
+    (if given) is applied to each range before it is sorted. ``key`` unique across the
+    pieces, or ``stable``: rows with equal keys keep the pieces' order (piece by piece)."""
+    lazies = [scan(p) for p in pieces]
     for where in range_filters(key[0], range_bounds(pieces, key[0], budget)):
         frame = pl.concat([lf.filter(where) for lf in lazies], how="vertical_relaxed").collect()
-        yield (fix(frame) if fix else frame).sort(key)
+        yield (fix(frame) if fix else frame).sort(key, maintain_order=stable)
 
 
-def sink_sorted(ranges: Iterator[pl.DataFrame], schema: pl.Schema, path: Path,
-                **parquet: Any) -> Staged:
+def merged(pieces: list[Piece], key: list[str], budget: int, write_to: Path | None,
+           fix: Callable[[pl.DataFrame], pl.DataFrame] | None = None,
+           stable: bool = False) -> Piece:
+    """The pieces as one table sorted by ``key`` (:func:`sorted_ranges`): written beside
+    ``write_to`` (a partition's file, :func:`sink_sorted`) when given, else one frame. An
+    empty frame when no piece has a row (publishing it removes the partition)."""
+    if not any(rows(p) for p in pieces):
+        first = pieces[0] if pieces else None
+        return first if isinstance(first, pl.DataFrame) else pl.DataFrame()
+    if len(pieces) == 1 and isinstance(pieces[0], pl.DataFrame) and write_to is None:
+        return fix(pieces[0]) if fix else pieces[0]
+    ranges = sorted_ranges(pieces, key, budget, fix, stable)
+    if write_to is None:
+        return pl.concat(list(ranges), how="vertical_relaxed")
+    return sink_sorted(ranges, write_to, **PARQUET_OF_PARTITIONS)
+
+
+def sink_sorted(ranges: Iterator[pl.DataFrame], path: Path, **parquet: Any) -> Staged:
     """Write ``ranges`` one after the other to a hidden file beside ``path`` (fsynced, not
     yet renamed over it) with the ``parquet`` options :func:`partitions.publish` uses: the
-    same bytes as one frame of every range written there. Holds one range at a time."""
+    same bytes as one frame of every range written there. Holds one range at a time (the
+    ranges share one schema: each is the same pieces' rows)."""
     from polars.io.plugins import register_io_source
 
+    first = next(ranges, None)
+    if first is None:
+        raise ValueError("nothing to write: no range")
     written = 0
 
     def source(with_columns: list[str] | None, predicate: pl.Expr | None,
                n_rows: int | None, batch_size: int | None) -> Iterator[pl.DataFrame]:
         nonlocal written
-        for frame in ranges:
+        for frame in itertools.chain([first], ranges):
             written += frame.height
             if predicate is not None:
                 frame = frame.filter(predicate)
@@ -140,10 +177,28 @@ def sink_sorted(ranges: Iterator[pl.DataFrame], schema: pl.Schema, path: Path,
     target = tmp_path_for(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        register_io_source(source, schema=schema).sink_parquet(target, **parquet)
+        register_io_source(source, schema=first.schema).sink_parquet(target, **parquet)
         with open(target, "rb") as handle:
             os.fsync(handle.fileno())
     except BaseException:
         target.unlink(missing_ok=True)
         raise
     return Staged(target, written)
+
+
+def staging_root(dd: DataDir) -> Path:
+    """The folder every staging folder is under (a run removes what a dead one left)."""
+    return dd.state / "staging"
+
+
+def staging_folder(dd: DataDir, phase: int, hour: int) -> Path | None:
+    """Where the shards of an hour's ``phase`` write what its reduce reads a range at a time
+    (``state/staging/phase<N>-<hour>``, emptied first: a run that died may have left pieces);
+    None on an object store, where the shards return their results and the reduce merges
+    them in memory (ranged reads of an object are not implemented)."""
+    if dd.remote:
+        return None
+    folder = staging_root(dd) / f"phase{phase}-{hour}"
+    if folder.exists():
+        remove_tree(folder)
+    return folder

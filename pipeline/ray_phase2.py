@@ -21,7 +21,6 @@ from fleetlens.pipeline.phase2 import (
     merge_phase2,
     phase2_hour,
     phase2_shard,
-    staging_folder,
 )
 from fleetlens.pipeline.phase2split import (
     Bounds,
@@ -34,6 +33,7 @@ from fleetlens.pipeline.phase2split import (
 )
 from fleetlens.pipeline.phase2split import chunks as request_chunks
 from fleetlens.pipeline.phase2split import split_chunk as split_requests
+from fleetlens.pipeline.rangemerge import staging_folder
 from fleetlens.pipeline.ray_base import _TASK, Phase2Encoded, TaskTime, _split_timed, _timed, encode
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard
@@ -114,7 +114,7 @@ def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     # The shards stage their big results there, and the reduce writes request_energy
     # beside its partition (a local or shared data directory; on an object store the
     # results travel through Ray's object store, as before).
-    folder = staging_folder(dd, hour)
+    folder = staging_folder(dd, 2, hour)
     write_to = energy_file(dd, hour) if folder else None
     if len(shards) < cfg.split_from_shards:  # each shard task reads the partitions itself
         parts = [_phase2_shard_task.remote(dd, cfg, hour, dirty, shard, None, folder)

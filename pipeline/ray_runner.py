@@ -47,14 +47,15 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 import polars as pl
 import ray
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file, publish_staged
-from fleetlens.pipeline.phase2 import staging_root
-from fleetlens.pipeline.phases import phase1_points, phase1_spans, split_chunk
+from fleetlens.pipeline.phases import PHASE1_TABLES, phase1_points, phase1_spans, split_chunk
+from fleetlens.pipeline.rangemerge import staging_folder, staging_root
 from fleetlens.pipeline.ray_base import (
     _TASK,
     Encoded,
@@ -107,10 +108,10 @@ def _split_task(cfg: PipelineConfig, chunk: Chunk, hour: int, shards: list[Shard
 
 @ray.remote(**_TASK)
 def _points_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
-                 *pieces: pl.DataFrame) -> tuple[Phase1Points, TaskTime]:
+                 stage_to: Path | None, *pieces: pl.DataFrame) -> tuple[Phase1Points, TaskTime]:
     began = time.time(), time.process_time()
     return _timed(1, hour, began, phase1_points(cfg, files, hour, shard,
-                                                shard_rows(list(pieces))))
+                                                shard_rows(list(pieces)), stage_to))
 
 
 @ray.remote(**_TASK)
@@ -121,33 +122,40 @@ def _mapping_task(*points: tuple[Phase1Points, TaskTime]) -> pl.DataFrame:
 
 @ray.remote(**_TASK)
 def _spans_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
-                mapping: pl.DataFrame, *pieces: pl.DataFrame) -> tuple[Phase1Spans, TaskTime]:
+                mapping: pl.DataFrame, stage_to: Path | None, *pieces: pl.DataFrame
+                ) -> tuple[Phase1Spans, TaskTime]:
     began = time.time(), time.process_time()
     return _timed(1, hour, began, phase1_spans(cfg, files, hour, shard, mapping,
-                                               shard_rows(list(pieces))))
+                                               shard_rows(list(pieces)), stage_to))
 
 
 @ray.remote(**_TASK)
-def _merge_task(hour: int, shards: int, *args: tuple[object, TaskTime] | TaskTime
+def _merge_task(hour: int, cfg: PipelineConfig, shards: int, write_to: dict[str, Path] | None,
+                *args: tuple[object, TaskTime] | TaskTime
                 ) -> tuple[list[Encoded], list[TaskTime]]:
     """The hour's partitions from its shards' halves (points first, then spans; then the
-    split tasks' times), encoded."""
+    split tasks' times), encoded, or written beside their files (``write_to``), which the
+    driver renames into place."""
     began = time.time(), time.process_time()
     halves, splits = args[:2 * shards], args[2 * shards:]
     points, spans = [h for h, _ in halves[:shards]], [h for h, _ in halves[shards:]]
-    parts = [encode(table, frame) for table, frame in merge_phase1(points, spans)]
+    parts = [encode(table, frame)
+             for table, frame in merge_phase1(points, spans, cfg.reduce_rows, write_to)]
     out, took = _timed(1, hour, began, parts)
     return out, [*splits, *(t for _, t in halves), took]
 
 
 def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
-                  shards: list[Shard], rows: Callable[[str], int] | None = None
+                  shards: list[Shard], rows: Callable[[str], int] | None = None,
+                  stage_to: Path | None = None, write_to: dict[str, Path] | None = None
                   ) -> ray.ObjectRef:
     """Phase 1 of ``hour`` on the cluster: one task for one shard, else a split task per
     chunk of the hour's segments (``rows``: a segment's rows, which size the chunks; from
     ``cfg.split_from_shards`` shards, below it the shard tasks read them), a point task per
     shard, the merged mapping, a span task per shard and the merge. The ref
-    resolves to the encoded partitions and the tasks' times."""
+    resolves to the encoded partitions and the tasks' times. ``stage_to`` (a folder) and
+    ``write_to`` (each table's partition file): the halves stage their tables there and the
+    merge writes each partition beside its file (pipeline/rangemerge.py)."""
     if len(shards) == 1:
         return _phase1_task.remote(cfg, files, hour)
     split: dict[str, list] = {"metrics": [], "spans": []}
@@ -156,15 +164,15 @@ def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
         refs = _split_task.options(num_returns=len(shards) + 1).remote(cfg, chunk, hour,
                                                                        shards)
         split[chunk.signal].append(refs)
-    points = [_points_task.remote(cfg, files, hour, shard,
+    points = [_points_task.remote(cfg, files, hour, shard, stage_to,
                                   *(refs[shard.index] for refs in split["metrics"]))
               for shard in shards]
     mapping = _mapping_task.remote(*points)
-    spans = [_spans_task.remote(cfg, files, hour, shard, mapping,
+    spans = [_spans_task.remote(cfg, files, hour, shard, mapping, stage_to,
                                 *(refs[shard.index] for refs in split["spans"]))
              for shard in shards]
     times = [refs[len(shards)] for refs in split["metrics"] + split["spans"]]
-    return _merge_task.remote(hour, len(shards), *points, *spans, *times)
+    return _merge_task.remote(hour, cfg, len(shards), write_to, *points, *spans, *times)
 
 
 def _write(dd: DataDir, hour: int, part: Encoded) -> int:
@@ -245,8 +253,12 @@ class RayPipeline(Pipeline):
                     hour = todo1.popleft()
                     files = phase1_files(state, self.dd, self.cfg, hour)
                     shards = plan_hour(state, self.cfg, hour)
+                    folder = staging_folder(self.dd, 1, hour) if len(shards) > 1 else None
+                    write_to = None if folder is None else {
+                        table: partition_file(self.dd, table, hour) for table in PHASE1_TABLES}
                     run1.append((hour, submit_phase1(self.cfg, files, hour, shards,
-                                                     segment_rows(state, self.dd.root))))
+                                                     segment_rows(state, self.dd.root),
+                                                     folder, write_to)))
                 else:
                     break
             heads = [queue[0][1] for queue in (run1, run2) if queue]
@@ -257,6 +269,7 @@ class RayPipeline(Pipeline):
                 hour, ref = run1.popleft()
                 parts, took = ray.get(ref)
                 self.task_times.extend(took)
+                self._unstage(1, hour)
                 self._flush()  # at most one hour of output waiting to be written
                 for part in parts:
                     self._write(hour, part, summary)
@@ -266,11 +279,15 @@ class RayPipeline(Pipeline):
                 hour, ref = run2.popleft()
                 out, took = ray.get(ref)
                 self.task_times.extend(took)
-                if (folder := staging_root(self.dd) / f"phase2-{hour}").exists():
-                    remove_tree(folder)  # the reduce read its shards' pieces: done with them
+                self._unstage(2, hour)
                 self._publish_encoded(hour, out, summary)
                 done2 += 1
                 self.progress("energy+windows", done2, len(hours2))
+
+    def _unstage(self, phase: int, hour: int) -> None:
+        """Remove an hour's staging folder once its merge has read the pieces there."""
+        if (folder := staging_root(self.dd) / f"phase{phase}-{hour}").exists():
+            remove_tree(folder)
 
     def _write(self, hour: int, part: Encoded, summary: RunSummary) -> None:
         """:meth:`Pipeline._publish` for bytes a task encoded: same writer thread, same order."""

@@ -45,7 +45,6 @@ from fleetlens.pipeline.partitions import (
     publish_staged,
     read_hours,
 )
-from fleetlens.pipeline.phase2 import staging_root
 from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
     _CATEGORICAL,
     _COLUMNS,
@@ -53,6 +52,7 @@ from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
     OUTPUT_FORMAT,
     OUTPUTS,
     PHASE1_PARALLEL,
+    PHASE1_TABLES,
     Phase2Output,
     Progress,
     _active,
@@ -62,7 +62,7 @@ from fleetlens.pipeline.phases import (  # noqa: F401 - re-exported
     phase1_hour,
     phase2_hour,
 )
-from fleetlens.pipeline.rangemerge import Staged
+from fleetlens.pipeline.rangemerge import Staged, staging_folder, staging_root
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard, plan_hour
@@ -121,8 +121,14 @@ class Pipeline:
         (host group x hour) shards (:mod:`pipeline.shards`) run one after the other on this
         thread, so a big hour holds one shard's raw rows at a time, after one pass that reads
         the hour's segments and splits them into the shards' rows (:mod:`pipeline.shardsplit`)."""
+        shards = plan_hour(state, self.cfg, hour)
+        # Several shards on a local disk: the halves stage their tables and the merge writes
+        # each partition beside its file, a range at a time (pipeline/rangemerge.py).
+        folder = staging_folder(self.dd, 1, hour) if len(shards) > 1 else None
+        write_to = None if folder is None else {
+            table: partition_file(self.dd, table, hour) for table in PHASE1_TABLES}
         return phase1_hour(self.cfg, phase1_files(state, self.dd, self.cfg, hour), hour,
-                           plan_hour(state, self.cfg, hour), segment_rows(state, self.dd.root))
+                           shards, segment_rows(state, self.dd.root), folder, write_to)
 
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
                 dirty2: set[int], summary: RunSummary) -> None:
@@ -154,8 +160,8 @@ class Pipeline:
             self._flush()  # at most one hour of output waiting to be written
             for table, frame in frames:
                 self._publish(table, hour, frame, summary)
-                if table == t.REQUESTS:
-                    self._hand_over(hour, frame)
+                if table == t.REQUESTS and isinstance(frame, pl.DataFrame):
+                    self._hand_over(hour, frame)  # (a partition written by a merge is read)
 
         running: deque[tuple[int, Future[list[tuple[str, pl.DataFrame]]]]] = deque()
         with ThreadPoolExecutor(PHASE1_PARALLEL, thread_name_prefix="phase1") as pool:
@@ -304,8 +310,9 @@ class Pipeline:
             return
         if (root := staging_root(self.dd)).exists():
             remove_tree(root)
-        if (folder := self.dd.table_dir(t.REQUEST_ENERGY)).exists():
-            remove_stale_tmp(folder)
+        for table in OUTPUTS:
+            if (folder := self.dd.table_dir(table)).exists():
+                remove_stale_tmp(folder)
 
     def _clear_orphans(self, keep: Iterable[int], oldest: int | None) -> None:
         """After a full run, remove derived partitions of hours with no raw data left (hours

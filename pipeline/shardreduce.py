@@ -11,28 +11,38 @@ partitions, byte for byte what one shard over the whole hour gives.
   failed gateway request (no engine span answered it) the service of its engine's answered
   requests (the smallest, if several), which may be in other shards:
   :func:`gateway_services` puts the hour-wide one back.
+
+With several shards on a local data directory the halves write their tables to a staging
+folder and the merge reads them a range at a time (:mod:`pipeline.rangemerge`: ranges of
+``host_name`` or of ``arrival_ns``), writing each partition beside its place: its memory
+does not grow with the fleet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import polars as pl
 
 from fleetlens.pipeline.normalize import SOURCE_GATEWAY
+from fleetlens.pipeline.rangemerge import Piece, merged
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 
 #: The smallest service of an instance's answered requests (internal; never written).
 _ENGINE_SERVICE = "__engine_service"
+#: The order of a ``requests`` partition (unique once deduplicated)
+REQUEST_ORDER = [c.ARRIVAL_NS, c.TRACE_ID, c.SPAN_ID]
 
 
 @dataclass
 class Phase1Points:
-    """One shard's point half: its ``instance_gpus`` and every point table, in publish order."""
+    """One shard's point half: its ``instance_gpus`` and every point table, in publish order
+    (in memory, or staged for the merge)."""
 
     mapping: pl.DataFrame
-    tables: list[tuple[str, pl.DataFrame]]
+    tables: list[tuple[str, Piece]]
 
 
 @dataclass
@@ -40,7 +50,7 @@ class Phase1Spans:
     """One shard's span half: the requests arriving in the hour, and (several shards only)
     the smallest service of each instance's answered requests, arrival hour or not."""
 
-    requests: pl.DataFrame
+    requests: Piece
     services: pl.DataFrame | None
 
 
@@ -60,14 +70,17 @@ def merge_by_host(pieces: list[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(pieces, how="vertical_relaxed").sort(c.HOST_NAME, maintain_order=True)
 
 
-def gateway_services(requests: pl.DataFrame, services: list[pl.DataFrame]) -> pl.DataFrame:
-    """``requests`` whose failed gateway rows take the smallest service of their engine's
-    answered requests over every shard (a shard only saw its own); other rows unchanged."""
+def hour_wide_services(services: list[pl.DataFrame]) -> pl.DataFrame:
+    """Per instance, the smallest service of its answered requests over every shard."""
+    return pl.concat(services).group_by(c.INSTANCE_ID).agg(pl.col(_ENGINE_SERVICE).min())
+
+
+def with_services(requests: pl.DataFrame, hour_wide: pl.DataFrame) -> pl.DataFrame:
+    """``requests`` whose failed gateway rows take the ``hour_wide`` smallest service of
+    their engine's answered requests (:func:`hour_wide_services`); other rows unchanged."""
     gateway = pl.col(c.SOURCE) == SOURCE_GATEWAY
     if not requests.select(gateway.any()).item():
         return requests
-    hour_wide = (pl.concat(services).group_by(c.INSTANCE_ID)
-                 .agg(pl.col(_ENGINE_SERVICE).min()))
     joined = requests.join(hour_wide, on=c.INSTANCE_ID, how="left", maintain_order="left")
     # A shard's own value is coalesce(its smallest, the gateway's service): the hour-wide
     # smallest exists whenever that shard's did, and is never larger.
@@ -76,32 +89,45 @@ def gateway_services(requests: pl.DataFrame, services: list[pl.DataFrame]) -> pl
         .otherwise(pl.col(c.SERVICE_NAME)).alias(c.SERVICE_NAME)).drop(_ENGINE_SERVICE)
 
 
-def merge_requests(spans: list[Phase1Spans]) -> pl.DataFrame:
-    """The hour's ``requests`` from the shards' span halves (see the module docstring).
-    Empties ``spans``: the pieces are dropped as soon as the concatenation holds them, so
-    each copy the merge makes frees the one before it."""
-    if len(spans) == 1:
+def gateway_services(requests: pl.DataFrame, services: list[pl.DataFrame]) -> pl.DataFrame:
+    """``requests`` whose failed gateway rows take the smallest service of their engine's
+    answered requests over every shard (a shard only saw its own); other rows unchanged."""
+    return with_services(requests, hour_wide_services(services))
+
+
+def merge_requests(spans: list[Phase1Spans], budget: int, write_to: Path | None = None
+                   ) -> Piece:
+    """The hour's ``requests`` from the shards' span halves (see the module docstring), a
+    range of arrivals (about ``budget`` rows) at a time: written beside ``write_to`` (the
+    partition's file) when given. Empties ``spans``."""
+    if len(spans) == 1 and write_to is None:
         return spans.pop().requests
     pieces = [s.requests for s in spans]
     services = [s.services for s in spans if s.services is not None]
     spans.clear()
-    merged = pl.concat(pieces, how="vertical_relaxed")
-    del pieces
-    merged = gateway_services(merged, services)
-    return merged.sort([c.ARRIVAL_NS, c.TRACE_ID, c.SPAN_ID])
+    hour_wide = hour_wide_services(services) if services else None
+
+    def fix(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame if hour_wide is None else with_services(frame, hour_wide)
+
+    return merged(pieces, REQUEST_ORDER, budget, write_to, fix)
 
 
-def merge_phase1(points: list[Phase1Points], spans: list[Phase1Spans]
-                 ) -> list[tuple[str, pl.DataFrame]]:
-    """The hour's phase-1 partitions from its shards' halves, in publish order.
+def merge_phase1(points: list[Phase1Points], spans: list[Phase1Spans], budget: int,
+                 write_to: dict[str, Path] | None = None) -> list[tuple[str, Piece]]:
+    """The hour's phase-1 partitions from its shards' halves, in publish order, each merged
+    a range (about ``budget`` rows) at a time: written beside their files (``write_to``: by
+    table) when given, else frames.
 
     Empties both lists and merges table by table, dropping each table's pieces once merged:
-    a caller that passed the only references (the local runner's thread) then holds each
-    table about once, plus one table's merged copy, instead of the hour's pieces and every
-    merged table at once (7.0 GB for a 1,024-GPU hour, bench/scale.py --memory)."""
+    a caller that passed the only references (the local runner's thread) then holds one
+    table's merge at a time, not the hour's pieces and every merged table at once (7.0 GB
+    for a 1,024-GPU hour in memory, bench/scale.py --memory)."""
     names = [name for name, _ in points[0].tables]
     pieces = {name: [dict(p.tables)[name] for p in points] for name in names}
     points.clear()
-    requests = merge_requests(spans)
-    merged = [(name, merge_by_host(pieces.pop(name))) for name in names]
-    return [(t.REQUESTS, requests), *merged]
+    where = write_to or {}
+    requests = merge_requests(spans, budget, where.get(t.REQUESTS))
+    out = [(name, merged(pieces.pop(name), [c.HOST_NAME], budget, where.get(name),
+                         stable=True)) for name in names]
+    return [(t.REQUESTS, requests), *out]

@@ -59,7 +59,7 @@ def test_a_merge_in_ranges_writes_the_bytes_of_one_frame(tmp_path: Path, rows, p
         assert len(ranges) >= rows.height // budget
         assert max(r.height for r in ranges) < budget + pieces * STAGED_ROW_GROUP
     assert sum(r.height for r in ranges) == rows.height
-    out = sink_sorted(iter(ranges), rows.schema, tmp_path / "part.parquet", **PARQUET)
+    out = sink_sorted(iter(ranges), tmp_path / "part.parquet", **PARQUET)
     assert out.rows == rows.height and out.path.name.startswith(".")
     assert _digest(out.path) == _digest(whole)
 
@@ -95,7 +95,7 @@ def test_a_staged_partition_is_renamed_into_place(tmp_path: Path, rows) -> None:
     from fleetlens.pipeline.partitions import partition_file, publish
 
     target = partition_file(dd, "request_energy", hour)
-    staged = sink_sorted(iter([rows.sort(KEY)]), rows.schema, target, **PARQUET)
+    staged = sink_sorted(iter([rows.sort(KEY)]), target, **PARQUET)
     assert not target.exists()  # written beside it, under a hidden name, until renamed
     assert publish_staged(dd, "request_energy", hour, staged) == rows.height
     assert target.exists() and not staged.path.exists()
@@ -109,8 +109,7 @@ def test_a_staged_partition_is_renamed_into_place(tmp_path: Path, rows) -> None:
 
 def test_a_staged_file_not_beside_its_partition_is_refused(tmp_path: Path, rows) -> None:
     dd = DataDir(tmp_path / "data")
-    elsewhere = sink_sorted(iter([rows]), rows.schema, tmp_path / "x" / "part.parquet",
-                            **PARQUET)
+    elsewhere = sink_sorted(iter([rows]), tmp_path / "x" / "part.parquet", **PARQUET)
     with pytest.raises(ValueError, match="not beside"):
         publish_staged(dd, "request_energy", 0, elsewhere)
 
@@ -121,5 +120,5 @@ def test_a_failed_merge_leaves_no_file(tmp_path: Path, rows) -> None:
         raise RuntimeError("a shard's piece vanished")
 
     with pytest.raises(RuntimeError, match="vanished"):
-        sink_sorted(broken(), rows.schema, tmp_path / "part.parquet", **PARQUET)
+        sink_sorted(broken(), tmp_path / "part.parquet", **PARQUET)
     assert list(tmp_path.iterdir()) == []

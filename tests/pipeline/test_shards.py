@@ -88,9 +88,9 @@ def test_any_shard_size_gives_the_same_files(tmp_path: Path, fleet, one_shard, p
     real, real2 = phases.phase1_spans, phase2.phase2_shard
     real_bounds, real_windows = rangemerge.range_bounds, phase2reduce.window_bounds
 
-    def spy(cfg, files, hour, shard, mapping, rows=None):
+    def spy(cfg, files, hour, shard, mapping, rows=None, stage_to=None):
         seen.append(shard.count)
-        return real(cfg, files, hour, shard, mapping, rows)
+        return real(cfg, files, hour, shard, mapping, rows, stage_to)
 
     def spy2(dd, cfg, hour, dirty, shard, cache=None, stage_to=None):
         seen2.append(shard.count)
@@ -235,7 +235,7 @@ from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import Pipeline
 from fleetlens.pipeline.storage import DataDir
 real = phases.phase1_spans
-def dying(cfg, files, hour, shard, mapping, rows=None):
+def dying(cfg, files, hour, shard, mapping, rows=None, stage_to=None):
     # The last shard of a later hour, mid-run, once the first hour (on the other phase-1
     # thread) is published.
     if hour > int(sys.argv[2]) and shard.index == shard.count - 1:
@@ -244,7 +244,7 @@ def dying(cfg, files, hour, shard, mapping, rows=None):
                 break
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
-    return real(cfg, files, hour, shard, mapping, rows)
+    return real(cfg, files, hour, shard, mapping, rows, stage_to)
 phases.phase1_spans = dying
 Pipeline(DataDir(sys.argv[1]), replace(PipelineConfig(), hosts_per_shard=3)).run_once()
 """
@@ -268,16 +268,22 @@ def test_a_run_killed_in_a_shard_is_redone_and_the_files_are_the_same(
     assert died.returncode == -9, died.stderr[-2000:]
     assert not (dd.root / "state" / "pipeline.json").exists()
     assert any(parquet_files(dd.derived("requests"))), "killed before any hour was published"
+    # the killed run left its staged pieces (the point halves of that hour ran)
+    assert any((dd.root / "state" / "staging").rglob("*.parquet"))
     Pipeline(dd, replace(PipelineConfig(), hosts_per_shard=3)).run_once()
     files = {str(p.relative_to(dd.root)): hashlib.sha256(p.read_bytes()).hexdigest()
              for table in OUTPUTS for p in parquet_files(dd.derived(table))}
     assert files == one_shard
+    # and the next run removed them; nothing half-written is left beside a partition
+    assert not list((dd.root / "state" / "staging").rglob("*"))
+    assert not list((dd.root / "derived").rglob("*.tmp"))
 
 
 def test_the_merge_drops_the_pieces_it_merged(tmp_path: Path, fleet) -> None:
     """merge_phase1 empties the lists of halves it is given (the local runner's thread passes
     the only references, so each table's pieces are freed once merged) and returns what the
-    halves merged gave before."""
+    halves merged gave before, also merged in memory in ranges of a few hundred rows (as on
+    an object store, where nothing is staged)."""
     from fleetlens.pipeline.shardreduce import merge_by_host, merge_phase1
 
     dd = DataDir(tmp_path / "data")
@@ -290,7 +296,7 @@ def test_the_merge_drops_the_pieces_it_merged(tmp_path: Path, fleet) -> None:
     points = [phases.phase1_points(cfg, files, hour, s) for s in shards]
     mapping = merge_by_host([p.mapping for p in points])
     spans = [phases.phase1_spans(cfg, files, hour, s, mapping) for s in shards]
-    merged = merge_phase1(points, spans)
+    merged = merge_phase1(points, spans, 300)
     assert points == [] and spans == []
     whole = phases.phase1_hour(cfg, files, hour)
     assert [name for name, _ in merged] == [name for name, _ in whole]
