@@ -36,6 +36,11 @@ against the split tasks (``pipeline/phase2split.py``: the partitions read once, 
 groups a task) and the shard tasks from their pieces, then the reduce; CPU-s and peaks:
 
     .venv/bin/python bench/scale.py --phase2 --gpus 256 1024
+
+``--stage-cost`` runs the local runner over one such hour with its merges staged and bounded
+(as it runs) against in memory (as before), taking turns: CPU, wall, peak and same bytes:
+
+    .venv/bin/python bench/scale.py --stage-cost --gpus 256 --repeat 3
 """
 
 from __future__ import annotations
@@ -254,6 +259,9 @@ def main() -> None:
     parser.add_argument("--phase2", action="store_true",
                         help="phase 2 of one hour in shards per fleet size: the shard tasks' "
                         "CPU reading the request partitions themselves against the split")
+    parser.add_argument("--stage-cost", action="store_true",
+                        help="the local runner over one hour per fleet size with its merges "
+                        "staged (bounded) against in memory (bench/scale_stage.py)")
     parser.add_argument("--phase2-hours", type=int, default=2,
                         help="--phase2: hours generated; phase 2 of the last is measured")
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024],
@@ -265,6 +273,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.memory:
         memory(args)
+        return
+    if args.stage_cost:
+        print(f"machine: {bench_pipeline.machine()}", flush=True)
+        print(json.dumps(_bench_module("scale_stage").stage_cost(args, bench_pipeline,
+                                                                 _scale_memory())))
         return
     if args.phase2:
         print(f"machine: {bench_pipeline.machine()}", flush=True)

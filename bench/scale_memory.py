@@ -100,6 +100,7 @@ elif args["mode"] == "spans":
 elif args["mode"] == "phase1merge":  # the merge task: every half in, the hour's files out
     import pickle
     from pathlib import Path
+    from fleetlens.pipeline.rangemerge import rows as piece_rows
     from fleetlens.pipeline.shardreduce import merge_phase1
     halves = []
     for path in args["files"]:
@@ -109,7 +110,7 @@ elif args["mode"] == "phase1merge":  # the merge task: every half in, the hour's
     out = Path(args["stage"]) / "out"
     merged = merge_phase1(points, spans, cfg.reduce_rows,
                           {{name: out / name / "part.parquet" for name in phases.PHASE1_TABLES}})
-    rows = sum(piece.rows for _, piece in merged)
+    rows = sum(piece_rows(piece) for _, piece in merged)
 elif args["mode"] == "phase2":  # the hour in one shard, as before phase 2 was sharded
     from fleetlens.pipeline.storage import DataDir
     out = phases.phase2_hour(DataDir(args["data"]), cfg, hour, {{hour}})
