@@ -1,8 +1,11 @@
 """Checks before the collector forks its workers: ports free, exposure said out loud.
 
 With several workers, a port held by another program made each worker fail and restart
-three times (about 90 lines of tracebacks) before the supervisor gave up. One trial bind,
-with the workers' own SO_REUSEPORT, finds it first and says so in one line.
+three times (about 90 lines of tracebacks) before the supervisor gave up. One trial bind
+finds it first and says so in one line. The trial bind does *not* set SO_REUSEPORT, which
+the workers set to share the port: with it, a port already served by another collector (or
+anything else binding with SO_REUSEPORT as the same user) passed, and the kernel then split
+the clients between the two servers without a word.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def check_ports_free(config: CollectorConfig) -> None:
-    """Bind each listening address once, as a worker will (SO_REUSEPORT on).
+    """Bind each listening address once, alone: SO_REUSEADDR (a closed server's connections
+    in TIME_WAIT do not count), not SO_REUSEPORT (a listener of any program does).
 
     Raises:
         PortInUse: naming the address and the setting that chose it.
@@ -35,7 +39,7 @@ def check_ports_free(config: CollectorConfig) -> None:
         for family, kind, proto, _, where in socket.getaddrinfo(host, port,
                                                                 type=socket.SOCK_STREAM):
             with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     probe.bind(where)
                 except OSError as exc:
