@@ -96,11 +96,11 @@ def _export(col: RunningCollector, request: Any) -> Any:
     """Export as an OTLP client does: a deadline or an unavailable server is retried (at most
     five tries of 60 s). In fresh-clone ``make test`` runs, with the rest of the suite on the
     two cores beside the real vLLM, an export here got no answer in 30 s in three runs
-    (sessions 25 and 26), the last time even after three tries: the collector's log showed 600 spans received and none
-    flushed after a minute (its exports averaging 0.4-0.9 s: the WAL's and the segments'
-    fsyncs waiting behind the suite's writes, it seems; it passes alone in seconds). A retry
-    may deliver a span twice: what this test checks is that every acknowledged span is there
-    once after the pipeline's dedup."""
+    (sessions 25 and 26), the last time even after three tries: the collector's log showed
+    600 spans received and none flushed after a minute (its exports averaging 0.4-0.9 s:
+    the WAL's and the segments' fsyncs waiting behind the suite's writes, it seems; it passes
+    alone in seconds). A retry may deliver a span twice: what this test checks is that every
+    acknowledged span is there once after the pipeline's dedup."""
     for attempt in range(EXPORT_TRIES):
         try:
             return col.export(request, timeout=EXPORT_TIMEOUT_S)
