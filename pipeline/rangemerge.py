@@ -191,6 +191,11 @@ def staging_root(dd: DataDir) -> Path:
     return dd.state / "staging"
 
 
+def staging_path(dd: DataDir, phase: int, hour: int) -> Path:
+    """The staging folder of an hour's ``phase`` (see :func:`staging_folder`)."""
+    return staging_root(dd) / f"phase{phase}-{hour}"
+
+
 def staging_folder(dd: DataDir, phase: int, hour: int) -> Path | None:
     """Where the shards of an hour's ``phase`` write what its reduce reads a range at a time
     (``state/staging/phase<N>-<hour>``, emptied first: a run that died may have left pieces);
@@ -198,7 +203,7 @@ def staging_folder(dd: DataDir, phase: int, hour: int) -> Path | None:
     them in memory (ranged reads of an object are not implemented)."""
     if dd.remote:
         return None
-    folder = staging_root(dd) / f"phase{phase}-{hour}"
+    folder = staging_path(dd, phase, hour)
     if folder.exists():
         remove_tree(folder)
     return folder

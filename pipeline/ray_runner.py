@@ -55,7 +55,7 @@ import ray
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file, publish_staged
 from fleetlens.pipeline.phases import PHASE1_TABLES, phase1_points, phase1_spans, split_chunk
-from fleetlens.pipeline.rangemerge import staging_folder, staging_root
+from fleetlens.pipeline.rangemerge import staging_folder, staging_path
 from fleetlens.pipeline.ray_base import (
     _TASK,
     Encoded,
@@ -286,7 +286,7 @@ class RayPipeline(Pipeline):
 
     def _unstage(self, phase: int, hour: int) -> None:
         """Remove an hour's staging folder once its merge has read the pieces there."""
-        if (folder := staging_root(self.dd) / f"phase{phase}-{hour}").exists():
+        if (folder := staging_path(self.dd, phase, hour)).exists():
             remove_tree(folder)
 
     def _write(self, hour: int, part: Encoded, summary: RunSummary) -> None:
