@@ -23,6 +23,7 @@ stage never looks further back than ``max_request_s`` anyway).
 
 from __future__ import annotations
 
+import bisect
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -46,6 +47,13 @@ class Discovered:
 
     dirty: set[int] = field(default_factory=set)
     energy_dirty: set[int] = field(default_factory=set)
+    #: Phase-1 dirty hours some new span overlaps (their requests are recomputed).
+    span_dirty: set[int] = field(default_factory=set)
+    #: Per phase-1 dirty hour, the hosts with new metric points phase 1 of that hour reads
+    #: ("" for points without a host): only these hosts' point tables need recomputing.
+    point_hosts: dict[int, set[str]] = field(default_factory=dict)
+    #: The new segments (paths relative to the data dir).
+    new: set[str] = field(default_factory=set)
     new_segments: int = 0
     new_rows: int = 0
     too_late_rows: int = 0
@@ -186,6 +194,22 @@ def add_hours(keys: list[int], dirty: set[int], energy_dirty: set[int]) -> None:
         energy_dirty.update(range(earliest * HOUR_NS, first * HOUR_NS, HOUR_NS))
 
 
+def hosts_by_hour(stats: pl.DataFrame, hours: set[int]) -> dict[int, set[str]]:
+    """Per hour of ``hours``, the hosts whose rows in ``stats`` (per segment and host: the
+    extent ``lo`` to ``hi`` their rows affect in phase 1) reach into it. A superset of the
+    hosts with a new row phase 1 of that hour reads (an extent may have holes), which is all
+    the dirty-host bookkeeping needs."""
+    ordered = sorted(hours)
+    out: dict[int, set[str]] = {}
+    for host, lo, hi in stats.select(c.HOST_NAME, "lo", "hi").iter_rows():
+        if lo is None or hi is None:
+            continue
+        first = bisect.bisect_left(ordered, lo - lo % HOUR_NS)
+        for hour in ordered[first:bisect.bisect_right(ordered, hi)]:
+            out.setdefault(hour, set()).add(host)
+    return out
+
+
 def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int,
              future_ns: int = FUTURE_NS, max_row_ns: int = MAX_ROW_NS) -> Discovered:
     """Register the new segments in ``state`` (and forget vanished ones); return what changed.
@@ -213,9 +237,12 @@ def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int,
                                         future_ns, max_row_ns), signal)
 
     per_host: list[pl.DataFrame] = []
+    found.new = {rel for rel, _, _ in new}
     with ThreadPoolExecutor(PARALLEL, thread_name_prefix="discover") as pool:
         for (rel, signal, size), (stats, keys) in zip(new, pool.map(facts, new), strict=True):
             add_hours(keys, found.dirty, found.energy_dirty)
+            if signal == "spans":
+                add_hours(keys, found.span_dirty, set())
             state.segments[rel] = Segment(
                 signal, size, int(stats["lo"].min() or 0), int(stats["hi"].max() or 0),
                 int(stats["n"].sum()))
@@ -224,6 +251,7 @@ def discover(dd: DataDir, state: PipelineState, gap_ns: int, lateness_ns: int,
     if not per_host:
         return found
     stats = pl.concat(per_host)
+    found.point_hosts = hosts_by_hour(stats.filter(pl.col("signal") == "metrics"), found.dirty)
     found.new_rows = int(stats["n"].sum())
     found.too_late_rows = int(stats["late"].sum())
     for host, mark in stats.group_by(c.HOST_NAME).agg(pl.col("end").max()).iter_rows():

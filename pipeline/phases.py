@@ -18,6 +18,7 @@ import polars as pl
 
 from fleetlens.pipeline import energy as en
 from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.dirtyhosts import Kept
 from fleetlens.pipeline.gpupoints import gpu_points
 from fleetlens.pipeline.health import engine_configs, gpu_health
 from fleetlens.pipeline.normalize import normalize
@@ -111,10 +112,12 @@ def phase1_files(state: PipelineState, dd: DataDir, cfg: PipelineConfig,
 
 
 def read_rows(cfg: PipelineConfig, signal: str, files: list[str], hour: int,
-              shard: Shard | None = None) -> pl.DataFrame:
+              shard: Shard | None = None, scope: pl.Expr | None = None) -> pl.DataFrame:
     """The raw rows of ``signal`` in ``files`` that phase 1 of ``hour`` reads: the finite
     metric points from one sample gap before the hour to its end (a GPU sample's interval
-    starts there), the spans overlapping the hour; with a ``shard``, only that shard's."""
+    starts there), the spans overlapping the hour; with a ``shard``, only that shard's; with
+    a ``scope`` (metric points only), only the points it keeps (the dirty hosts',
+    :mod:`pipeline.dirtyhosts`)."""
     lo, hi = hour, hour + HOUR_NS
     split = shard is not None and not shard.whole
     if signal == "metrics":
@@ -123,9 +126,12 @@ def read_rows(cfg: PipelineConfig, signal: str, files: list[str], hour: int,
         # client: OTLP allows them, so the collector keeps them) is no reading.
         finite = pl.col(c.VALUE).is_finite() | pl.col(c.VALUE).is_null()
         wanted = pl.col(c.TS_NS).is_between(lo - gap_ns, hi, closed="left") & finite
-        return read_raw(files, _SIGNALS[signal], wanted & shard.point_filter() if split
-                        else wanted, _COLUMNS[signal], _CATEGORICAL[signal],
-                        within=(c.TS_NS, lo - gap_ns, hi))
+        if split:
+            wanted = wanted & shard.point_filter()
+        if scope is not None:
+            wanted = wanted & scope
+        return read_raw(files, _SIGNALS[signal], wanted, _COLUMNS[signal],
+                        _CATEGORICAL[signal], within=(c.TS_NS, lo - gap_ns, hi))
     overlap = (pl.col(c.START_NS) < hi) & (pl.col(c.END_NS) >= lo)
     return read_raw(files, _SIGNALS[signal], overlap & shard.span_filter() if split
                     else overlap, _COLUMNS[signal], _CATEGORICAL[signal])
@@ -133,14 +139,16 @@ def read_rows(cfg: PipelineConfig, signal: str, files: list[str], hour: int,
 
 def phase1_points(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
                   shard: Shard, rows: pl.DataFrame | None = None,
-                  stage_to: Path | None = None) -> Phase1Points:
+                  stage_to: Path | None = None, scope: pl.Expr | None = None
+                  ) -> Phase1Points:
     """The point half of phase 1 for one shard: the metric points of its hosts (the hour's,
     plus one sample gap before it) -> the hour's GPU and engine tables for those hosts.
-    ``rows``: those points already read (:mod:`pipeline.shardsplit`); None: read them.
-    ``stage_to``: a folder the tables are written to for the merge (:func:`_staged`)."""
+    ``rows``: those points already read (:mod:`pipeline.shardsplit`); None: read them (only
+    those ``scope`` keeps, when given). ``stage_to``: a folder the tables are written to for
+    the merge (:func:`_staged`)."""
     lo = hour
     points = rows if rows is not None else read_rows(cfg, "metrics", files["metrics"], hour,
-                                                     shard)
+                                                     shard, scope)
     in_hour = pl.col(c.TS_NS) >= lo
     points = as_split(points)  # once for the three samples stages
     hour_points = points.filter(in_hour)
@@ -189,7 +197,8 @@ def phase1_spans(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, sh
 def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
                 shards: list[Shard] | None = None,
                 rows: Callable[[str], int] | None = None, stage_to: Path | None = None,
-                write_to: dict[str, Path] | None = None) -> list[tuple[str, Piece]]:
+                write_to: dict[str, Path] | None = None,
+                kept: Kept | None = None) -> list[tuple[str, Piece]]:
     """Phase 1 of one hour as a pure function: the raw ``files`` (see :func:`phase1_files`)
     in, the hour's partitions out, nothing published (a runner publishes them, so a Ray task
     can run this anywhere the files can be read).
@@ -204,12 +213,18 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
     With several shards, ``stage_to`` (a folder, removed at the end) and ``write_to`` (each
     table's partition file): the halves write their tables there and the merge reads them a
     range at a time, writing each partition beside its file (:mod:`pipeline.rangemerge`), so
-    no step holds the hour's rows."""
+    no step holds the hour's rows.
+
+    ``kept`` (:func:`~pipeline.dirtyhosts.phase1_kept`; None: every host is recomputed): only
+    its dirty hosts' points are recomputed (in its shards), the other hosts' rows are the
+    published ones, and the requests are recomputed only when it says so; the partitions
+    are the same as recomputing every shard gives (the requests' is not returned when
+    unchanged)."""
     shards = shards or [Shard(0, 1)]
     if len(shards) == 1:
         stage_to = write_to = None
     try:
-        return _phase1_shards(cfg, files, hour, shards, rows, stage_to, write_to)
+        return _phase1_shards(cfg, files, hour, shards, rows, stage_to, write_to, kept)
     finally:
         if stage_to is not None and stage_to.exists():
             remove_tree(stage_to)
@@ -217,30 +232,58 @@ def phase1_hour(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
 
 def _phase1_shards(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
                    shards: list[Shard], rows: Callable[[str], int] | None,
-                   stage_to: Path | None, write_to: dict[str, Path] | None
-                   ) -> list[tuple[str, Piece]]:
-    if len(shards) < cfg.split_from_shards:  # each shard reads the segments itself
-        points = [phase1_points(cfg, files, hour, shard, None, stage_to) for shard in shards]
-        mapping = merge_by_host([p.mapping for p in points])
-        spans = [phase1_spans(cfg, files, hour, shard, mapping, None, stage_to)
-                 for shard in shards]
-        return merge_phase1(points, spans, cfg.reduce_rows, write_to)
-    with Spill(shards) as spill:
-        for chunk in chunks(files, rows):
-            spill.add(chunk.signal, split_chunk(cfg, chunk, hour, shards))
-        points = [phase1_points(cfg, files, hour, shard,
-                                shard_rows(spill.pieces("metrics", shard.index)), stage_to)
-                  for shard in shards]
-        mapping = merge_by_host([p.mapping for p in points])
-        spans = [phase1_spans(cfg, files, hour, shard, mapping,
-                              shard_rows(spill.pieces("spans", shard.index)), stage_to)
-                 for shard in shards]
+                   stage_to: Path | None, write_to: dict[str, Path] | None,
+                   kept: Kept | None) -> list[tuple[str, Piece]]:
+    if kept is None:
+        points = point_halves(cfg, files, hour, shards, rows, stage_to)
+    else:
+        points = point_halves(cfg, files, hour, list(kept.shards), rows, stage_to,
+                              kept.scope())
+        points.append(kept.half(stage_to, staged_row_group(cfg.reduce_rows, len(shards))))
+    mapping = merge_by_host([p.mapping for p in points])
+    spans = ([] if kept is not None and not kept.needs_requests(mapping)
+             else span_halves(cfg, files, hour, shards, mapping, rows, stage_to))
     return merge_phase1(points, spans, cfg.reduce_rows, write_to)
 
 
-def split_chunk(cfg: PipelineConfig, chunk: Chunk, hour: int,
-                shards: list[Shard]) -> list[pl.DataFrame]:
-    """One chunk of the hour's segments, read once, as one piece per shard
-    (:func:`~pipeline.shardsplit.split_rows`)."""
-    return split_rows(read_rows(cfg, chunk.signal, list(chunk.files), hour), chunk.signal,
-                      shards)
+def point_halves(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                 shards: list[Shard], rows: Callable[[str], int] | None,
+                 stage_to: Path | None, scope: pl.Expr | None = None) -> list[Phase1Points]:
+    """The point halves of ``shards`` (of the metric points ``scope`` keeps, when given),
+    from a split of the hour's segments from ``cfg.split_from_shards`` shards."""
+    if len(shards) < cfg.split_from_shards:  # each shard reads the segments itself
+        return [phase1_points(cfg, files, hour, shard, None, stage_to, scope)
+                for shard in shards]
+    with Spill(shards) as spill:
+        for chunk in chunks(files, rows):
+            if chunk.signal == "metrics":
+                spill.add(chunk.signal, split_chunk(cfg, chunk, hour, shards, scope))
+        return [phase1_points(cfg, files, hour, shard,
+                              shard_rows(spill.pieces("metrics", shard.index)), stage_to)
+                for shard in shards]
+
+
+def span_halves(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                shards: list[Shard], mapping: pl.DataFrame,
+                rows: Callable[[str], int] | None, stage_to: Path | None
+                ) -> list[Phase1Spans]:
+    """The span halves of ``shards`` with the hour's ``mapping``, from a split of the hour's
+    segments from ``cfg.split_from_shards`` shards."""
+    if len(shards) < cfg.split_from_shards:
+        return [phase1_spans(cfg, files, hour, shard, mapping, None, stage_to)
+                for shard in shards]
+    with Spill(shards) as spill:
+        for chunk in chunks(files, rows):
+            if chunk.signal == "spans":
+                spill.add(chunk.signal, split_chunk(cfg, chunk, hour, shards))
+        return [phase1_spans(cfg, files, hour, shard, mapping,
+                             shard_rows(spill.pieces("spans", shard.index)), stage_to)
+                for shard in shards]
+
+
+def split_chunk(cfg: PipelineConfig, chunk: Chunk, hour: int, shards: list[Shard],
+                scope: pl.Expr | None = None) -> list[pl.DataFrame]:
+    """One chunk of the hour's segments, read once (only the metric points ``scope`` keeps,
+    when given), as one piece per shard (:func:`~pipeline.shardsplit.split_rows`)."""
+    return split_rows(read_rows(cfg, chunk.signal, list(chunk.files), hour, None, scope),
+                      chunk.signal, shards)

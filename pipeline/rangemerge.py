@@ -145,6 +145,9 @@ def merged(pieces: list[Piece], key: list[str], budget: int, write_to: Path | No
     if not any(rows(p) for p in pieces):
         first = pieces[0] if pieces else None
         return first if isinstance(first, pl.DataFrame) else pl.DataFrame()
+    # An empty piece adds no row, and its columns may be fewer (a partition that does not
+    # exist reads as the contract's columns, pipeline/dirtyhosts.py).
+    pieces = [p for p in pieces if rows(p)]
     if len(pieces) == 1 and isinstance(pieces[0], pl.DataFrame) and write_to is None:
         return fix(pieces[0]) if fix else pieces[0]
     ranges = sorted_ranges(pieces, key, budget, fix, stable)

@@ -47,15 +47,23 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 import ray
 
 from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.dirtyhosts import Kept
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file, publish_staged
-from fleetlens.pipeline.phases import PHASE1_TABLES, phase1_points, phase1_spans, split_chunk
-from fleetlens.pipeline.rangemerge import staging_folder, staging_path
+from fleetlens.pipeline.phases import (
+    PHASE1_TABLES,
+    phase1_points,
+    phase1_spans,
+    span_halves,
+    split_chunk,
+)
+from fleetlens.pipeline.rangemerge import staged_row_group, staging_folder, staging_path
 from fleetlens.pipeline.ray_base import (
     _TASK,
     Encoded,
@@ -84,11 +92,12 @@ from fleetlens.pipeline.storage import DataDir, remove_tree, write_bytes_atomic
 IN_FLIGHT_PER_CPU = 2
 
 @ray.remote(**_TASK)
-def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int
-                 ) -> tuple[list[Encoded], list[TaskTime]]:
+def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
+                 kept: Kept | None = None) -> tuple[list[Encoded], list[TaskTime]]:
     """Phase 1 of an hour in one shard: one task."""
     began = time.time(), time.process_time()
-    parts = [encode(table, frame) for table, frame in phase1_hour(cfg, files, hour)]
+    parts = [encode(table, frame)
+             for table, frame in phase1_hour(cfg, files, hour, kept=kept)]
     out, took = _timed(1, hour, began, parts)
     return out, [took]
 
@@ -100,18 +109,29 @@ def _phase1_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int
 # a split task returns one object per shard, so a shard task fetches only its own pieces);
 # the driver waits for the merge alone, as for a one-shard hour.
 @ray.remote(**_TASK)
-def _split_task(cfg: PipelineConfig, chunk: Chunk, hour: int, shards: list[Shard]
-                ) -> tuple[pl.DataFrame | TaskTime | None, ...]:
+def _split_task(cfg: PipelineConfig, chunk: Chunk, hour: int, shards: list[Shard],
+                kept: Kept | None) -> tuple[pl.DataFrame | TaskTime | None, ...]:
     began = time.time(), time.process_time()
-    return _split_timed(1, hour, began, split_chunk(cfg, chunk, hour, shards))
+    scope = None if kept is None else kept.scope()
+    return _split_timed(1, hour, began, split_chunk(cfg, chunk, hour, shards, scope))
 
 
 @ray.remote(**_TASK)
 def _points_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, shard: Shard,
-                 stage_to: Path | None, *pieces: pl.DataFrame) -> tuple[Phase1Points, TaskTime]:
+                 stage_to: Path | None, kept: Kept | None, *pieces: pl.DataFrame
+                 ) -> tuple[Phase1Points, TaskTime]:
     began = time.time(), time.process_time()
+    scope = None if kept is None else kept.scope()
     return _timed(1, hour, began, phase1_points(cfg, files, hour, shard,
-                                                shard_rows(list(pieces)), stage_to))
+                                                shard_rows(list(pieces)), stage_to, scope))
+
+
+@ray.remote(**_TASK)
+def _kept_task(kept: Kept, stage_to: Path | None, row_group: int
+               ) -> tuple[Phase1Points, TaskTime]:
+    """The clean hosts' published rows as one more point half (pipeline/dirtyhosts.py)."""
+    began = time.time(), time.process_time()
+    return _timed(1, kept.hour, began, kept.half(stage_to, row_group))
 
 
 @ray.remote(**_TASK)
@@ -129,50 +149,84 @@ def _spans_task(cfg: PipelineConfig, files: dict[str, list[str]], hour: int, sha
                                                shard_rows(list(pieces)), stage_to))
 
 
+@dataclass(frozen=True)
+class _SpansHere:
+    """What a merge task needs to run the span halves itself: an hour whose spans are clean
+    runs no span task, and its requests are recomputed only if the merged mapping changed
+    (pipeline/dirtyhosts.py), which only the merge knows."""
+
+    files: dict[str, list[str]]
+    shards: list[Shard]
+    rows: Callable[[str], int] | None
+    stage_to: Path | None
+    kept: Kept
+
+
 @ray.remote(**_TASK)
-def _merge_task(hour: int, cfg: PipelineConfig, shards: int, write_to: dict[str, Path] | None,
+def _merge_task(hour: int, cfg: PipelineConfig, halves: tuple[int, int],
+                write_to: dict[str, Path] | None, here: _SpansHere | None,
                 *args: tuple[object, TaskTime] | TaskTime
                 ) -> tuple[list[Encoded], list[TaskTime]]:
-    """The hour's partitions from its shards' halves (points first, then spans; then the
-    split tasks' times), encoded, or written beside their files (``write_to``), which the
-    driver renames into place."""
+    """The hour's partitions from its shards' halves (``halves``: how many point halves,
+    then span halves; then the split tasks' times), encoded, or written beside their files
+    (``write_to``), which the driver renames into place. ``here``: no span task ran (see
+    :class:`_SpansHere`)."""
     began = time.time(), time.process_time()
-    halves, splits = args[:2 * shards], args[2 * shards:]
-    points, spans = [h for h, _ in halves[:shards]], [h for h, _ in halves[shards:]]
+    count = sum(halves)
+    done, splits = args[:count], args[count:]
+    points, spans = [h for h, _ in done[:halves[0]]], [h for h, _ in done[halves[0]:]]
+    if here is not None:
+        mapping = merge_by_host([p.mapping for p in points])
+        if here.kept.needs_requests(mapping):
+            spans = span_halves(cfg, here.files, hour, here.shards, mapping, here.rows,
+                                here.stage_to)
     parts = [encode(table, frame)
              for table, frame in merge_phase1(points, spans, cfg.reduce_rows, write_to)]
     out, took = _timed(1, hour, began, parts)
-    return out, [*splits, *(t for _, t in halves), took]
+    return out, [*splits, *(t for _, t in done), took]
 
 
 def submit_phase1(cfg: PipelineConfig, files: dict[str, list[str]], hour: int,
                   shards: list[Shard], rows: Callable[[str], int] | None = None,
-                  stage_to: Path | None = None, write_to: dict[str, Path] | None = None
-                  ) -> ray.ObjectRef:
+                  stage_to: Path | None = None, write_to: dict[str, Path] | None = None,
+                  kept: Kept | None = None) -> ray.ObjectRef:
     """Phase 1 of ``hour`` on the cluster: one task for one shard, else a split task per
     chunk of the hour's segments (``rows``: a segment's rows, which size the chunks; from
     ``cfg.split_from_shards`` shards, below it the shard tasks read them), a point task per
     shard, the merged mapping, a span task per shard and the merge. The ref
     resolves to the encoded partitions and the tasks' times. ``stage_to`` (a folder) and
     ``write_to`` (each table's partition file): the halves stage their tables there and the
-    merge writes each partition beside its file (pipeline/rangemerge.py)."""
+    merge writes each partition beside its file (pipeline/rangemerge.py). ``kept``
+    (:func:`~pipeline.dirtyhosts.phase1_kept`): point tasks for its dirty hosts' shards only,
+    a task reading the other hosts' published rows, and span tasks only if new spans overlap
+    the hour (else the merge runs the span halves if the mapping changed)."""
     if len(shards) == 1:
-        return _phase1_task.remote(cfg, files, hour)
+        return _phase1_task.remote(cfg, files, hour, kept)
+    point_shards = shards if kept is None else list(kept.shards)
     split: dict[str, list] = {"metrics": [], "spans": []}
-    # Below cfg.split_from_shards no split: each shard task reads the segments itself.
-    for chunk in chunks(files, rows) if len(shards) >= cfg.split_from_shards else ():
-        refs = _split_task.options(num_returns=len(shards) + 1).remote(cfg, chunk, hour,
-                                                                       shards)
+    with_spans = kept is None or kept.spans
+    for chunk in chunks(files, rows):
+        across = point_shards if chunk.signal == "metrics" else shards
+        # Below cfg.split_from_shards no split: each shard task reads the segments itself.
+        if len(across) < cfg.split_from_shards or (chunk.signal == "spans" and not with_spans):
+            continue
+        refs = _split_task.options(num_returns=len(across) + 1).remote(
+            cfg, chunk, hour, across, kept if chunk.signal == "metrics" else None)
         split[chunk.signal].append(refs)
-    points = [_points_task.remote(cfg, files, hour, shard, stage_to,
+    points = [_points_task.remote(cfg, files, hour, shard, stage_to, kept,
                                   *(refs[shard.index] for refs in split["metrics"]))
-              for shard in shards]
+              for shard in point_shards]
+    if kept is not None:
+        points.append(_kept_task.remote(kept, stage_to,
+                                        staged_row_group(cfg.reduce_rows, len(shards))))
     mapping = _mapping_task.remote(*points)
     spans = [_spans_task.remote(cfg, files, hour, shard, mapping, stage_to,
                                 *(refs[shard.index] for refs in split["spans"]))
-             for shard in shards]
-    times = [refs[len(shards)] for refs in split["metrics"] + split["spans"]]
-    return _merge_task.remote(hour, cfg, len(shards), write_to, *points, *spans, *times)
+             for shard in shards] if with_spans else []
+    here = None if with_spans else _SpansHere(files, shards, rows, stage_to, kept)
+    times = [refs[-1] for refs in split["metrics"] + split["spans"]]
+    return _merge_task.remote(hour, cfg, (len(points), len(spans)), write_to, here, *points,
+                              *spans, *times)
 
 
 def _write(dd: DataDir, hour: int, part: Encoded) -> int:
@@ -258,7 +312,8 @@ class RayPipeline(Pipeline):
                         table: partition_file(self.dd, table, hour) for table in PHASE1_TABLES}
                     run1.append((hour, submit_phase1(self.cfg, files, hour, shards,
                                                      segment_rows(state, self.dd.root),
-                                                     folder, write_to)))
+                                                     folder, write_to,
+                                                     self._kept(state, hour))))
                 else:
                     break
             heads = [queue[0][1] for queue in (run1, run2) if queue]

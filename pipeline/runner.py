@@ -10,7 +10,8 @@ One run:
    kept in raw, not used to reopen old hours);
 3. phase 1, per dirty hour: ``normalize`` (spans -> requests) and ``samples`` (metric points ->
    gpu_samples, engine_samples, instance_gpus), reading only the segments whose event-time
-   extent overlaps that hour;
+   extent overlaps that hour; where only some hosts have new points (late data), only theirs
+   are recomputed and the other hosts' published rows kept (:mod:`pipeline.dirtyhosts`);
 4. phase 2, per phase-2-dirty hour, in the same (host group x hour) shards as phase 1 and a
    fleet-wide reduce (:mod:`pipeline.phase2`): ``energy`` over the slots of every request
    active in the hour, then ``windows``; requests from earlier, clean hours that ran into a
@@ -33,7 +34,8 @@ import pyarrow as pa
 
 from fleetlens.pipeline import energy as en
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.discovery import discover
+from fleetlens.pipeline.dirtyhosts import Kept, phase1_kept
+from fleetlens.pipeline.discovery import Discovered, discover
 from fleetlens.pipeline.joblock import exclusive
 from fleetlens.pipeline.partitions import (
     HOUR_NS,
@@ -85,6 +87,9 @@ class RunSummary:
     new_rows: int = 0
     too_late_rows: int = 0
     dirty_hours: int = 0
+    #: Hosts whose points phase 1 took from the published partitions instead of recomputing
+    #: them (late data from other hosts, pipeline/dirtyhosts.py), summed over the hours.
+    kept_host_hours: int = 0
     rows_written: dict[str, int] = field(default_factory=dict)
     #: Per host: median seconds from a span's end (host clock) to its receipt (collector
     #: clock) in this run; large or negative values point at clock skew or stalled exporters.
@@ -112,6 +117,9 @@ class Pipeline:
         self._requests_read: dict = {}
         #: End of the last hour whose requests phase 1 handed over in this run.
         self._handed_until = 0
+        #: This run's discovery (which hosts' points are new in which hour).
+        self._found: Discovered | None = None
+        self._kept_hosts: dict[int, int] = {}
 
     # --- phase 1 -------------------------------------------------------------------------
     def _phase1(self, state: PipelineState, hour: int) -> list[tuple[str, pl.DataFrame]]:
@@ -128,7 +136,16 @@ class Pipeline:
         write_to = None if folder is None else {
             table: partition_file(self.dd, table, hour) for table in PHASE1_TABLES}
         return phase1_hour(self.cfg, phase1_files(state, self.dd, self.cfg, hour), hour,
-                           shards, segment_rows(state, self.dd.root), folder, write_to)
+                           shards, segment_rows(state, self.dd.root), folder, write_to,
+                           self._kept(state, hour))
+
+    def _kept(self, state: PipelineState, hour: int) -> Kept | None:
+        """What phase 1 of ``hour`` keeps of its published partitions (counted in the
+        summary; pipeline/dirtyhosts.py)."""
+        kept = phase1_kept(self.dd, state, self.cfg, hour, self._found)
+        if kept is not None:  # (one key per hour: safe from phase 1's threads)
+            self._kept_hosts[hour] = len(state.watermarks) - len(kept.dirty)
+        return kept
 
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
                 dirty2: set[int], summary: RunSummary) -> None:
@@ -282,6 +299,7 @@ class Pipeline:
         found = discover(self.dd, state, self.gap_ns, self.cfg.lateness_s * NS,
                          future_ns=self.cfg.max_future_skew_s * NS, max_row_ns=max_row_ns)
         dirty, energy_dirty = found.dirty, found.energy_dirty
+        self._found, self._kept_hosts = found, {}
         summary.new_segments, summary.new_rows = found.new_segments, found.new_rows
         summary.too_late_rows, summary.export_delay_s = found.too_late_rows, found.export_delay_s
         hours = sorted(energy_dirty)
@@ -294,6 +312,7 @@ class Pipeline:
                 wait(pending)
             for future in pending:
                 future.result()
+        summary.kept_host_hours = sum(self._kept_hosts.values())
         if full or not state.segments:
             oldest = min((hour_of(s.min_ns) for s in state.segments.values() if s.rows),
                          default=None)

@@ -115,7 +115,8 @@ def merge_requests(spans: list[Phase1Spans], budget: int, write_to: Path | None 
 
 def merge_phase1(points: list[Phase1Points], spans: list[Phase1Spans], budget: int,
                  write_to: dict[str, Path] | None = None) -> list[tuple[str, Piece]]:
-    """The hour's phase-1 partitions from its shards' halves, in publish order, each merged
+    """The hour's phase-1 partitions from its shards' halves, in publish order (without
+    ``requests`` when ``spans`` is empty), each merged
     a range (about ``budget`` rows) at a time: written beside their files (``write_to``: by
     table) when given, else frames.
 
@@ -127,7 +128,10 @@ def merge_phase1(points: list[Phase1Points], spans: list[Phase1Spans], budget: i
     pieces = {name: [dict(p.tables)[name] for p in points] for name in names}
     points.clear()
     where = write_to or {}
-    requests = merge_requests(spans, budget, where.get(t.REQUESTS))
+    # No span halves (pipeline/dirtyhosts.py: the hour's requests are unchanged): no
+    # requests partition.
+    requests = [(t.REQUESTS, merge_requests(spans, budget, where.get(t.REQUESTS)))
+                ] if spans else []
     out = [(name, merged(pieces.pop(name), [c.HOST_NAME], budget, where.get(name),
                          stable=True)) for name in names]
-    return [(t.REQUESTS, requests), *out]
+    return [*requests, *out]

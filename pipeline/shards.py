@@ -110,11 +110,17 @@ def hour_rows(state: PipelineState, hour: int) -> float:
     return total
 
 
+def hour_hosts_per_shard(state: PipelineState, cfg: PipelineConfig, hour: int) -> int:
+    """:func:`hosts_per_shard` for ``hour``: the hour's raw rows over the hosts the state
+    knows (their watermarks) give the rows per host-hour."""
+    hosts = len(state.watermarks)
+    return hosts_per_shard(hour_rows(state, hour) / hosts if hosts else 0.0, cfg)
+
+
 def plan_hour(state: PipelineState, cfg: PipelineConfig, hour: int) -> list[Shard]:
-    """The shards of ``hour`` (both phases), sized from the data: the hour's raw rows over the
-    hosts the state knows (their watermarks) give the rows per host-hour."""
+    """The shards of ``hour`` (both phases), sized from the data
+    (:func:`hour_hosts_per_shard`)."""
     hosts = list(state.watermarks)
     if not hosts:
         return [Shard(0, 1)]
-    per_host = hour_rows(state, hour) / len(hosts)
-    return plan(hosts, hosts_per_shard(per_host, cfg))
+    return plan(hosts, hour_hosts_per_shard(state, cfg, hour))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetlens.pipeline.schema import attributes as a
+from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir
 from tests.pipeline.rawdata import (
@@ -19,10 +20,14 @@ from tests.pipeline.rawdata import (
     instance_gpu_point,
     point,
     points_frame,
+    span,
     spans_frame,
     vllm_span,
     write_raw,
 )
+
+#: Gateway hosts of :func:`with_gateways`: one sorts before every engine host, one after.
+GATEWAYS = ("gw-a", "gw-z")
 
 
 @dataclass
@@ -111,6 +116,37 @@ def make_fleet(seed: int = 1, *, hosts: int = 2, seconds: int = 900, rps: float 
         span_batches[min(i + 1, batches - 1)] = span_batches[min(i + 1, batches - 1)] + dups
         rng.shuffle(span_batches[i])
     return Fleet(span_batches, point_batches, len(spans))
+
+
+def with_gateways(fleet: Fleet, hosts: int) -> Fleet:
+    """``fleet`` (of ``hosts`` engine hosts) with every third request behind a gateway span
+    on a gateway host (its engine span its child), and per engine host a failed gateway
+    request no engine answered, routed to an instance whose only answered request is in
+    another trace (so another shard)."""
+    batches = []
+    for batch in fleet.span_batches:
+        out = []
+        for row in batch:
+            trace = int(row[c.TRACE_ID], 16)
+            if trace % 3 == 0:
+                row = {**row, c.PARENT_SPAN_ID: f"{2:016x}"}
+                out.append(span(trace, 2, a.GATEWAY_SPAN, start_ns=row[c.START_NS] - NS // 50,
+                                end_ns=row[c.END_NS] + NS // 50, kind=2, service="gateway",
+                                host=GATEWAYS[trace % 2]))
+            out.append(row)
+        batches.append(out)
+    start = min(r[c.START_NS] for b in fleet.span_batches for r in b)
+    extra = []
+    for h in range(hosts):
+        instance, ts = f"h{h}-lonely", start + (h * 97 + 13) * NS
+        extra.append(vllm_span(10_000_000 + 2 * h, start_ns=ts, host=f"h{h}", service="chat",
+                               res_extra={a.SERVICE_INSTANCE_ID: instance}))
+        extra.append(span(10_000_001 + 2 * h, 2, a.GATEWAY_SPAN, start_ns=ts + NS,
+                          end_ns=ts + 2 * NS, kind=2, service="gateway", status=2,
+                          host=GATEWAYS[h % 2],
+                          attrs={a.SERVER_ADDRESS: f"h{h}", a.FLEETLENS_INSTANCE_ID: instance}))
+    batches[1] = batches[1] + extra
+    return Fleet(batches, fleet.point_batches, fleet.distinct_requests + 2 * hosts)
 
 
 def write_batches(dd: DataDir, fleet: Fleet, which: range | None = None) -> None:

@@ -16,9 +16,8 @@ import pytest
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.runner import OUTPUTS, Pipeline
 from fleetlens.pipeline.storage import DataDir, parquet_files
-from tests.pipeline.fleet import make_fleet, write_batches
+from tests.pipeline.fleet import make_fleet, with_gateways, write_batches
 from tests.pipeline.raycluster import connected_cluster, task_titles
-from tests.pipeline.test_shards import _with_gateways
 
 
 def _digest(dd: DataDir) -> dict[str, str]:
@@ -37,7 +36,7 @@ def cluster():
 def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster, split_from) -> None:
     from fleetlens.pipeline.ray_runner import RayPipeline
 
-    fleet = _with_gateways(make_fleet(seed=3, hosts=9, seconds=600, rps=0.5, sample_hz=1.0))
+    fleet = with_gateways(make_fleet(seed=3, hosts=9, seconds=600, rps=0.5, sample_hz=1.0), 9)
     local, remote = DataDir(tmp_path / "local"), DataDir(tmp_path / "ray")
     write_batches(local, fleet)
     write_batches(remote, fleet)
@@ -59,6 +58,51 @@ def test_sharded_hours_on_ray_write_the_one_shard_bytes(tmp_path, cluster, split
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("late", "late_spans"), [({"h3", "h7"}, False), ({"h0"}, False),
+                                                  ({"h5"}, True)])
+def test_late_points_on_ray_recompute_only_the_dirty_hosts(tmp_path, cluster, late,
+                                                           late_spans) -> None:
+    """The dirty-host runs of tests/pipeline/test_dirty_hosts.py on the cluster (split tasks
+    for the dirty hosts' shards, a task for the kept rows; the span halves as tasks when
+    spans are late, else in the merge if h0's mapping changed): the full run's bytes, and
+    only the dirty hosts' point tasks ran."""
+    from fleetlens.pipeline.ray_runner import RayPipeline
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.schema import tables as t
+    from tests.pipeline.fleet import Fleet
+    from tests.pipeline.rawdata import points_frame, spans_frame, write_raw
+
+    fleet = with_gateways(make_fleet(seed=3, hosts=9, seconds=600, rps=0.5, sample_hz=1.0), 9)
+    cfg = replace(PipelineConfig(), lateness_s=3600, hosts_per_shard=1, split_from_shards=2,
+                  reduce_rows=300)
+    full, remote = DataDir(tmp_path / "full"), DataDir(tmp_path / "ray")
+    write_batches(full, fleet)
+    Pipeline(full, cfg).run_once(full=True)
+    last = len(fleet.point_batches) - 1
+    held = [p for p in fleet.point_batches[last] if p[c.HOST_NAME] in late]
+    spans = [s for s in fleet.span_batches[last] if late_spans and s[c.HOST_NAME] in late]
+    write_batches(remote, Fleet(
+        [*fleet.span_batches[:last], [s for s in fleet.span_batches[last] if s not in spans]],
+        [*fleet.point_batches[:last], [p for p in fleet.point_batches[last] if p not in held]],
+        fleet.distinct_requests))
+    job = RayPipeline(remote, cfg, address=cluster.address)
+    job.run_once()
+    write_raw(remote, t.METRIC_POINTS, points_frame(held), writer="late", seq=9)
+    if spans:
+        write_raw(remote, t.SPANS, spans_frame(spans), writer="late", seq=9)
+    summary = job.run_once()
+    assert _digest(remote) == _digest(full)
+    assert summary.kept_host_hours >= summary.dirty_hours and (
+        (t.REQUESTS in summary.rows_written) == (late != {"h3", "h7"}))
+    # per phase-1 hour: a point task per dirty host (shards of one), the kept rows' task and
+    # the merge; 11 span tasks (11 shards) in each hour late spans overlap, none otherwise
+    phase1 = [took for took in job.task_times if took.kind == "shard" and took.phase == 1]
+    hours = len({took.hour for took in phase1})
+    with_spans, rest = divmod(len(phase1) - hours * (len(late) + 2), 11)
+    assert rest == 0 and (with_spans > 0) == late_spans, len(phase1)
+
+
+@pytest.mark.slow
 def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
         tmp_path, cluster, capfd) -> None:
     """The worker node is killed (raylet, agents, workers: SIGKILL) while it runs a chunk's
@@ -70,8 +114,8 @@ def test_a_shard_task_killed_mid_run_is_retried_and_the_files_are_the_same(
 
     # Three hours of 9 hosts in shards of 3: 12 shard tasks an hour, half of them on the
     # worker node (the tasks are spread), each long enough to be caught running.
-    fleet = _with_gateways(make_fleet(seed=5, hosts=9, seconds=2 * 3600, rps=0.3,
-                                      sample_hz=0.5, batches=2))
+    fleet = with_gateways(make_fleet(seed=5, hosts=9, seconds=2 * 3600, rps=0.3,
+                                     sample_hz=0.5, batches=2), 9)
     local, remote = DataDir(tmp_path / "local"), DataDir(tmp_path / "ray")
     write_batches(local, fleet)
     write_batches(remote, fleet)

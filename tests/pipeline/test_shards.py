@@ -15,51 +15,17 @@ from fleetlens.pipeline import phase2, phase2reduce, phases, rangemerge
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.discovery import discover
 from fleetlens.pipeline.runner import OUTPUTS, Pipeline
-from fleetlens.pipeline.schema import attributes as a
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.shards import Shard, plan, plan_hour, trace_bucket
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir, parquet_files
-from tests.pipeline.fleet import Fleet, make_fleet, write_batches
-from tests.pipeline.rawdata import NS, span, vllm_span
+from tests.pipeline.fleet import GATEWAYS, Fleet, make_fleet, with_gateways, write_batches
+from tests.pipeline.rawdata import NS
 
 HOSTS = 9
-GATEWAYS = ("gw-a", "gw-z")  # one sorts before every engine host, one after
-
-
-def _with_gateways(fleet: Fleet) -> Fleet:
-    """Every third request behind a gateway span on a gateway host (its engine span its
-    child), and per engine host a failed gateway request no engine answered, routed to an
-    instance whose only answered request is in another trace (so another shard)."""
-    batches = []
-    for batch in fleet.span_batches:
-        out = []
-        for row in batch:
-            trace = int(row[c.TRACE_ID], 16)
-            if trace % 3 == 0:
-                row = {**row, c.PARENT_SPAN_ID: f"{2:016x}"}
-                out.append(span(trace, 2, a.GATEWAY_SPAN, start_ns=row[c.START_NS] - NS // 50,
-                                end_ns=row[c.END_NS] + NS // 50, kind=2, service="gateway",
-                                host=GATEWAYS[trace % 2]))
-            out.append(row)
-        batches.append(out)
-    start = min(r[c.START_NS] for b in fleet.span_batches for r in b)
-    extra = []
-    for h in range(HOSTS):
-        instance, ts = f"h{h}-lonely", start + (h * 97 + 13) * NS
-        extra.append(vllm_span(10_000_000 + 2 * h, start_ns=ts, host=f"h{h}", service="chat",
-                               res_extra={a.SERVICE_INSTANCE_ID: instance}))
-        extra.append(span(10_000_001 + 2 * h, 2, a.GATEWAY_SPAN, start_ns=ts + NS,
-                          end_ns=ts + 2 * NS, kind=2, service="gateway", status=2,
-                          host=GATEWAYS[h % 2],
-                          attrs={a.SERVER_ADDRESS: f"h{h}", a.FLEETLENS_INSTANCE_ID: instance}))
-    batches[1] = batches[1] + extra
-    return Fleet(batches, fleet.point_batches, fleet.distinct_requests + 2 * HOSTS)
-
-
 @pytest.fixture(scope="module")
 def fleet() -> Fleet:
-    return _with_gateways(make_fleet(seed=7, hosts=HOSTS, seconds=600, rps=1.5))
+    return with_gateways(make_fleet(seed=7, hosts=HOSTS, seconds=600, rps=1.5), HOSTS)
 
 
 def _run(root: Path, fleet: Fleet, cfg: PipelineConfig) -> dict[str, str]:

@@ -1,0 +1,141 @@
+"""Incremental runs recompute only the dirty hosts' shards (pipeline/dirtyhosts.py): late
+metric points from a few hosts reopen an hour, the other hosts' rows are kept from the
+published partitions, and the files are the bytes a full run over all the data writes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fleetlens.pipeline import phases
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.dirtyhosts import phase1_kept
+from fleetlens.pipeline.discovery import Discovered
+from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.state import PipelineState, Segment
+from fleetlens.pipeline.storage import DataDir, parquet_files
+from tests.pipeline.fleet import GATEWAYS, Fleet, make_fleet, with_gateways, write_batches
+from tests.pipeline.rawdata import points_frame, spans_frame, write_raw
+
+HOSTS = 9
+#: Late data arrives within the lateness (the default 300 s would call part of it too late).
+CFG = replace(PipelineConfig(), lateness_s=3600)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Fleet:
+    return with_gateways(make_fleet(seed=11, hosts=HOSTS, seconds=600, rps=1.5), HOSTS)
+
+
+def _files(root: Path) -> dict[str, str]:
+    dd = DataDir(root)
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for table in OUTPUTS for p in parquet_files(dd.derived(table))}
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory, fleet) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("full") / "data"
+    write_batches(DataDir(root), fleet)
+    Pipeline(DataDir(root), CFG).run_once(full=True)
+    return _files(root)
+
+
+def _late_run(root: Path, fleet: Fleet, cfg: PipelineConfig, late_hosts: set[str],
+              late_spans: bool, monkeypatch) -> tuple[object, set[str]]:
+    """Publish the fleet with the last batch's points of ``late_hosts`` (and, if
+    ``late_spans``, its spans of those hosts) held back, run, publish what was held back
+    as a late segment and run again; return the second run's summary and the hosts its
+    point halves recomputed."""
+    last = len(fleet.point_batches) - 1
+    points = fleet.point_batches[last]
+    spans = fleet.span_batches[last]
+    held_points = [p for p in points if p[c.HOST_NAME] in late_hosts]
+    held_spans = [s for s in spans if late_spans and s[c.HOST_NAME] in late_hosts]
+    early = Fleet([*fleet.span_batches[:last], [s for s in spans if s not in held_spans]],
+                  [*fleet.point_batches[:last], [p for p in points if p not in held_points]],
+                  fleet.distinct_requests)
+    dd = DataDir(root)
+    write_batches(dd, early)
+    Pipeline(dd, cfg).run_once()
+    write_raw(dd, t.METRIC_POINTS, points_frame(held_points), writer="late", seq=9)
+    if held_spans:
+        write_raw(dd, t.SPANS, spans_frame(held_spans), writer="late", seq=9)
+    recomputed: set[str] = set()
+    real = phases.phase1_points
+
+    def spy(*args, **kwargs):
+        half = real(*args, **kwargs)
+        recomputed.update(half.mapping.get_column(c.HOST_NAME).drop_nulls().to_list())
+        for _name, piece in half.tables:
+            frame = piece if isinstance(piece, pl.DataFrame) else pl.read_parquet(piece.path)
+            if c.HOST_NAME in frame.columns:
+                recomputed.update(frame.get_column(c.HOST_NAME).drop_nulls().to_list())
+        return half
+
+    monkeypatch.setattr(phases, "phase1_points", spy)
+    return Pipeline(dd, cfg).run_once(), recomputed
+
+
+@pytest.mark.parametrize("per_shard", [1, 2, HOSTS + len(GATEWAYS)])
+def test_late_points_of_two_hosts_recompute_only_theirs(tmp_path: Path, fleet, full,
+                                                        per_shard, monkeypatch) -> None:
+    """h3 and h7 (no instance mapping of their own) send their last points late: only their
+    points are recomputed, the requests are not rewritten, and the files are the full run's
+    (one shard, several shards staged and merged a range at a time)."""
+    cfg = replace(CFG, hosts_per_shard=per_shard, reduce_rows=400, split_from_shards=2)
+    summary, recomputed = _late_run(tmp_path / "data", fleet, cfg, {"h3", "h7"}, False,
+                                    monkeypatch)
+    assert recomputed == {"h3", "h7"}
+    assert summary.kept_host_hours >= HOSTS + len(GATEWAYS) - 2
+    assert t.REQUESTS not in summary.rows_written  # no new span, the mapping unchanged
+    assert _files(tmp_path / "data") == full
+
+
+def test_late_points_that_change_the_mapping_recompute_the_requests(tmp_path: Path, fleet,
+                                                                    full,
+                                                                    monkeypatch) -> None:
+    """h0's late points carry instance -> GPU mapping points: the requests (a request's model
+    may come from them) are recomputed too, the other hosts' points still kept."""
+    cfg = replace(CFG, hosts_per_shard=2)
+    summary, recomputed = _late_run(tmp_path / "data", fleet, cfg, {"h0"}, False,
+                                    monkeypatch)
+    assert recomputed == {"h0"}
+    assert summary.kept_host_hours > 0 and summary.rows_written.get(t.REQUESTS, 0) > 0
+    assert _files(tmp_path / "data") == full
+
+
+def test_late_spans_recompute_the_requests(tmp_path: Path, fleet, full, monkeypatch) -> None:
+    """h5 sends its last points and spans late: its points and the hour's requests are
+    recomputed."""
+    cfg = replace(CFG, hosts_per_shard=3, split_from_shards=2)
+    summary, recomputed = _late_run(tmp_path / "data", fleet, cfg, {"h5"}, True, monkeypatch)
+    assert recomputed == {"h5"}
+    assert summary.kept_host_hours > 0 and summary.rows_written.get(t.REQUESTS, 0) > 0
+    assert _files(tmp_path / "data") == full
+
+
+def test_nothing_is_kept_where_the_published_files_may_not_be_the_old_data(tmp_path) -> None:
+    """A full run, an hour no earlier run read, new points without a host, or every host
+    dirty: every host is recomputed."""
+    dd = DataDir(tmp_path)
+    hour = 3600 * 10**9 * 500_000
+    state = PipelineState(watermarks={"a": hour, "b": hour})
+    state.segments["raw/metrics/old.parquet"] = Segment("metrics", 1, hour, hour + 10, 5)
+    found = Discovered(dirty={hour}, point_hosts={hour: {"a"}}, new={"raw/new.parquet"})
+    kept = phase1_kept(dd, state, CFG, hour, found)
+    assert kept is not None and kept.dirty == ("a",) and not kept.spans
+    assert phase1_kept(dd, state, CFG, hour, None) is None  # a full run
+    assert phase1_kept(dd, state, CFG, hour + 2 * 3600 * 10**9, found) is None  # never read
+    assert phase1_kept(dd, state, CFG, hour, replace(found, point_hosts={hour: {"a", ""}})
+                       ) is None  # points without a host
+    assert phase1_kept(dd, state, CFG, hour, replace(found, point_hosts={hour: {"a", "b"}})
+                       ) is None  # every host
+    only_old = replace(found, new={"raw/metrics/old.parquet"})
+    assert phase1_kept(dd, state, CFG, hour, only_old) is None  # its only segment is new
