@@ -41,6 +41,12 @@ groups a task) and the shard tasks from their pieces, then the reduce; CPU-s and
 (as it runs) against in memory (as before), taking turns: CPU, wall, peak and same bytes:
 
     .venv/bin/python bench/scale.py --stage-cost --gpus 256 --repeat 3
+
+``--late-host`` times the incremental run after one host's last ten minutes of points arrive
+late (``bench/scale_late.py``): only that host's points recomputed (as it runs) against every
+host's (as before), taking turns: CPU, wall, peak and same bytes:
+
+    .venv/bin/python bench/scale.py --late-host --gpus 256 --repeat 3
 """
 
 from __future__ import annotations
@@ -262,6 +268,9 @@ def main() -> None:
     parser.add_argument("--stage-cost", action="store_true",
                         help="the local runner over one hour per fleet size with its merges "
                         "staged (bounded) against in memory (bench/scale_stage.py)")
+    parser.add_argument("--late-host", action="store_true",
+                        help="the incremental run after one host's late points: only its "
+                        "points recomputed against every host's (bench/scale_late.py)")
     parser.add_argument("--phase2-hours", type=int, default=2,
                         help="--phase2: hours generated; phase 2 of the last is measured")
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024],
@@ -278,6 +287,11 @@ def main() -> None:
         print(f"machine: {bench_pipeline.machine()}", flush=True)
         print(json.dumps(_bench_module("scale_stage").stage_cost(args, bench_pipeline,
                                                                  _scale_memory())))
+        return
+    if args.late_host:
+        print(f"machine: {bench_pipeline.machine()}", flush=True)
+        print(json.dumps(_bench_module("scale_late").late_cost(args, bench_pipeline,
+                                                               _scale_memory())))
         return
     if args.phase2:
         print(f"machine: {bench_pipeline.machine()}", flush=True)

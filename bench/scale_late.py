@@ -1,0 +1,121 @@
+"""What late data from one host costs (``bench/scale.py --late-host``; issue 36): one generated
+hour of an N-GPU fleet, the last ten minutes of one host's metric points held back, run by the
+local runner; then those points arrive as a late segment and the incremental run that follows
+is timed: recomputing only the dirty host's points and keeping the others' published rows
+(``pipeline/dirtyhosts.py``, as it runs now) against recomputing every host (as before), each
+run a process of its own from the same prepared copy, the two taking turns. Prints CPU-s, wall
+and peak RSS medians, their ratios, and whether the files were the same bytes. Phase 2 of the
+dirty hours runs in full in both (only phase 1 keeps rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+
+_RUN = """
+import hashlib, json, resource, sys, time
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from fleetlens.pipeline import runner
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.storage import DataDir, parquet_files
+args = json.loads({args!r})
+if not args["kept"]:  # as before: every host of a dirty hour recomputed
+    runner.phase1_kept = lambda *_: None
+began = time.perf_counter()
+summary = runner.Pipeline(DataDir(args["data"]), PipelineConfig(lateness_s=3600)).run_once()
+wall = time.perf_counter() - began
+use = resource.getrusage(resource.RUSAGE_SELF)
+hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
+digest = hashlib.sha256()
+root = Path(args["data"])
+for table in runner.OUTPUTS:
+    for path in parquet_files(DataDir(root).derived(table)):
+        digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
+print(json.dumps({{"cpu_s": use.ru_utime + use.ru_stime, "wall_s": wall,
+                  "rss_mb": hwm / 1024, "digest": digest.hexdigest(),
+                  "kept": summary.kept_host_hours, "dirty": summary.dirty_hours}}))
+"""
+
+
+def _run(data: Path, kept: bool) -> dict:
+    args = json.dumps({"data": str(data), "kept": kept})
+    out = subprocess.run([sys.executable, "-c", _RUN.format(repo=str(REPO), args=args)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def hold_back(raw: Path, hour: int, minutes: int = 10) -> tuple[str, object]:
+    """Take the first host's metric points of the hour's last ``minutes`` out of their
+    segments (rewritten without them); return the host and those points."""
+    import polars as pl
+
+    from fleetlens.pipeline.schema import columns as c
+    from fleetlens.pipeline.storage import write_parquet_atomic
+
+    files = sorted((raw / "raw" / "metrics").rglob("*.parquet"))
+    host = pl.read_parquet(files[0], columns=[c.HOST_NAME]).get_column(c.HOST_NAME).min()
+    since = hour + (60 - minutes) * 60 * 10**9
+    held = []
+    for path in files:
+        frame = pl.read_parquet(path)
+        late = (pl.col(c.HOST_NAME) == host) & (pl.col(c.TS_NS) >= since)
+        if frame.select(late.any()).item():
+            held.append(frame.filter(late))
+            write_parquet_atomic(frame.filter(~late), path)
+    return host, pl.concat(held)
+
+
+def late_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: ModuleType) -> dict:
+    """Generate one hour of each ``--gpus`` fleet size, hold one host's last minutes back, run,
+    then time the incremental run after they arrive: kept against all recomputed."""
+    from fleetlens.pipeline.config import PipelineConfig
+    from fleetlens.pipeline.runner import Pipeline
+    from fleetlens.pipeline.schema import tables as t
+    from fleetlens.pipeline.storage import DataDir, write_parquet_atomic
+
+    results = {}
+    for gpus in args.gpus:
+        with tempfile.TemporaryDirectory(prefix="fleetlens-late-") as tmp:
+            base = Path(tmp) / "base"
+            hour = (1_790_000_000 * bench.NS) // bench.HOUR_NS * bench.HOUR_NS
+            spans, points = scale_memory.generate(bench, base, gpus, hour)
+            host, held = hold_back(base, hour)
+            Pipeline(DataDir(base), PipelineConfig(lateness_s=3600)).run_once()
+            runs: dict[str, list[dict]] = {"kept": [], "all": []}
+            for _ in range(args.repeat):
+                for label in runs:
+                    data = Path(tmp) / "data"
+                    shutil.copytree(base, data)
+                    dd = DataDir(data)
+                    write_parquet_atomic(held, dd.raw_segment_path(
+                        t.table(t.METRIC_POINTS).raw_signal, hour, "late", 1))
+                    runs[label].append(_run(data, label == "kept"))
+                    shutil.rmtree(data)
+        med = {label: {key: statistics.median(r[key] for r in rs)
+                       for key in ("cpu_s", "wall_s", "rss_mb")} for label, rs in runs.items()}
+        same = len({r["digest"] for rs in runs.values() for r in rs}) == 1
+        kept, every = med["kept"], med["all"]
+        print(f"{gpus} GPUs ({spans:,} spans, {points:,} points; {held.height:,} late points "
+              f"of {host}), medians of {args.repeat}: kept {kept['cpu_s']:.1f} CPU-s, "
+              f"{kept['wall_s']:.1f} s, {kept['rss_mb']:,.0f} MiB "
+              f"({runs['kept'][0]['kept']} host-hours kept of {runs['kept'][0]['dirty']} dirty "
+              f"hours); all recomputed {every['cpu_s']:.1f} CPU-s, {every['wall_s']:.1f} s, "
+              f"{every['rss_mb']:,.0f} MiB; kept / all: CPU "
+              f"{kept['cpu_s'] / every['cpu_s']:.2f}, wall {kept['wall_s'] / every['wall_s']:.2f}"
+              f", peak {kept['rss_mb'] / every['rss_mb']:.2f}; same bytes: {same}", flush=True)
+        results[gpus] = {"medians": med, "identical": same,
+                         "runs": {k: [round(r["cpu_s"], 2) for r in v] for k, v in runs.items()}}
+    return results
