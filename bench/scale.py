@@ -290,8 +290,8 @@ def main() -> None:
         return
     if args.late_host:
         print(f"machine: {bench_pipeline.machine()}", flush=True)
-        print(json.dumps(_bench_module("scale_late").late_cost(args, bench_pipeline,
-                                                               _scale_memory())))
+        print(json.dumps(_bench_module("scale_late").late_cost(
+            args, bench_pipeline, _scale_memory(), _bench_module("scale_stage"))))
         return
     if args.phase2:
         print(f"machine: {bench_pipeline.machine()}", flush=True)

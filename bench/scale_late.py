@@ -11,11 +11,7 @@ dirty hours runs in full in both (only phase 1 keeps rows).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -48,15 +44,6 @@ print(json.dumps({{"cpu_s": use.ru_utime + use.ru_stime, "wall_s": wall,
 """
 
 
-def _run(data: Path, kept: bool) -> dict:
-    args = json.dumps({"data": str(data), "kept": kept})
-    out = subprocess.run([sys.executable, "-c", _RUN.format(repo=str(REPO), args=args)],
-                         capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def hold_back(raw: Path, hour: int, minutes: int = 10) -> tuple[str, object]:
     """Take the first host's metric points of the hour's last ``minutes`` out of their
     segments (rewritten without them); return the host and those points."""
@@ -78,9 +65,11 @@ def hold_back(raw: Path, hour: int, minutes: int = 10) -> tuple[str, object]:
     return host, pl.concat(held)
 
 
-def late_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: ModuleType) -> dict:
+def late_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: ModuleType,
+              stage: ModuleType) -> dict:
     """Generate one hour of each ``--gpus`` fleet size, hold one host's last minutes back, run,
-    then time the incremental run after they arrive: kept against all recomputed."""
+    then time the incremental run after they arrive: kept against all recomputed (each run a
+    process, :func:`scale_stage.run_process`)."""
     from fleetlens.pipeline.config import PipelineConfig
     from fleetlens.pipeline.runner import Pipeline
     from fleetlens.pipeline.schema import tables as t
@@ -102,20 +91,18 @@ def late_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: ModuleT
                     dd = DataDir(data)
                     write_parquet_atomic(held, dd.raw_segment_path(
                         t.table(t.METRIC_POINTS).raw_signal, hour, "late", 1))
-                    runs[label].append(_run(data, label == "kept"))
+                    runs[label].append(stage.run_process(
+                        _RUN, {"data": str(data), "kept": label == "kept"}))
                     shutil.rmtree(data)
-        med = {label: {key: statistics.median(r[key] for r in rs)
-                       for key in ("cpu_s", "wall_s", "rss_mb")} for label, rs in runs.items()}
-        same = len({r["digest"] for rs in runs.values() for r in rs}) == 1
+        med, same = stage.medians(runs)
         kept, every = med["kept"], med["all"]
         print(f"{gpus} GPUs ({spans:,} spans, {points:,} points; {held.height:,} late points "
               f"of {host}), medians of {args.repeat}: kept {kept['cpu_s']:.1f} CPU-s, "
               f"{kept['wall_s']:.1f} s, {kept['rss_mb']:,.0f} MiB "
               f"({runs['kept'][0]['kept']} host-hours kept of {runs['kept'][0]['dirty']} dirty "
               f"hours); all recomputed {every['cpu_s']:.1f} CPU-s, {every['wall_s']:.1f} s, "
-              f"{every['rss_mb']:,.0f} MiB; kept / all: CPU "
-              f"{kept['cpu_s'] / every['cpu_s']:.2f}, wall {kept['wall_s'] / every['wall_s']:.2f}"
-              f", peak {kept['rss_mb'] / every['rss_mb']:.2f}; same bytes: {same}", flush=True)
+              f"{every['rss_mb']:,.0f} MiB; kept / all: {stage.ratios(kept, every)}; same bytes: "
+              f"{same}", flush=True)
         results[gpus] = {"medians": med, "identical": same,
                          "runs": {k: [round(r["cpu_s"], 2) for r in v] for k, v in runs.items()}}
     return results

@@ -50,13 +50,33 @@ print(json.dumps({{"cpu_s": use.ru_utime + use.ru_stime, "wall_s": wall,
 """
 
 
-def _run(data: Path, staged: bool) -> dict:
-    args = json.dumps({"data": str(data), "staged": staged})
-    out = subprocess.run([sys.executable, "-c", _RUN.format(repo=str(REPO), args=args)],
-                         capture_output=True, text=True, check=False)
+def run_process(script: str, args: dict) -> dict:
+    """Run ``script`` (a template taking ``repo`` and ``args``) in a process of its own; the
+    JSON object its last line prints."""
+    code = script.format(repo=str(REPO), args=json.dumps(args))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False)
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def medians(runs: dict[str, list[dict]]) -> tuple[dict, bool]:
+    """Per setup the median CPU-s, wall and peak of its runs, and whether every run of
+    every setup wrote the same bytes."""
+    med = {label: {key: statistics.median(r[key] for r in rs)
+                   for key in ("cpu_s", "wall_s", "rss_mb")} for label, rs in runs.items()}
+    return med, len({r["digest"] for rs in runs.values() for r in rs}) == 1
+
+
+def ratios(one: dict, other: dict) -> str:
+    """``one`` against ``other`` (two setups' :func:`medians`): CPU, wall and peak."""
+    return (f"CPU {one['cpu_s'] / other['cpu_s']:.2f}, wall {one['wall_s'] / other['wall_s']:.2f}"
+            f", peak {one['rss_mb'] / other['rss_mb']:.2f}")
+
+
+def _run(data: Path, staged: bool) -> dict:
+    return run_process(_RUN, {"data": str(data), "staged": staged})
 
 
 def stage_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: ModuleType) -> dict:
@@ -75,17 +95,13 @@ def stage_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: Module
                     shutil.copytree(raw, data)  # the raw segments alone, every run
                     runs[label].append(_run(data, label == "staged"))
                     shutil.rmtree(data)
-        med = {label: {key: statistics.median(r[key] for r in rs)
-                       for key in ("cpu_s", "wall_s", "rss_mb")} for label, rs in runs.items()}
-        same = len({r["digest"] for rs in runs.values() for r in rs}) == 1
+        med, same = medians(runs)
         staged, memory = med["staged"], med["in memory"]
         print(f"{gpus} GPUs ({spans:,} spans, {points:,} points), medians of {args.repeat}: "
               f"staged {staged['cpu_s']:.1f} CPU-s, {staged['wall_s']:.1f} s, "
               f"{staged['rss_mb']:,.0f} MiB; in memory {memory['cpu_s']:.1f} CPU-s, "
               f"{memory['wall_s']:.1f} s, {memory['rss_mb']:,.0f} MiB; staged / in memory: "
-              f"CPU {staged['cpu_s'] / memory['cpu_s']:.2f}, wall "
-              f"{staged['wall_s'] / memory['wall_s']:.2f}, peak "
-              f"{staged['rss_mb'] / memory['rss_mb']:.2f}; same bytes: {same}", flush=True)
+              f"{ratios(staged, memory)}; same bytes: {same}", flush=True)
         results[gpus] = {"medians": med, "identical": same,
                          "runs": {k: [round(r["cpu_s"], 2) for r in v] for k, v in runs.items()}}
     return results
