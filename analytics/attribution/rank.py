@@ -91,6 +91,12 @@ def rank_candidates(facts: Facts, found: list[Candidate] | None = None) -> list[
                   key=lambda x: (-x.score, x.cause))
     if kept:
         return kept
+    # A burst of arrivals, however little of the excess its score says it explains, is
+    # evidence where a phase is a guess (random fleet 42000's clean control: a natural x1.3
+    # burst with no other signal fell back to slow_gpu, from the decode phase).
+    surge = [x for x in found if x.cause == Cause.TRAFFIC_SURGE and x.score > 0]
+    if surge and rules.surge_strength(facts) > 0:
+        return surge[:1]
     phase = facts.phases.dominant()
     # Where the excess concentrates, when the top finding names a place; a prompt or
     # output bucket says which requests, not where (random seed 19: three slow GPUs "on

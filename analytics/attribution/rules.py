@@ -20,7 +20,15 @@ from typing import Any
 from fleetlens.analytics.attribution.context import IncidentContext
 from fleetlens.analytics.attribution.dimensions import Finding
 from fleetlens.analytics.attribution.phases import PhaseSplit
-from fleetlens.analytics.attribution.signals import Signals, delta, ratio, value
+from fleetlens.analytics.attribution.signals import (
+    CACHED_PER_S,
+    PREFIX_HITS_PER_S,
+    Pair,
+    Signals,
+    delta,
+    ratio,
+    value,
+)
 from fleetlens.pipeline.schema import Cause
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema.bursts import BURST_RATIO
@@ -37,6 +45,9 @@ SURGE_RATE_PART = 0.4
 #: SURGE_FULL_RATIO.
 SURGE_RAMP_FROM = 1.25
 SURGE_FULL_RATIO = 2.25
+#: more requests waiting on the scope's engines than in the baseline for an overload to be
+#: full (:func:`overload_strength`)
+OVERLOAD_QUEUE = 10.0
 
 
 def clip01(x: float) -> float:
@@ -105,6 +116,17 @@ class Facts:
         util = sum(ratio(self.signals.gpus[g].get("util")) for g in gpus) / len(gpus)
         return clip01((util - 1) / 0.15)
 
+    def power_kept(self) -> float:
+        """How far the scope's GPUs drew as much power as before (0: x0.9 or less, 1: x0.98
+        or more; 1 where no GPU reports power: nothing says they did less). A GPU waiting
+        on a link, a throttled or a slower one draws less; one serving more arrivals
+        does not."""
+        pairs = [self.signals.gpus[g].get("power") for g in self.gpus() if g in self.signals.gpus]
+        ratios = [ratio(p) for p in pairs if p and p[0] and p[1] is not None]
+        if not ratios:
+            return 1.0
+        return clip01((sum(ratios) / len(ratios) - 0.9) / 0.08)
+
     def running_ratio(self, hosts: list[str] | None = None) -> float:
         """Incident/baseline running requests summed over ``hosts`` (all by default)."""
         pairs = [self.signals.hosts.get(h, {}).get("running")
@@ -172,7 +194,8 @@ def traffic_surge(f: Facts) -> Candidate:
     r = ratio(rps)
     by_rate = surge_strength(f)
     by_demand = rate_led_demand(f)
-    strength = max(by_rate, by_demand)
+    overload = overload_strength(f)
+    strength = max(by_rate, by_demand, overload)
     waiting = sum(value(v.get("waiting")) for v in f.signals.hosts.values())
     # More requests wait (queue) and, once admitted, share bigger batches: each token is
     # slower in proportion to how much the running batch grew.
@@ -183,13 +206,34 @@ def traffic_surge(f: Facts) -> Candidate:
         tokens = f.signals.scope.get(c.INPUT_TOKENS)
         demand = (f"; demand x{demand_ratio(f):.1f} tokens/s with prompts "
                   f"x{ratio(tokens):.1f}")
+    if overload > max(by_rate, by_demand):
+        demand += "; more than the service could serve: requests queue on GPUs as busy as before"
     return Candidate(
         Cause.TRAFFIC_SURGE, f.service_subject(), weigh(strength, share), share,
         f"arrivals x{r:.1f} ({value(rps, 0):.1f} -> {value(rps):.1f} req/s) on "
         f"{f.service}{demand}; queue time {f.ms('queue'):+.0f} ms ({f.share('queue'):.0%} "
         f"of excess), {waiting:.0f} requests waiting",
-        {"rps": rps, "rps_ratio": r, "waiting": waiting, "demand_strength": by_demand},
+        {"rps": rps, "rps_ratio": r, "waiting": waiting, "demand_strength": by_demand,
+         "overload_strength": overload},
     )
+
+
+def overload_strength(f: Facts) -> float:
+    """An overload: arrivals up by a burst
+    (:data:`~fleetlens.pipeline.schema.bursts.BURST_RATIO`; full 0.15 above
+    :data:`SURGE_RAMP_FROM`) past what the service serves, so requests pile up in the
+    queue (:data:`OVERLOAD_QUEUE` more waiting for full strength) while its GPUs draw as
+    much power as before (:meth:`Facts.power_kept`: no GPU-side cause took capacity away).
+    A service already near its knee slows down a lot on a modest burst: random fleet
+    41006's clean control, a one-host TP-4 service whose natural x1.3-1.6 bursts queued
+    26-286 requests and made each token x3-7 slower, scored x1.3-1.6 as a weak surge and
+    was named ``collective_stall`` six times (its GPUs' memory idled as the batch grew)."""
+    r = ratio(f.signals.scope.get("rps"))
+    if r < BURST_RATIO:
+        return 0.0
+    more = clip01((r - SURGE_RAMP_FROM) / 0.15)
+    waiting = sum(delta(f.signals.hosts.get(h, {}).get("waiting")) for h in f.hosts())
+    return more * clip01(waiting / OVERLOAD_QUEUE) * f.power_kept()
 
 
 def rate_led_demand(f: Facts) -> float:
@@ -283,14 +327,29 @@ def kv_pressure(f: Facts) -> Candidate:
     )
 
 
+def reuse_lost(reused: Pair | None) -> float:
+    """How far the prompt tokens served from the prefix cache per second fell: 0 at x0.8
+    or more, 1 at x0.5 or less (1 where not measured). A cache that stopped reusing (emptied,
+    bypassed, a template change for most requests) serves fewer; a burst of new
+    conversations brings new prefixes and lowers the hit *rate*, but the old ones are reused
+    as before (random fleet 42000's clean control: a natural x1.3 burst took the hit rate
+    45% -> 26% with hits per second x0.95, and was named prefix_cache_drop)."""
+    if not reused or not reused[0] or reused[1] is None:
+        return 1.0
+    return clip01((0.8 - ratio(reused)) / 0.3)
+
+
 def prefix_drop(f: Facts) -> Candidate:
     per_host = {}
     for h in f.all_hosts():
-        hit = f.signals.hosts.get(h, {}).get(c.PREFIX_HIT_RATE)
+        s = f.signals.hosts.get(h, {})
+        hit = s.get(c.PREFIX_HIT_RATE)
         base = value(hit, 0)
-        per_host[h] = clip01((base - value(hit) - 0.05) / 0.25) if base >= 0.1 else 0.0
+        per_host[h] = (clip01((base - value(hit) - 0.05) / 0.25)
+                       * reuse_lost(s.get(PREFIX_HITS_PER_S)) if base >= 0.1 else 0.0)
     cached = f.signals.scope.get("cached_ratio")
-    from_requests = clip01((value(cached, 0) - value(cached) - 0.05) / 0.25)
+    from_requests = (clip01((value(cached, 0) - value(cached) - 0.05) / 0.25)
+                     * reuse_lost(f.signals.scope.get(CACHED_PER_S)))
     subject, strength = place(f, per_host)
     if from_requests > strength:
         strength = from_requests
@@ -308,7 +367,8 @@ def prefix_drop(f: Facts) -> Candidate:
         f"prefill {f.ms('prefill'):+.0f} ms, queue {f.ms('queue'):+.0f} ms on "
         f"{_where(subject)}: prefix cache hit rate {value(hit, 0):.0%} -> {value(hit):.0%} "
         f"({share:.0%} of excess)",
-        {c.PREFIX_HIT_RATE: hit, "cached_ratio": cached, "per_host_strength": per_host},
+        {c.PREFIX_HIT_RATE: hit, "cached_ratio": cached, "per_host_strength": per_host,
+         PREFIX_HITS_PER_S: f.signals.hosts.get(host, {}).get(PREFIX_HITS_PER_S)},
     )
 
 

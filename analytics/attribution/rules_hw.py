@@ -17,6 +17,7 @@ from fleetlens.analytics.attribution.rules import (
     clip01,
     gpu_place,
     kv_strength,
+    overload_strength,
     place,
     weigh,
 )
@@ -244,7 +245,9 @@ def collective_stall(f: Facts) -> Candidate:
     detail: dict = {}
     every = {h: _stall_strength(f, h, detail) for h in f.all_hosts()}
     per_host = {h: every[h] for h in f.hosts()}
-    damp = 1 - STALL_LOAD_DAMP * _stalled_everywhere(f, every)
+    # An overload also idles the memory of a growing batch, on a one-host service too,
+    # where no peer tells the load's signature from the link's.
+    damp = 1 - STALL_LOAD_DAMP * max(_stalled_everywhere(f, every), overload_strength(f))
     subject, strength = place(f, per_host)
     host = max(per_host, key=per_host.__getitem__) if per_host else ""
     s = f.signals.hosts.get(host, {})

@@ -1,10 +1,10 @@
 """Attribution step (c): engine, GPU and traffic signals in the incident versus baseline.
 
-Per host: KV-cache usage, preemptions per minute, token-level prefix hit rate, waiting
-requests, and from the requests themselves decode time per token, prefill time per uncached
-prompt token and overhead. Per GPU: SM clock, temperature, power versus limit, utilisation
-and the share of samples with thermal or power-cap throttle reasons. For the scope: arrival
-rate, prompt length and cached-token ratio.
+Per host: KV-cache usage, preemptions per minute, token-level prefix hit rate and hits per
+second, waiting requests, and from the requests themselves decode time per token, prefill
+time per uncached prompt token and overhead. Per GPU: SM clock, temperature, power versus
+limit, utilisation and the share of samples with thermal or power-cap throttle reasons. For
+the scope: arrival rate, prompt length, cached-token ratio and cached tokens per second.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ THERMAL_BITS = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
 POWER_BITS = 0x04 | 0x80  # SwPowerCap | HwPowerBrakeSlowdown
 
 Pair = tuple[float | None, float | None]  # (baseline, incident)
+#: prompt tokens the engines' prefix caches served per second (a host signal), and cached
+#: prompt tokens per second from the requests (a scope signal): the reuse itself, where
+#: the hit rate is reuse per token asked for
+PREFIX_HITS_PER_S, CACHED_PER_S = "prefix_hits_per_s", "cached_per_s"
 
 
 @dataclass
@@ -79,6 +83,7 @@ def _engine(frame: pl.DataFrame, minutes: float) -> dict[str, dict[str, Any]]:
         pl.col("kv_mean").mean(), pl.col("kv_max").max(), pl.col("preempt_per_min").sum(),
         (pl.col("_hits").sum() / pl.col("_q").sum()).alias(c.PREFIX_HIT_RATE),
         pl.col("waiting").sum(), pl.col("running").sum(),
+        (pl.col("_hits").sum() / max(minutes * 60, 1e-9)).alias(PREFIX_HITS_PER_S),
     ])
 
 
@@ -126,6 +131,7 @@ def _scope(frame: pl.DataFrame, seconds: float) -> dict[str, Any]:
         pl.col(c.OUTPUT_TOKENS).mean().alias(c.OUTPUT_TOKENS),
         (pl.col(c.CACHED_TOKENS).fill_null(0).sum() / pl.col(c.INPUT_TOKENS).sum()
          .clip(lower_bound=1)).alias("cached_ratio"),
+        (pl.col(c.CACHED_TOKENS).fill_null(0).sum() / max(seconds, 1e-9)).alias(CACHED_PER_S),
     ).row(0, named=True)
 
 

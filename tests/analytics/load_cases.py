@@ -149,6 +149,62 @@ def one_stall_in_a_small_burst(seed: int = 191) -> tuple[SynthData, FleetSpec]:
     return _stall_signature_everywhere(drift, 2.0, seed, hosts=4, on=1)
 
 
+def _one_host_burst(seed: int, stalled: bool) -> tuple[SynthData, FleetSpec]:
+    """One host running the service at TP4, a burst of x1.4 arrivals; requests queue for
+    seconds and decode x5. With ``stalled`` its link stalls too (its GPUs wait, drawing
+    less); without, the batch grew past the knee: memory idles per step as under a stall,
+    but the GPUs work as hard as before."""
+    spec = FleetSpec(duration_s=3 * H, hosts=1, gpus_per_host=4, tp=4, seed=seed,
+                     rps_per_instance=6.0)
+    burst = Injected("traffic_surge", "service_name=chat", START, DURATION, magnitude=0.2)
+    stall = Injected("collective_stall", "host_name=h00", START, DURATION, magnitude=2.0)
+    data = generate(spec, [burst, stall] if stalled else [burst])
+    on = _during(data, spec, c.TS_NS)
+    if not stalled:
+        data.gpu_samples = data.gpu_samples.with_columns(
+            pl.when(on).then(pl.col(c.UTIL_MEM) * 0.4).otherwise(pl.col(c.UTIL_MEM)),
+            pl.when(on).then((pl.col(c.UTIL_GPU) * 1.05).clip(upper_bound=1.0))
+            .otherwise(pl.col(c.UTIL_GPU)))
+    data.engine_samples = data.engine_samples.with_columns(
+        pl.when(on).then(pl.col(c.NUM_RUNNING) * 5).otherwise(pl.col(c.NUM_RUNNING)),
+        pl.when(on).then(pl.col(c.NUM_WAITING) + 50).otherwise(pl.col(c.NUM_WAITING)))
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS),
+                           {c.QUEUE_S: 8.0, c.DECODE_S: 5.0, c.TPOT_S: 5.0})
+    return rewindow(data, spec), spec
+
+
+def one_host_burst_past_the_knee(seed: int = 221) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 41006's clean control (Qwen-32B at TP4 on the one A100 host of its
+    service, a replayed trace): natural bursts of x1.3-1.6 arrivals queued 26-286 requests
+    and made decode x3-7 slower while the GPUs' memory idled (x0.3-0.5) and their power
+    held (x0.99-1.13). With no peer host to compare, six were named collective_stall."""
+    return _one_host_burst(seed, stalled=False)
+
+
+def one_host_stall_in_a_burst(seed: int = 231) -> tuple[SynthData, FleetSpec]:
+    """The guard: the same burst while the host's link stalls (its GPUs draw less)."""
+    return _one_host_burst(seed, stalled=True)
+
+
+def new_conversations_lower_the_hit_rate(seed: int = 241) -> tuple[SynthData, FleetSpec]:
+    """Random fleet 42000's clean control (a replayed trace): a burst of new conversations,
+    x1.3 arrivals, brought prompts whose prefixes no cache held: the hit rate fell 45% ->
+    26% while the tokens served from the cache per second held (x0.95). Here arrivals x1.5,
+    the new requests miss the cache (the hit rate x1/1.5, hits per second as before) and
+    requests queue; it was named prefix_cache_drop."""
+    spec = FleetSpec(duration_s=3 * H, seed=seed)
+    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, DURATION,
+                                    magnitude=0.25)])
+    hits = pl.col(c.PREFIX_CACHE_HITS_TOTAL)
+    step = hits.diff().over(c.INSTANCE_ID).fill_null(hits)
+    data.engine_samples = data.engine_samples.sort(c.INSTANCE_ID, c.TS_NS).with_columns(
+        pl.when(_during(data, spec, c.TS_NS)).then(step / 1.5).otherwise(step)
+        .cum_sum().over(c.INSTANCE_ID).alias(c.PREFIX_CACHE_HITS_TOTAL))
+    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS),
+                           {c.QUEUE_S: 4.0, c.PREFILL_S: 1.5})
+    return rewindow(data, spec), spec
+
+
 def _burst_with_longer_prompts(seed: int, surge: float, longer: float
                                ) -> tuple[SynthData, FleetSpec]:
     """Arrivals x(1 + 2 ``surge``) and prompts x(1 + 4 ``longer``) at once on the service,

@@ -281,6 +281,9 @@ def _gpus(spec: FleetSpec, layout: pl.DataFrame, requests: pl.DataFrame,
         temp = rng.normal(62, 1.5, len(grid))
         limit = np.full(len(grid), tdp)
         reasons = np.zeros(len(grid), dtype=np.int64)
+        # switching activity at the same utilisation: a GPU spinning in a collective is
+        # "busy" to NVML but draws far less than one running its kernels
+        activity = np.ones(len(grid))
         for i in incidents:
             hit = _active(i, grid) & _matches(i.subject, frame, spec.service)
             m = min(i.magnitude, 1.5) / 1.5
@@ -298,10 +301,11 @@ def _gpus(spec: FleetSpec, layout: pl.DataFrame, requests: pl.DataFrame,
             elif i.cause == Cause.COLLECTIVE_STALL:  # busy waiting on the link
                 util[hit] = np.clip(util[hit] * 1.15, 0, 1)
                 mem[hit] *= 0.4
+                activity[hit] = 0.6
             elif i.cause == Cause.ENGINE_OVERHEAD:  # idle while the CPU works
                 util[hit] *= 0.3
                 mem[hit] *= 0.3
-        power = np.minimum(idle + (tdp - idle) * util * clock / 1980, limit * 0.98)
+        power = np.minimum(idle + (tdp - idle) * util * activity * clock / 1980, limit * 0.98)
         parts.append(pl.DataFrame({
             c.TS_NS: spec.start_ns + (grid * NS).astype(np.int64),
             c.HOST_NAME: row[c.HOST_NAME], c.GPU_INDEX: row[c.GPU_INDEX],

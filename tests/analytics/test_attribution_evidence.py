@@ -169,6 +169,33 @@ def test_the_fallback_names_a_place_not_a_prompt_bucket() -> None:
     assert top[c.SUBJECT] == "service_name=chat", causes
 
 
+def _small_burst_decodes_slower(seed: int = 193):  # noqa: ANN202
+    """A burst of x1.35 arrivals that queues no one, runs no more requests at once and
+    fills the KV cache no further, while decode gets x1.6 slower: only the decode phase
+    moved, no engine or GPU signal."""
+    spec = cases.FleetSpec(duration_s=3 * 3600, seed=seed)
+    data = cases.generate(spec, [cases.Injected("traffic_surge", "service_name=chat",
+                                                cases.START, cases.DURATION, magnitude=0.175)])
+    during = cases._during(data, spec, c.TS_NS)
+    data.engine_samples = data.engine_samples.with_columns(
+        pl.when(during).then(pl.col(c.NUM_RUNNING) / 1.35).otherwise(pl.col(c.NUM_RUNNING)),
+        pl.when(during).then(0.3).otherwise(pl.col(c.NUM_WAITING)).alias(c.NUM_WAITING),
+        pl.when(during).then(pl.col(c.KV_CACHE_USAGE) - 0.25)
+        .otherwise(pl.col(c.KV_CACHE_USAGE)))
+    on = cases._during(data, spec, c.ARRIVAL_NS)
+    data.requests = cases._scale(data.requests, on, {c.DECODE_S: 1.6, c.TPOT_S: 1.6})
+    return cases.rewindow(data, spec), spec
+
+
+def test_the_fallback_in_a_burst_names_the_burst() -> None:
+    # Held-out random fleet 42000's clean control: a natural x1.3 burst with no other
+    # signal fell back to slow_gpu (0.01) from its decode phase: the burst, however weak
+    # its score, is evidence where the phase is a guess.
+    _, causes = _ranked(_small_burst_decodes_slower)
+    top = causes.row(0, named=True)
+    assert top[c.CAUSE] == "traffic_surge" and top[c.SCORE] < 0.02, causes
+
+
 def test_no_gpu_telemetry_and_no_peer_is_no_evidence_of_a_slow_gpu() -> None:
     # Before: slow_gpu 0.50 "with normal clocks and no throttling" on a host that reports no
     # GPU at all (a real vLLM CPU server, session 12: ranked over the KV pressure, 0.40); an

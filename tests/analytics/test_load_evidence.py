@@ -111,3 +111,29 @@ def test_power_bits_on_every_host_a_burst_slowed_x1_5_count_little() -> None:
     # only from x1.8 (06889d7) power_cap still scored 0.136 beside the surge's 0.138;
     # peers as slow by x1.5 now count in full.
     _surge_over_power_cap(load_cases.burst_caps_every_l4)
+
+
+def test_a_burst_past_a_lone_hosts_knee_is_the_load() -> None:
+    # Random fleet 41006's clean control (held-out draw 41): six natural bursts on a
+    # one-host TP4 service named collective_stall 0.47-0.84 over traffic_surge 0.08-0.33;
+    # with no peer host the load's signature was not discounted. An overload (a burst,
+    # requests queueing, power held) now names the surge.
+    causes = _ranked(load_cases.one_host_burst_past_the_knee)
+    top = causes.row(0, named=True)
+    assert (top[c.CAUSE], top[c.SUBJECT]) == ("traffic_surge", "service_name=chat"), causes
+    assert "more than the service could serve" in top[c.SUMMARY]
+
+
+def test_a_lone_hosts_stall_in_a_burst_is_still_a_stall() -> None:
+    # The guard: the same burst, the host's GPUs waiting on the link draw less power.
+    causes = _ranked(load_cases.one_host_stall_in_a_burst)
+    assert causes.row(0, named=True)[c.CAUSE] == "collective_stall", causes
+
+
+def test_new_conversations_lowering_the_hit_rate_are_the_surge() -> None:
+    # Held-out random fleet 42000's clean control: a natural burst's new prefixes took
+    # the hit rate 45% -> 26% with as many tokens reused per second as before, and it was
+    # named prefix_cache_drop. The cache reused what it reused before: no drop.
+    causes = _ranked(load_cases.new_conversations_lower_the_hit_rate)
+    _named_first(load_cases.new_conversations_lower_the_hit_rate, "traffic_surge")
+    assert _scores(causes).get("prefix_cache_drop", 0.0) < 0.02, causes
