@@ -22,8 +22,6 @@ from fleetlens.analytics.attribution.dimensions import Finding
 from fleetlens.analytics.attribution.phases import PhaseSplit
 from fleetlens.analytics.attribution.signals import (
     CACHED_PER_S,
-    ONSET_RPS,
-    ONSET_WINDOWS,
     PREFIX_HITS_PER_S,
     Pair,
     Signals,
@@ -208,9 +206,6 @@ def traffic_surge(f: Facts) -> Candidate:
         tokens = f.signals.scope.get(c.INPUT_TOKENS)
         demand = (f"; demand x{demand_ratio(f):.1f} tokens/s with prompts "
                   f"x{ratio(tokens):.1f}")
-    onset = arrivals_ratio(f)
-    if onset > r:
-        demand += f"; x{onset:.1f} in its first {ONSET_WINDOWS} windows"
     if overload > max(by_rate, by_demand):
         demand += "; more than the service could serve: requests queue on GPUs as busy as before"
     return Candidate(
@@ -262,21 +257,10 @@ def surge_strength(f: Facts) -> float:
     (:data:`~fleetlens.pipeline.schema.bursts.BURST_RATIO`: the labeller's definition too;
     x1.25-1.3 counted a little before), a burst itself already a little (x1.3 at capacity
     is a surge, random fleet 29001), fully at :data:`SURGE_FULL_RATIO`."""
-    r = arrivals_ratio(f)
+    r = ratio(f.signals.scope.get("rps"))
     if r < BURST_RATIO:
         return 0.0
     return clip01((r - SURGE_RAMP_FROM) / (SURGE_FULL_RATIO - SURGE_RAMP_FROM))
-
-
-def arrivals_ratio(f: Facts) -> float:
-    """Incident/baseline arrivals: over the whole incident, or over its onset where that
-    is higher by a burst's margin. A burst's backlog drains for minutes after the arrivals
-    fell back, and a latency incident lasts as long (held-out random fleet 43005's clean
-    control: x1.9 in the first three minutes, x1.30 over the fourteen the p99 of time per
-    token stayed high, read as no surge and named slow_gpu from its decode phase)."""
-    whole = ratio(f.signals.scope.get("rps"))
-    onset = ratio(f.signals.scope.get(ONSET_RPS))
-    return onset if onset >= BURST_RATIO and onset > whole else whole
 
 
 def long_prompt_strength(f: Facts) -> float:

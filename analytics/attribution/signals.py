@@ -27,10 +27,6 @@ Pair = tuple[float | None, float | None]  # (baseline, incident)
 #: prompt tokens per second from the requests (a scope signal): the reuse itself, where
 #: the hit rate is reuse per token asked for
 PREFIX_HITS_PER_S, CACHED_PER_S = "prefix_hits_per_s", "cached_per_s"
-#: arrivals per second in an incident's onset, its first ONSET_WINDOWS windows (a scope
-#: signal paired with the baseline's rate): a burst's backlog outlives the burst, and an
-#: incident that lasts as long as the drain reads its arrivals diluted over the whole
-ONSET_RPS, ONSET_WINDOWS = "rps_onset", 3
 
 
 @dataclass
@@ -165,17 +161,6 @@ def up_seconds(engine: pl.DataFrame, start_ns: int, end_ns: int) -> float:
     return max(span - down / 1e9, span * 0.05)
 
 
-def _onset_rps(ctx: IncidentContext) -> float | None:
-    """Arrivals per second in the incident's first :data:`ONSET_WINDOWS` windows, where it
-    lasts longer than that (None otherwise)."""
-    onset_end = ctx.start_ns + ONSET_WINDOWS * ctx.window_s * 10**9
-    if onset_end >= ctx.end_ns or ctx.requests_inc.is_empty():
-        return None
-    engine = ctx.engine_inc.filter(pl.col(c.TS_NS) < onset_end)
-    seconds = up_seconds(engine, ctx.start_ns, onset_end)
-    return ctx.requests_inc.filter(pl.col(c.ARRIVAL_NS) < onset_end).height / max(seconds, 1e-9)
-
-
 def collect_signals(ctx: IncidentContext) -> Signals:
     """All signals of one incident, baseline versus incident (rates over the seconds the
     engines were up, :func:`up_seconds`)."""
@@ -184,7 +169,6 @@ def collect_signals(ctx: IncidentContext) -> Signals:
     sig = Signals()
     b, i = _scope(ctx.requests_base, base_s), _scope(ctx.requests_inc, inc_s)
     sig.scope = {k: (b.get(k), i.get(k)) for k in set(b) | set(i)}
-    sig.scope[ONSET_RPS] = (b.get("rps"), _onset_rps(ctx))
     hosts = _pairs(_engine(ctx.engine_base, base_s / 60), _engine(ctx.engine_inc, inc_s / 60))
     req = _pairs(_requests(ctx.requests_base, c.HOST_NAME, base_s),
                  _requests(ctx.requests_inc, c.HOST_NAME, inc_s))

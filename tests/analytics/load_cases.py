@@ -205,20 +205,6 @@ def new_conversations_lower_the_hit_rate(seed: int = 241) -> tuple[SynthData, Fl
     return rewindow(data, spec), spec
 
 
-def burst_outlived_by_its_backlog(seed: int = 251) -> tuple[SynthData, FleetSpec]:
-    """Held-out random fleet 43005's clean control: a natural burst of x1.9 arrivals for
-    three minutes, then the usual rate, while the backlog kept decode slow for eleven
-    minutes more; over the whole incident the arrivals read x1.30. Here x2 for three
-    minutes and decode x3 for fifteen (the service's requests queue no more than usual
-    after the burst), on one host's requests."""
-    spec = FleetSpec(duration_s=3 * H, seed=seed)
-    data = generate(spec, [Injected("traffic_surge", "service_name=chat", START, 180,
-                                    magnitude=0.5)])
-    data.requests = _scale(data.requests, _during(data, spec, c.ARRIVAL_NS, START, 900),
-                           {c.DECODE_S: 3.0, c.TPOT_S: 3.0})
-    return rewindow(data, spec), spec
-
-
 def _burst_with_longer_prompts(seed: int, surge: float, longer: float
                                ) -> tuple[SynthData, FleetSpec]:
     """Arrivals x(1 + 2 ``surge``) and prompts x(1 + 4 ``longer``) at once on the service,
