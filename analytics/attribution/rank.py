@@ -91,18 +91,21 @@ def rank_candidates(facts: Facts, found: list[Candidate] | None = None) -> list[
                   key=lambda x: (-x.score, x.cause))
     if kept:
         return kept
-    # A burst of arrivals, however little of the excess its score says it explains, is
-    # evidence where a phase is a guess (random fleet 42000's clean control: a natural x1.3
-    # burst with no other signal fell back to slow_gpu, from the decode phase).
-    surge = [x for x in found if x.cause == Cause.TRAFFIC_SURGE and x.score > 0]
-    if surge and rules.surge_strength(facts) > 0:
-        return surge[:1]
-    phase = facts.phases.dominant()
     # Where the excess concentrates, when the top finding names a place; a prompt or
     # output bucket says which requests, not where (random seed 19: three slow GPUs "on
     # prompt_bucket=2048-8192"), so then the incident's own scope.
     top = facts.findings[0] if facts.findings and facts.findings[0].score > 0 else None
-    if top is not None and top.dimension not in _REQUEST_SHAPE:
+    placed = top is not None and top.dimension not in _REQUEST_SHAPE
+    # A burst of arrivals, however little of the excess its score says it explains, is
+    # evidence where a phase is a guess (random fleet 42000's clean control: a natural x1.3
+    # burst with no other signal fell back to slow_gpu, from the decode phase); not when
+    # the excess concentrates in one place (a host that joined late, its own cache full:
+    # the service's arrivals rose by the new host's share), which a burst does not explain.
+    surge = [x for x in found if x.cause == Cause.TRAFFIC_SURGE and x.score > 0]
+    if surge and not placed and rules.surge_strength(facts) > 0:
+        return surge[:1]
+    phase = facts.phases.dominant()
+    if placed:
         subject = fmt_subject(top.dimension, top.value)
     elif facts.ctx.host:
         subject = fmt_subject(c.HOST_NAME, facts.ctx.host)
