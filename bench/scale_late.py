@@ -19,28 +19,17 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parents[1]
 
 _RUN = """
-import hashlib, json, resource, sys, time
-from pathlib import Path
+import json, sys
 sys.path.insert(0, {repo!r})
 from fleetlens.pipeline import runner
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.storage import DataDir, parquet_files
+from fleetlens.pipeline.storage import DataDir
 args = json.loads({args!r})
 if not args["kept"]:  # as before: every host of a dirty hour recomputed
     runner.phase1_kept = lambda *_: None
-began = time.perf_counter()
-summary = runner.Pipeline(DataDir(args["data"]), PipelineConfig(lateness_s=3600)).run_once()
-wall = time.perf_counter() - began
-use = resource.getrusage(resource.RUSAGE_SELF)
-hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
-digest = hashlib.sha256()
-root = Path(args["data"])
-for table in runner.OUTPUTS:
-    for path in parquet_files(DataDir(root).derived(table)):
-        digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
-print(json.dumps({{"cpu_s": use.ru_utime + use.ru_stime, "wall_s": wall,
-                  "rss_mb": hwm / 1024, "digest": digest.hexdigest(),
-                  "kept": summary.kept_host_hours, "dirty": summary.dirty_hours}}))
+pipeline = runner.Pipeline(DataDir(args["data"]), PipelineConfig(lateness_s=3600))
+summary, measured = measure(pipeline.run_once, args["data"])
+print(json.dumps({{**measured, "kept": summary.kept_host_hours, "dirty": summary.dirty_hours}}))
 """
 
 

@@ -22,38 +22,52 @@ from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 
-_RUN = """
-import hashlib, json, resource, sys, time
-from dataclasses import replace
+#: Put before every measured script (not a template): ``measure(work, data)`` runs ``work``
+#: and returns its result with the process's CPU-s, wall, peak RSS and a digest of every
+#: output file's bytes under ``data``.
+MEASURE = """
+import hashlib, resource, time
 from pathlib import Path
+
+
+def measure(work, data):
+    from fleetlens.pipeline import runner
+    from fleetlens.pipeline.storage import DataDir, parquet_files
+    began = time.perf_counter()
+    result = work()
+    wall = time.perf_counter() - began
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
+    digest = hashlib.sha256()
+    for table in runner.OUTPUTS:
+        for path in parquet_files(DataDir(Path(data)).derived(table)):
+            digest.update(str(path.relative_to(data)).encode() + path.read_bytes())
+    return result, {"cpu_s": use.ru_utime + use.ru_stime, "wall_s": wall,
+                    "rss_mb": hwm / 1024, "digest": digest.hexdigest()}
+"""
+
+_RUN = """
+import json, sys
+from dataclasses import replace
 sys.path.insert(0, {repo!r})
 from fleetlens.pipeline import phase2, runner
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.storage import DataDir, parquet_files
+from fleetlens.pipeline.storage import DataDir
 args = json.loads({args!r})
 cfg = PipelineConfig()
 if not args["staged"]:  # as before the bounded merges: nothing staged, one range in memory
     runner.staging_folder = phase2.staging_folder = lambda *_: None
     cfg = replace(cfg, reduce_rows=10**12)
-began = time.perf_counter()
-runner.Pipeline(DataDir(args["data"]), cfg).run_once(full=True)
-wall = time.perf_counter() - began
-use = resource.getrusage(resource.RUSAGE_SELF)
-hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM"))
-digest = hashlib.sha256()
-root = Path(args["data"])
-for table in runner.OUTPUTS:
-    for path in parquet_files(DataDir(root).derived(table)):
-        digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
-print(json.dumps({{"cpu_s": use.ru_utime + use.ru_stime, "wall_s": wall,
-                  "rss_mb": hwm / 1024, "digest": digest.hexdigest()}}))
+_, measured = measure(lambda: runner.Pipeline(DataDir(args["data"]), cfg).run_once(full=True),
+                     args["data"])
+print(json.dumps(measured))
 """
 
 
 def run_process(script: str, args: dict) -> dict:
-    """Run ``script`` (a template taking ``repo`` and ``args``) in a process of its own; the
-    JSON object its last line prints."""
-    code = script.format(repo=str(REPO), args=json.dumps(args))
+    """Run ``script`` (a template taking ``repo`` and ``args``, :data:`MEASURE` defined before
+    it) in a process of its own; the JSON object its last line prints."""
+    code = MEASURE + script.format(repo=str(REPO), args=json.dumps(args))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=False)
     if out.returncode:
