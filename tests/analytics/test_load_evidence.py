@@ -21,10 +21,13 @@ def _scores(causes: pl.DataFrame) -> dict[str, float]:
     return dict(zip(causes[c.CAUSE], causes[c.SCORE], strict=True))
 
 
-def _named_first(builder, cause: str) -> None:  # noqa: ANN001
+def _named_first(builder, cause: str, saying: str = "") -> pl.DataFrame:  # noqa: ANN001
+    """The ranked causes, ``cause`` first on the service, its summary saying ``saying``."""
     causes = _ranked(builder)
     top = causes.row(0, named=True)
     assert (top[c.CAUSE], top[c.SUBJECT]) == (cause, "service_name=chat"), causes
+    assert saying in top[c.SUMMARY], causes
+    return causes
 
 
 def _surge_over_power_cap(builder) -> None:  # noqa: ANN001
@@ -71,10 +74,7 @@ def test_more_requests_and_longer_ones_at_once_are_a_surge() -> None:
     # Before: long_prompts 0.25 over traffic_surge 0.14 (random fleet 28009's clean control:
     # a natural burst of x1.4 arrivals with prompts x1.6 named long_prompts 0.12 over
     # traffic_surge 0.11). Now traffic_surge 0.86: the demand doubled, the arrivals led.
-    causes = _ranked(load_cases.more_and_longer_requests)
-    top = causes.row(0, named=True)
-    assert (top[c.CAUSE], top[c.SUBJECT]) == ("traffic_surge", "service_name=chat"), causes
-    assert "demand x" in top[c.SUMMARY]
+    _named_first(load_cases.more_and_longer_requests, "traffic_surge", "demand x")
 
 
 def test_much_longer_prompts_in_a_small_burst_are_the_prompts() -> None:
@@ -118,10 +118,8 @@ def test_a_burst_past_a_lone_hosts_knee_is_the_load() -> None:
     # one-host TP4 service named collective_stall 0.47-0.84 over traffic_surge 0.08-0.33;
     # with no peer host the load's signature was not discounted. An overload (a burst,
     # requests queueing, power held) now names the surge.
-    causes = _ranked(load_cases.one_host_burst_past_the_knee)
-    top = causes.row(0, named=True)
-    assert (top[c.CAUSE], top[c.SUBJECT]) == ("traffic_surge", "service_name=chat"), causes
-    assert "more than the service could serve" in top[c.SUMMARY]
+    _named_first(load_cases.one_host_burst_past_the_knee, "traffic_surge",
+                 "more than the service could serve")
 
 
 def test_a_lone_hosts_stall_in_a_burst_is_still_a_stall() -> None:
@@ -134,6 +132,5 @@ def test_new_conversations_lowering_the_hit_rate_are_the_surge() -> None:
     # Held-out random fleet 42000's clean control: a natural burst's new prefixes took
     # the hit rate 45% -> 26% with as many tokens reused per second as before, and it was
     # named prefix_cache_drop. The cache reused what it reused before: no drop.
-    causes = _ranked(load_cases.new_conversations_lower_the_hit_rate)
-    _named_first(load_cases.new_conversations_lower_the_hit_rate, "traffic_surge")
+    causes = _named_first(load_cases.new_conversations_lower_the_hit_rate, "traffic_surge")
     assert _scores(causes).get("prefix_cache_drop", 0.0) < 0.02, causes
