@@ -93,23 +93,34 @@ def rps_at(batch: float | np.ndarray, p50: Line, pool: Pool) -> float | np.ndarr
 
 
 def _bins(batch: np.ndarray, rel: float) -> np.ndarray:
-    """Bin index of each batch on a geometric grid of ratio (1 + rel) / (1 - rel)."""
+    """Bin index of each batch on a geometric grid of ratio (1 + rel) / (1 - rel) centred on
+    the largest batch (bin 0): windows at an engine's seat limit, whose batches differ by a
+    few percent, share one bin wherever the limit lies (on a grid from batch 1 the edge at
+    7.72 split a real vLLM's 8-seat windows, 7.6 from 7.8 and 8.0)."""
     ratio = (1 + rel) / (1 - rel)
-    return np.floor(np.log(np.maximum(batch, 0.5)) / math.log(ratio)).astype(int)
+    top = max(float(batch.max()), 0.5) if batch.size else 1.0
+    return np.floor(np.log(np.maximum(batch, 0.5) / top) / math.log(ratio) + 0.5).astype(int)
 
 
 def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
     """The largest batch visited before the first bin whose median TTFT p99 breaks the
     bound, or inside that bin the largest at which a window met it, no larger than the
-    bin's largest break (inf when no visited bin breaks it); windows without arrivals (nan)
-    are left out. The bins are wide (+-25%): a real vLLM's near-capacity window (batch 5.2,
-    TTFT p99 0.15 s) shared one with two of the overload's (7.6 and 7.7, 2.5 and 3.1 s), and
-    the knee came out at the batch below the bin, 3.8, where the sweep's was 8. Inside the
-    bin the batch does not order the breaks: at a seat limit every window runs the same
-    batch and the overload's queue, not the batch, breaks TTFT (near capacity 7.80 met it,
-    the overload's 7.80 and 8.0 broke it)."""
+    bin's largest break; where no bin breaks it but a window of the top bin did, the top
+    bin's largest batch that met it (inf when no window breaks it there). Windows without
+    arrivals (nan) are left out.
+
+    The bins are wide (+-25%): a real vLLM's near-capacity window (batch 5.2, TTFT p99
+    0.15 s) shared one with two of the overload's (7.6 and 7.7, 2.5 and 3.1 s), and the knee
+    came out at the batch below the bin, 3.8, where the sweep's was 8. Inside the bin the
+    batch does not order the breaks: at a seat limit every window runs the same batch and
+    the overload's queue, not the batch, breaks TTFT (near capacity 7.80 met it, the
+    overload's 7.80 and 8.0 broke it). A break in the top bin caps the knee even where most
+    of the bin's windows met the SLO: the batch went no further, and requests that came
+    faster waited (TTFT p99 2.9 s at 7.6 beside 0.24 and 1.72 s at 7.8 and 8.0)."""
     judged = np.isfinite(pool.ttft_p99)
     batch, ttft = pool.batch[judged], pool.ttft_p99[judged]
+    if not batch.size:
+        return float("inf")
     bins = _bins(batch, rel)
     for b in sorted(set(bins.tolist())):
         inside = bins == b
@@ -117,6 +128,9 @@ def ttft_limit(pool: Pool, bound: float, rel: float) -> float:
             last = batch[inside & (ttft > bound)].max()
             met = batch[(bins < b) | (inside & (batch <= last) & (ttft <= bound))]
             return float(met.max()) if met.size else float(batch[inside].min())
+    top = bins == bins.max()
+    if (ttft[top] > bound).any():
+        return float(batch[top & (ttft <= bound)].max())
     return float("inf")
 
 

@@ -75,3 +75,24 @@ def test_a_window_that_met_the_slo_inside_the_breaking_bin_counts() -> None:
     assert ttft_limit(Pool(batch, zeros, zeros, zeros, np.where(batch > 5, 2.5, ttft), zeros,
                            np.ones(batch.size, bool), 100.0, 100.0, 0.01, None),
                       2.0, 0.25) == 3.0
+
+
+def test_the_seat_limits_windows_share_one_bin_and_a_break_there_caps_the_knee() -> None:
+    """A real vLLM at its 8 seats: the overload's last window broke TTFT at batch 7.6 while
+    the near-capacity window and the overload's first met it at 7.8 and 8.0. On a grid from
+    batch 1 the bin edge at 7.72 put 7.6 alone in a bin that broke, and the knee came out at
+    the batch below, 4.1 (the sweep's: 8). Bins centred on the largest batch keep the three
+    together; their median meets the SLO, and the break among them caps the knee at the
+    largest batch that met it."""
+    from fleetlens.analytics.capacity.knee import Pool, ttft_limit
+
+    batch = np.array([1.0, 1.9, 2.2, 4.1, 3.9, 7.8, 8.0, 7.6, 2.0])
+    ttft = np.array([0.01, 0.01, 0.01, 0.02, 0.02, 0.24, 1.72, 2.9, np.nan])
+    zeros = np.zeros(batch.size)
+    pool = Pool(batch, zeros, zeros, zeros, ttft, zeros, np.ones(batch.size, bool), 100.0,
+                100.0, 0.01, None)
+    assert ttft_limit(pool, 2.0, 0.25) == 8.0
+    # no break at all: no TTFT limit
+    calm = Pool(batch, zeros, zeros, zeros, np.minimum(ttft, 1.0), zeros,
+                np.ones(batch.size, bool), 100.0, 100.0, 0.01, None)
+    assert ttft_limit(calm, 2.0, 0.25) == float("inf")
