@@ -9,8 +9,9 @@ One server with ``--max-num-seqs`` :data:`SEATS` and :data:`SHAPE`'s answers:
    1, 2, 4, ... until throughput stops rising. Its knee is judged by the passive
    estimator's own default SLO (TPOT p99 at most 1.5x its batch-1 value, TTFT p99 at most
    2 s) from vLLM's own timings of each step, and stated as the batch it ran;
-2. the agent scrapes, and open-loop Poisson load varies as a day would, in fractions of the
-   sweep's top throughput: :data:`LOW` and :data:`HIGH` alternating every window
+2. the agent scrapes, and open-loop Poisson load varies as a day would
+   (:mod:`tests.agent.capacity_load`), in fractions of the sweep's top throughput:
+   :data:`LOW` and :data:`HIGH` alternating every window
    :data:`PAIRS` times (more while the host was busy: :data:`DISTURBED`), then :data:`TAIL`
    (a ramp to the capacity, then over it);
 3. ``fleetlens pipeline`` + ``analyze`` + ``capacity`` on the data dir: the passive knee;
@@ -50,7 +51,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,19 +65,32 @@ from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.storage import DataDir, scan
 from tests.agent.capacity_host import HostSampler, settle
+from tests.agent.capacity_load import (
+    CALM_HIGH_S,
+    CALM_LOW_S,
+    DISTURBED,
+    HIGH,
+    LOW,
+    TAIL,
+    WINDOW_S,
+    calm,
+    phases_of,
+    ran_slow,
+    seconds,
+    send_load,
+)
 from tests.agent.capacity_run import (
     NS,
     Step,
     analysed,
     capacity_rows,
     cut_spans,
-    slow_phases,
     step_latencies,
     sweep,
     sweep_knee,
 )
 from tests.agent.incident_load import PROMPT_WORDS, Shape
-from tests.agent.incident_run import Phase, phase_plan, running_agent, wait_for_spans
+from tests.agent.incident_run import running_agent, wait_for_spans
 from tests.agent.loadgen import Request, prompt_of
 from tests.agent.vllm_env import build_tiny_model, ensure_vllm_venv, free_port, running_vllm
 from tests.agent.vllm_scenario import EXPORTER_ENV
@@ -85,79 +99,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HOST = "capacity-host"
 INSTANCE = f"{HOST}/tiny-0"
-#: 5 s windows: the low phase's 45 s give 9, one more than ``min_windows`` (8) with the
-#: window edges off the phase's (10 s windows needed a 90 s phase)
-WINDOW_S = 5
 SEATS = 8
+
 #: 136-token answers (two cache blocks): short requests, many per 10 s window
 SHAPE = Shape(blocks=2)
+
 #: seconds per sweep step: a closed loop's throughput is its clients over their latency,
 #: which a few requests tell (about 7 at concurrency 1)
 STEP_S = 3.0
-#: (fraction of the sweep's top throughput, seconds) of the low and the high phases,
-#: alternating :data:`PAIRS` times. The low phases are the twin's calibration; the high ones
-#: twice their rate, where TTFT p90 is the engine's and the API server's time and not a
-#: seat's wait. At 40% of the top (about 4.2 of the 8 seats busy where the shared host ran
-#: requests 0.35 s long) 9.3% of the requests waited for a seat (Erlang C: 7.5%): the phase's
-#: TTFT p90 fell on the queue's edge (25 ms against 7 ms for its p50) and the twin, whose own
-#: Poisson bursts are other draws, put it at 10 ms. At 30% (2.2-3.1 seats) 0.4-1.5% wait,
-#: and a host 30% slower still leaves the p90 to the engine (6%). The sweep's top
-#: overstates the seats' rate under the load (the agent and collector share the core, a
-#: Poisson arrival finds no client waiting to refill a seat).
-#: Low and high alternate every window: the shared host's speed moves by up to 2x within a
-#: minute, outside this machine (a Firecracker VM: no other process on the server's core, no
-#: steal counted, and TPOT went from 2.0 to 3.3-5.1 ms 20 s into a run and stayed there,
-#: while the idle prefill held at 38-48 us per token), and over 15 s and 10 s phases the two
-#: rates met different hosts (TTFT p50 -14% and -17% after one 45 s low phase; TTFT p90 -59%
-#: and -87%, TPOT p90 -27%, with three pairs of 15 s and 10 s). Alternating every 5 s, both
-#: rates see the same host at every time scale past a few seconds; a high phase's batch
-#: settles within one request's life (0.3-0.5 s: :data:`SETTLE_S`)
-LOW, HIGH = (0.15, 5.0), (0.3, 5.0)
-#: pairs of (low, high) always sent, and at most this many more while the host was too busy
-#: (:data:`DISTURBED`) or slow (:data:`SPELL_RATIO`) for :data:`CALM_LOW_S` and
-#: :data:`CALM_HIGH_S` of calm time (one run's host ran four of the first high phases slow:
-#: 32 s of them calm). With 8
-#: pairs (129-156 calibration requests, 244-292 measured) the twin's TTFT p90 missed in 2
-#: of 5 calm runs (-20% and -25%) while the measured one moved 6.4-11.0 ms from run to run:
-#: a p90 of 150 requests rests on its 15 slowest
-PAIRS, MORE_PAIRS = 12, 3
-#: after the pairs, a ramp to the capacity and over it (the passive knee's queue), in
-#: fractions of the sweep's top. The passive knee is the largest batch a window met the SLO
-#: at below the overload's, so some window must meet it near the seats whatever the host's
-#: speed then: with only 85% before the overload, a fast host ran it at batch 3.6 (TTFT p99
-#: 0.11 s: 1 run of 13), and a host slower than in the sweep (TPOT p50 3.6 ms against 1.9 at
-#: the same batch) broke the SLO in it (TTFT p99 3.3 s at batch 7.3) and in every later
-#: window, 100% included, while the 30% windows met it at 3.9: both knees came out at the
-#: batch of the last window that met it, 3.6 and 3.9, against the sweep's 8. From 50% the
-#: ramp reaches the seats on a host up to about 2x slower than in the sweep. The overload is
-#: twice the top: at 1.5x it queued nothing where the sweep had met a slow host (its top
-#: 18.9 req/s at TPOT p50 2.8 ms, the load's phases at 2.0-2.1 ms), no window broke the SLO
-#: and the passive knee was the KV cache's, 18,366
-TAIL = (("ramp", 0.5, 5.0), ("rise", 0.7, 5.0), ("near", 0.85, 5.0), ("top", 1.0, 5.0),
-        ("over", 2.0, 8.0))
-#: a 1 s slice in which processes outside the test took more than this share of the
-#: server's core is the host's, not the engine's (:mod:`tests.agent.capacity_host`): it and
-#: a second either side are left out of the twin's calibration and of the measured phases.
-#: A run's low phase held 5 s of TTFT 60-130 ms and TPOT 7 ms (5-7 ms and 2 ms around them)
-#: and the twin carried them to TTFT p90 +1,203% at the high rate
-DISTURBED = 0.10
-#: a phase whose TPOT p50 (vLLM's own timing) is more than this many times the median of
-#: its kind's is a spell of the host's, out of the twin's calibration (a low phase) or of the
-#: measurement (a high one), whole. This VM's speed moves from outside it, where
-#: :data:`DISTURBED` does not see it: in one run two low phases of twelve decoded at TPOT p50
-#: 2.8 ms against 1.8-2.2 in the others, one high phase at 2.8 against 1.9-2.5, and the twin,
-#: carrying the low phases' spells to the high rate, put TPOT p90 +24.9% off (with them left
-#: out of both: -10.0%; 1.2 and 1.3 leave the same phases out in 8 runs but one)
-SPELL_RATIO = 1.25
-#: seconds after the pairs before their calm time is judged: vLLM's exporter sends a batch
-#: every 5 s, the collector writes every 1 s
-LANDED_S = 6.5
-#: calm seconds needed: of the low phases (60 s: about 210 requests at 15%), and of the high
-#: phases' measured parts (48 s: about 410 at 30%), four fifths of each
-CALM_LOW_S, CALM_HIGH_S = 48.0, 38.0
-#: each high phase's first second is left out of its measurement (the batch climbs from
-#: the low phase's in about one request's life, 0.3-0.5 s)
-SETTLE_S = 1.0
+
 #: the issue's bounds
 KNEE_STEP = 2.0
 TWIN_ERROR = 0.20
@@ -191,70 +141,6 @@ def _two_ports() -> dict[str, int]:
     while http == grpc:
         http = free_port()
     return {"grpc_port": grpc, "http_port": http}
-
-
-def _calm(host: HostSampler, spans: dict, slow: Collection[str] = ()) -> tuple[list, list]:
-    """The calm parts of the low phases and of the high phases' measured parts, the
-    ``slow`` phases (:data:`SPELL_RATIO`) left out whole."""
-    kept = {k: v for k, v in spans.items() if k not in slow}
-    high = [(lo + int(SETTLE_S * NS), hi) for lo, hi in _of(kept, "high")]
-    pairs = [*_of(spans, "low"), *_of(spans, "high")]
-    return (host.calm(_of(kept, "low"), DISTURBED, pairs),
-            host.calm(high, DISTURBED, pairs))
-
-
-def _seconds(spans: list[tuple[int, int]]) -> float:
-    return sum(hi - lo for lo, hi in spans) / NS
-
-
-def _slow(data: DataDir, spans: dict) -> list[str]:
-    """The low and high phases the host ran slow in (:data:`SPELL_RATIO`), of those whose
-    requests' spans landed."""
-    paired = {k: v for k, v in spans.items() if k.rstrip("0123456789") in ("low", "high")}
-    return slow_phases(data, paired, SPELL_RATIO)
-
-
-def _load(port: int, rng: random.Random, make, top: float, host: HostSampler,  # noqa: ANN001
-          data: DataDir) -> tuple[dict, int]:
-    """The phases sent (:data:`PAIRS`, more while the host was busy or ran slow,
-    :data:`TAIL`): their wall-clock spans by name, and the requests sent."""
-    spans: dict = {}
-    sent = 0
-
-    def send(phases: list[tuple[str, float, float]]) -> None:
-        nonlocal sent
-        plan, timeline = phase_plan(rng, [Phase(n, f * top, s) for n, f, s in phases], make)
-        # the pairs start on window edges: each low phase is whole windows of the cut
-        time.sleep(-time.time() % WINDOW_S)
-        timeline.send(port, plan)
-        spans.update(timeline.spans)
-        sent += len(plan)
-
-    def pair(k: int) -> list[tuple[str, float, float]]:
-        return [(f"low{k}", *LOW), (f"high{k}", *HIGH)]
-
-    # a first window at the low rate, judged nowhere: the run's first seconds were slower
-    # (TPOT 3.5-4.8 ms for 10 s against 1.7-2.0 after, nothing else on the core): the
-    # collector's first writes, the agent's first exports
-    send([("warm", *LOW), *(p for k in range(1, PAIRS + 1) for p in pair(k))])
-    for k in range(PAIRS + 1, PAIRS + MORE_PAIRS + 1):
-        # the last phase's spans landed (vLLM's exporter sends a batch every 5 s, the
-        # collector writes every 1 s) and a host sample came after its end
-        time.sleep(LANDED_S)
-        low, high = _calm(host, spans, _slow(data, spans))
-        if _seconds(low) >= CALM_LOW_S and _seconds(high) >= CALM_HIGH_S:
-            break
-        send(pair(k))
-    # from a window edge too: a near phase split across two windows showed batch 4.8 in the
-    # first, and the knee (the largest batch below the overload's) came out 4.8 against 8
-    send(list(TAIL))
-    return spans, sent
-
-
-def _of(timeline_spans: dict, kind: str) -> list[tuple[int, int]]:
-    """The wall-clock spans of the phases named ``kind`` + a number, in time order."""
-    return sorted(tuple(v) for k, v in timeline_spans.items()
-                  if k.rstrip("0123456789") == kind)
 
 
 def _measured(data: DataDir, spans: list[tuple[int, int]]) -> dict:
@@ -303,7 +189,7 @@ def run(tmp_path_factory) -> Iterator[Run]:
             time.sleep(2.0)  # the agent's first scrapes of the idle engine
             report["agent_settle_s"] = round(settle(agent.pid), 1)
             t0 = time.monotonic()
-            spans, load = _load(server.port, rng, make, top, host, data)
+            spans, load = send_load(server.port, rng, make, top, host, data)
             report["load_s"] = round(time.monotonic() - t0, 1)
             time.sleep(2.0)  # the agent's scrapes of the drained engine
         sent = sum(len(s.requests) + s.discarded for s in (*warm_up, *steps))
@@ -312,10 +198,11 @@ def run(tmp_path_factory) -> Iterator[Run]:
     report["rates"] = {n: round(fractions[n.rstrip("0123456789")] * top, 2) for n in spans}
     # what else ran on the server's core, per phase (share of it)
     report["others"] = {n: round(host.others(*span) or 0.0, 3) for n, span in spans.items()}
-    report["slow_phases"] = slow = _slow(data, spans)
-    calm_low, calm_high = _calm(host, spans, slow)
-    report["calm_s"] = {"low": round(_seconds(calm_low), 1), "of_low": _seconds(_of(spans, "low")),
-                        "high": round(_seconds(calm_high), 1)}
+    report["slow_phases"] = slow = ran_slow(data, spans)
+    calm_low, calm_high = calm(host, spans, slow)
+    report["calm_s"] = {"low": round(seconds(calm_low), 1),
+                        "of_low": seconds(phases_of(spans, "low")),
+                        "high": round(seconds(calm_high), 1)}
     # for re-analysing the data dir (a changed estimator judged again on the same telemetry)
     (tmp / "phases.json").write_text(json.dumps({
         "phases": spans, "rates": report["rates"], "calm_low": calm_low,
@@ -328,7 +215,7 @@ def run(tmp_path_factory) -> Iterator[Run]:
     t0 = time.monotonic()
     analysed(data, config)
     passive = capacity_rows(data, config)
-    low = _of(spans, "low")
+    low = phases_of(spans, "low")
     calibration = cut_spans(data, tmp / "low", calm_low)
     # the twin is calibrated on the requests; the cut's capacity row gives it the pool (its
     # hardware and SLOs) and needs a knee, which a cut with a disturbed second taken out
@@ -343,7 +230,7 @@ def run(tmp_path_factory) -> Iterator[Run]:
     report["analysis_s"] = round(time.monotonic() - t0, 1)
     result = Run(steps, knee, passive[0] if len(passive) == 1 else {"rows": passive},
                  {r["row"]: r for r in twin}, measured_high, report,
-                 (_seconds(calm_low), _seconds(calm_high)))
+                 (seconds(calm_low), seconds(calm_high)))
     yield result
     report["total_s"] = round(time.monotonic() - started, 1)
     print("\nvLLM capacity run:", json.dumps({
