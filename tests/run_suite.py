@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: The real-vLLM files: one core of their own.
 VLLM = ("tests/agent/test_vllm_e2e.py", "tests/agent/test_vllm_incidents.py")
 #: Issue 31's real-vLLM capacity validation (sweep, passive knee, twin): about 3.8 more
-#: minutes on the real-vLLM core, but on a shared host its margins are thin (19 runs: the
-#: twin within 20% in 18, every check passed in 14, the last design's 7 of 8:
+#: minutes on the real-vLLM core, but on a shared host its margins are thin (20 runs: the
+#: twin within 20% in 19, every check passed in 15, the last design's 8 of 9:
 #: docs/benchmarks.md), so it is not in ``make test`` yet: run in that part with
 #: ``--capacity``, left out otherwise (never in the rest).
 CAPACITY = ("tests/agent/test_vllm_capacity.py",)
