@@ -30,7 +30,7 @@ def _replay(cal, arrivals: pl.DataFrame, rate: float, seed: int):  # noqa: ANN00
             for ns, p, o in arrivals.select(c.ARRIVAL_NS, c.INPUT_TOKENS, c.OUTPUT_TOKENS)
             .iter_rows()]
     steps = MeasuredSteps(cal.base_s, cal.per_seq_s, cal.per_kv_s, cal.prefill_base_s,
-                          cal.prefill_per_token_s, cal.hinge, cal.above_s)
+                          cal.prefill_per_token_s, cal.hinge, cal.above_s, cal.wake_s)
     done, busy = replay(rows, cal.engines, steps, max_num_seqs=cal.max_num_seqs,
                         max_batched_tokens=cal.max_batched_tokens, kv_blocks=cal.kv_blocks,
                         seed=seed, outside_s=cal.outside_s, decode_scale=cal.decode_scale,

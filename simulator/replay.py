@@ -42,6 +42,8 @@ class MeasuredSteps:
     prefill_per_token_s: float
     hinge: float = float("inf")
     above_s: float = 0.0
+    #: what a step started on an idle engine takes more (a CPU engine's threads wake)
+    wake_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.step_overhead = 0.0
@@ -76,6 +78,12 @@ class MeasuredSteps:
                 p_scale += self.prefill_scale[r.seq] if self.prefill_scale else 1.0
         return d, d_scale / d if d else 1.0, p_scale / prompts if prompts else 1.0
 
+    def _from_idle(self) -> bool:
+        """Whether the step being scheduled starts on an idle engine: nothing it carries
+        has computed a token yet (every request was admitted into this step)."""
+        running = self.instance.running if self.instance else []
+        return bool(running) and all(r.computed == 0 and r.generated == 0 for r in running)
+
     def step(self, tokens: int, context_read: int, attn_context: float
              ) -> tuple[float, float, float, float]:
         """One step (the roofline model's signature): (busy s, 0, busy s, 0)."""
@@ -84,6 +92,8 @@ class MeasuredSteps:
         t = self._decode(d, context_read) * d_scale if d else 0.0
         if tokens > d:
             t = max(t, (self.prefill_base_s + self.prefill_per_token_s * tokens) * p_scale)
+        if self.wake_s and self._from_idle():
+            t += self.wake_s
         return t, 0.0, t, 0.0
 
     def decode_run(self, batch: int, context: int, steps: int
@@ -169,7 +179,7 @@ def replay(arrivals: list[Arrival], engines: int, steps: MeasuredSteps, *,
     for i, requests in enumerate(_requests(arrivals, engines, seed)):
         own = MeasuredSteps(steps.base_s, steps.per_seq_s, steps.per_kv_s,
                             steps.prefill_base_s, steps.prefill_per_token_s, steps.hinge,
-                            steps.above_s)
+                            steps.above_s, steps.wake_s)
         own.decode_scale, own.prefill_scale = decode_scale, prefill_scale
         engine = _engine(i, own, max_num_seqs, max_batched_tokens, kv_blocks, start)
         engine.enqueue(requests)
