@@ -34,8 +34,8 @@ demo: $(STAMP)
 ## test: lint and run the test suite
 # The two venvs are built side by side (downloads and unpacking overlap), before any test
 # runs, so that no test shares the cores with pip. tests/run_suite.py then runs the real-vLLM
-# tests on one core beside the rest on the others, then the Ray tests on every core (about 22
-# minutes on 2 cores); SERIAL=1 runs the three parts one after the other (about 30 minutes).
+# tests on one core beside the rest on the others, then the Ray tests on every core (about 23
+# minutes on 2 cores); SERIAL=1 runs the three parts one after the other (about 34 minutes).
 test:
 	$(MAKE) --no-print-directory -j2 $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .

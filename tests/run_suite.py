@@ -8,8 +8,8 @@ did not listen in 60 s). Run one after the other they cost 16 + 9.5 minutes on 2
 
 By default the vLLM part gets one core of its own (the server's threads bound to it with
 ``VLLM_CPU_OMP_THREADS_BIND``, every process of that part kept on it by its CPU affinity)
-and the rest of the suite the other cores, at once: 16.5 and 18 minutes side by side on a
-2-core AMD EPYC (docs/benchmarks.md), 21:35 and 22:05 for the whole of ``make test``. The
+and the rest of the suite the other cores, at once: 16.5 (20.5 with issue 31's capacity
+validation) and 18 minutes side by side on a 2-core AMD EPYC (docs/benchmarks.md). The
 Ray and two-node tests then run alone on every core (a Ray cluster wants more than one).
 With ``--serial`` (or a single core, or where CPU affinity cannot be set) the parts run one
 after the other, about 28-30 minutes on 2 cores.
@@ -19,9 +19,8 @@ the warm-up band's incident, with the production merge gap of 180 s over 10 s wi
 swallowed the surge two minutes later (1 run of 3); the diagnosis now scales the gap to
 its windows (:func:`tests.agent.incident_run.diagnose`).
 
-Usage: ``python tests/run_suite.py [--serial] [--workers N] [--capacity] [-- extra pytest
-arguments]``; exits
-non-zero when any part failed, after running every part.
+Usage: ``python tests/run_suite.py [--serial] [--workers N] [-- extra pytest arguments]``;
+exits non-zero when any part failed, after running every part.
 """
 
 from __future__ import annotations
@@ -37,14 +36,10 @@ from pathlib import Path
 from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
-#: The real-vLLM files: one core of their own.
-VLLM = ("tests/agent/test_vllm_e2e.py", "tests/agent/test_vllm_incidents.py")
-#: Issue 31's real-vLLM capacity validation (sweep, passive knee, twin): about 3.8 more
-#: minutes on the real-vLLM core, but on a shared host its margins are thin (20 runs: the
-#: twin within 20% in 19, every check passed in 15, the last design's 8 of 9:
-#: docs/benchmarks.md), so it is not in ``make test`` yet: run in that part with
-#: ``--capacity``, left out otherwise (never in the rest).
-CAPACITY = ("tests/agent/test_vllm_capacity.py",)
+#: The real-vLLM files: one core of their own (issue 31's capacity validation, the sweep,
+#: passive knee and twin, about 3.8 of its minutes).
+VLLM = ("tests/agent/test_vllm_e2e.py", "tests/agent/test_vllm_incidents.py",
+        "tests/agent/test_vllm_capacity.py")
 #: Ray clusters and the two-node object-store runs: alone, on every core, at the end.
 ALONE = ("tests/analytics/test_ray_analyze.py", "tests/pipeline/test_ray_runner.py",
          "tests/pipeline/test_ray_shards.py", "tests/pipeline/test_object_store_e2e.py")
@@ -73,17 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0,
                         help="xdist workers for the rest of the suite (default: its cores)")
     parser.add_argument("--serial", action="store_true",
-                        help="the parts one after the other, each on every core (about 30 "
-                             "instead of 22 minutes on 2 cores), instead of the real-vLLM part "
+                        help="the parts one after the other, each on every core (about 34 "
+                             "instead of 23 minutes on 2 cores), instead of the real-vLLM part "
                              "on one core beside the rest on the others")
-    parser.add_argument("--capacity", action="store_true",
-                        help="also the real-vLLM capacity validation (about 3.8 minutes more "
-                             "in the real-vLLM part)")
     parser.add_argument("extra", nargs="*", help="more pytest arguments for every part")
     opts = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
-    rest = [*(f"--ignore={f}" for f in (*VLLM, *CAPACITY, *ALONE)), *opts.extra]
-    vllm = [*VLLM, *(CAPACITY if opts.capacity else ())]
+    rest = [*(f"--ignore={f}" for f in (*VLLM, *ALONE)), *opts.extra]
+    vllm = list(VLLM)
     started = time.monotonic()
     results: dict[str, int] = {}
     if not opts.serial and len(cpus) >= 2:

@@ -41,8 +41,8 @@ the SLO before two steps in a row break it (:func:`capacity_run.sweep_knee`). Mi
 sweep stops when a doubling gains under 10% (:data:`capacity_run.MIN_GAIN`), and below the
 seats each doubling must gain 20% (a flat step time doubles it: 47-121% measured). Every
 figure is printed, with the requests each percentile is of. About 3.8 minutes on one
-core (server start ~35 s, sweep ~16 s, load ~165 s, analysis ~5 s); ``make test`` runs it
-only with ``tests/run_suite.py --capacity`` (its figures per run: docs/benchmarks.md).
+core (server start ~35 s, sweep ~16 s, load ~165 s, analysis ~5 s), in ``make test``'s
+real-vLLM part (its figures per run: docs/benchmarks.md).
 """
 
 from __future__ import annotations
