@@ -32,8 +32,9 @@ The twin (analytics/capacity/twin_requests.py) is calibrated on the low phase's 
 themselves: the decode step against the batch each request decoded in, with its arrivals as
 instrument (a host's slow spell makes requests overlap more, which a plain fit read as a
 slope and extrapolated to a saturated twin), the time outside the engine from the requests
-that found it idle (those that found it busy: their own, less half a step), and each step
-as slow as the requests it carries ran.
+that found it idle (those that found it busy: their own, less half a step), each step
+as slow as the requests it carries ran, and an idle engine's slower first step (its wake,
+3.8 ms against 2.3 on this engine) added to the steps it starts from idle.
 
 Margins: the issue's own for the knee (within one step of the sweep's grid: a factor 2)
 and the twin (TTFT and TPOT p50/p90 within 20%). The sweep's knee is the last step within
