@@ -7,7 +7,8 @@ fleet measured instead (fleetlens' capacity fit): a step that only decodes ``d``
 holding ``C`` KV tokens takes ``decode(d, C) = base + per_seq x d + per_kv x C + above x
 max(0, d - hinge)``; one that also computes prompt tokens, the larger of that and
 ``prefill_base + prefill_per_token x tokens`` (the roofline's shape: the prompt's compute
-hides the weights' read it shares with the decodes). It has the
+hides the weights' read it shares with the decodes), plus ``wake`` where it starts on an
+idle engine (a CPU engine's threads wake: measured by the twin's calibration). It has the
 roofline model's interface, so the engine runs unchanged. :func:`replay` feeds requests
 (arrival, prompt and output tokens) to ``instances`` engines, routed uniformly at random as
 the fleet's router does, and returns each request's latencies and each engine's busy time.

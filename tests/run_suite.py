@@ -12,7 +12,7 @@ and the rest of the suite the other cores, at once: 16.5 (20.5 with issue 31's c
 validation) and 18 minutes side by side on a 2-core AMD EPYC (docs/benchmarks.md). The
 Ray and two-node tests then run alone on every core (a Ray cluster wants more than one).
 With ``--serial`` (or a single core, or where CPU affinity cannot be set) the parts run one
-after the other, about 28-30 minutes on 2 cores.
+after the other, about 34 minutes on 2 cores (28-30 before the capacity validation).
 
 On its one core the tiny model's TTFT per token once rose 80 s into the steady load, and
 the warm-up band's incident, with the production merge gap of 180 s over 10 s windows,
