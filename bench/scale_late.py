@@ -1,11 +1,12 @@
 """What late data from one host costs (``bench/scale.py --late-host``; issue 36): one generated
 hour of an N-GPU fleet, the last ten minutes of one host's metric points held back, run by the
 local runner; then those points arrive as a late segment and the incremental run that follows
-is timed: recomputing only the dirty host's points and keeping the others' published rows
-(``pipeline/dirtyhosts.py``, as it runs now) against recomputing every host (as before), each
-run a process of its own from the same prepared copy, the two taking turns. Prints CPU-s, wall
-and peak RSS medians, their ratios, and whether the files were the same bytes. Phase 2 of the
-dirty hours runs in full in both (only phase 1 keeps rows).
+is timed three ways, each run a process of its own from the same prepared copy, taking turns:
+recomputing only the dirty host in both phases and keeping the others' results (``kept``:
+``pipeline/dirtyhosts.py`` and ``pipeline/phase2kept.py``, as it runs now), in phase 1 only
+(``phase1``: phase 2 of a dirty hour recomputing every host, as in the last release), and
+every host in both (``all``). Prints CPU-s, wall and peak RSS medians, their ratios against
+``all``, and whether the files were the same bytes.
 """
 
 from __future__ import annotations
@@ -21,15 +22,18 @@ REPO = Path(__file__).resolve().parents[1]
 _RUN = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from fleetlens.pipeline import runner
+from fleetlens.pipeline import phase2kept, runner
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.storage import DataDir
 args = json.loads({args!r})
-if not args["kept"]:  # as before: every host of a dirty hour recomputed
+if args["mode"] != "kept":  # phase 2 of a dirty hour recomputes every host
+    phase2kept.plan_kept = lambda *_: None
+if args["mode"] == "all":  # and so does phase 1
     runner.phase1_kept = lambda *_: None
 pipeline = runner.Pipeline(DataDir(args["data"]), PipelineConfig(lateness_s=3600))
 summary, measured = measure(pipeline.run_once, args["data"])
-print(json.dumps({{**measured, "kept": summary.kept_host_hours, "dirty": summary.dirty_hours}}))
+print(json.dumps({{**measured, "kept": summary.kept_host_hours,
+                   "kept2": summary.kept_host_hours_phase2, "dirty": summary.dirty_hours}}))
 """
 
 
@@ -72,7 +76,7 @@ def late_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: ModuleT
             spans, points = scale_memory.generate(bench, base, gpus, hour)
             host, held = hold_back(base, hour)
             Pipeline(DataDir(base), PipelineConfig(lateness_s=3600)).run_once()
-            runs: dict[str, list[dict]] = {"kept": [], "all": []}
+            runs: dict[str, list[dict]] = {"kept": [], "phase1": [], "all": []}
             for _ in range(args.repeat):
                 for label in runs:
                     data = Path(tmp) / "data"
@@ -81,17 +85,21 @@ def late_cost(args: argparse.Namespace, bench: ModuleType, scale_memory: ModuleT
                     write_parquet_atomic(held, dd.raw_segment_path(
                         t.table(t.METRIC_POINTS).raw_signal, hour, "late", 1))
                     runs[label].append(stage.run_process(
-                        _RUN, {"data": str(data), "kept": label == "kept"}))
+                        _RUN, {"data": str(data), "mode": label}))
                     shutil.rmtree(data)
         med, same = stage.medians(runs)
-        kept, every = med["kept"], med["all"]
+        every, first = med["all"], runs["kept"][0]
+
+        def figures(m: dict) -> str:
+            return f"{m['cpu_s']:.1f} CPU-s, {m['wall_s']:.1f} s, {m['rss_mb']:,.0f} MiB"
+
         print(f"{gpus} GPUs ({spans:,} spans, {points:,} points; {held.height:,} late points "
-              f"of {host}), medians of {args.repeat}: kept {kept['cpu_s']:.1f} CPU-s, "
-              f"{kept['wall_s']:.1f} s, {kept['rss_mb']:,.0f} MiB "
-              f"({runs['kept'][0]['kept']} host-hours kept of {runs['kept'][0]['dirty']} dirty "
-              f"hours); all recomputed {every['cpu_s']:.1f} CPU-s, {every['wall_s']:.1f} s, "
-              f"{every['rss_mb']:,.0f} MiB; kept / all: {stage.ratios(kept, every)}; same bytes: "
-              f"{same}", flush=True)
+              f"of {host}), medians of {args.repeat}: kept {figures(med['kept'])} "
+              f"({first['kept']} host-hours kept in phase 1, {first['kept2']} in phase 2, of "
+              f"{first['dirty']} dirty hours); phase 1 only {figures(med['phase1'])}; all "
+              f"recomputed {figures(every)}; kept / all: {stage.ratios(med['kept'], every)}; "
+              f"phase 1 only / all: {stage.ratios(med['phase1'], every)}; same bytes: {same}",
+              flush=True)
         results[gpus] = {"medians": med, "identical": same,
                          "runs": {k: [round(r["cpu_s"], 2) for r in v] for k, v in runs.items()}}
     return results

@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fleetlens.pipeline import phase2kept
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.joblock import exclusive
 from fleetlens.pipeline.partitions import HOUR_NS, NS, existing_hours, partition_file
@@ -193,6 +194,8 @@ def _compact(dd: DataDir, cfg: PipelineConfig, now_ns: int | None,
                 summary.merged_files += len(small)
                 continue
             _merge(dd, folder, small, state, summary)
+    if not dry_run:  # the energy partials a later pipeline run keeps hosts from
+        phase2kept.remove_groups(dd, lambda hour: hour + HOUR_NS > raw_cutoff)
     win_cutoff = now - cfg.windows_retention_days * _DAY_NS
     for tables, cutoff in ((PER_ROW, raw_cutoff), (ROLLUPS, win_cutoff)):
         for table in tables:

@@ -118,16 +118,27 @@ def read_before(state: PipelineState, found: Discovered, cfg: PipelineConfig,
                and seg.overlaps(lo, hour + HOUR_NS) for rel, seg in state.segments.items())
 
 
-def phase1_kept(dd: DataDir, state: PipelineState, cfg: PipelineConfig, hour: int,
-                found: Discovered | None) -> Kept | None:
-    """What phase 1 of ``hour`` keeps of the published partitions in this run (see the
-    module docstring); None: every host is recomputed. ``found``: this run's discovery
-    (None: a full run)."""
+def phase1_scope(state: PipelineState, found: Discovered | None, cfg: PipelineConfig,
+                 hour: int) -> set[str] | None:
+    """The hosts whose points phase 1 of ``hour`` recomputes in this run, keeping the others'
+    published rows (see the module docstring); None: every host's. A function of the state
+    and the discovery alone, so a run that redoes a crashed one decides the same."""
     if found is None:
         return None
     dirty = found.point_hosts.get(hour, set())
     if "" in dirty or not set(state.watermarks) - dirty or not read_before(state, found, cfg,
                                                                             hour):
+        return None
+    return dirty
+
+
+def phase1_kept(dd: DataDir, state: PipelineState, cfg: PipelineConfig, hour: int,
+                found: Discovered | None) -> Kept | None:
+    """What phase 1 of ``hour`` keeps of the published partitions in this run (see the
+    module docstring); None: every host is recomputed. ``found``: this run's discovery
+    (None: a full run)."""
+    dirty = phase1_scope(state, found, cfg, hour)
+    if dirty is None:
         return None
     hosts = sorted(dirty)
     shards = plan(hosts, hour_hosts_per_shard(state, cfg, hour)) if hosts else []

@@ -42,6 +42,7 @@ from fleetlens.pipeline.partitions import (
     partition_file,
     read_hours,
 )
+from fleetlens.pipeline.phase2kept import engine_stats, kept_part
 from fleetlens.pipeline.phase2reduce import Phase2Output, Phase2Part, merge_phase2
 from fleetlens.pipeline.phase2split import (
     FrameSplit,
@@ -130,10 +131,21 @@ def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], s
     (:func:`~pipeline.phase2split.as_cache`); None: its hosts' rows are read here.
     ``stage_to``: a folder where the shard's two big results (its ``request_energy`` rows and
     its requests' latencies) are written for the reduce (:func:`stage_part`) instead of
-    returned."""
+    returned. A *kept* shard (hosts none of whose inputs changed in this run) takes its
+    results from the last run's outputs instead (:func:`~pipeline.phase2kept.kept_part`)."""
+    read = _Reader(dd, shard, cache)
+    part = kept_part(dd, cfg, hour, shard, read) if shard.kept else _computed(
+        dd, cfg, hour, dirty, read)
+    if stage_to is None:
+        return part
+    return stage_part(part, stage_to, shard, staged_row_group(cfg.reduce_rows, shard.count))
+
+
+def _computed(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
+              read: _Reader) -> Phase2Part:
+    """:func:`phase2_shard` computed from the phase-1 partitions (the shard's rows)."""
     lo, hi = hour, hour + HOUR_NS
     gap_ns = int(cfg.max_sample_gap_s * NS)
-    read = _Reader(dd, shard, cache)
     # The extent of the hour's active requests: only two of their columns are filtered.
     back = lookback(cfg)
     e_lo, e_hi = energy_extent(cfg, hour, read(t.REQUESTS, range(hour_of(lo - back), hi,
@@ -170,17 +182,12 @@ def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], s
                for (h,), group in crossers.group_by(en.HOUR, maintain_order=True)
                if int(h) not in dirty]  # a dirty hour's own phase 2 writes them
     groups = en.host_group_energy(shares.filter(in_hour), everyone, per_slot, cfg.window_s)
-    eng = read(t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
-    eng = eng.filter(pl.col(c.TS_NS) >= lo - gap_ns)
-    stats = win.engine_host_stats(eng, cfg.window_s).filter(pl.col(c.WINDOW_START_NS) >= lo)
+    stats = engine_stats(read, cfg, hour)
     requests = own.drop(en.RIX, en.IID, en.GRP)
     windows = win.host_windows(requests, stats, en.with_joules(groups), cfg.window_s)
-    part = Phase2Part(
+    return Phase2Part(
         Phase2Output(gpu_windows, en.request_energy(shares, own), windows, patches),
         win.fleet_requests(requests, cfg.window_s), stats, groups)
-    if stage_to is None:
-        return part
-    return stage_part(part, stage_to, shard, staged_row_group(cfg.reduce_rows, shard.count))
 
 
 def stage_part(part: Phase2Part, folder: Path, shard: Shard, row_group: int) -> Phase2Part:

@@ -61,6 +61,8 @@ class Phase2Encoded:
 
     own: list[Encoded]
     crossers: list[tuple[int, pl.DataFrame]]
+    #: every host's group energy, encoded (pipeline/phase2kept.py), for the driver to save
+    groups: bytes | None = None
 
 
 @dataclass(frozen=True)

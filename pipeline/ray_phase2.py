@@ -22,6 +22,7 @@ from fleetlens.pipeline.phase2 import (
     phase2_hour,
     phase2_shard,
 )
+from fleetlens.pipeline.phase2kept import groups_bytes
 from fleetlens.pipeline.phase2split import (
     Bounds,
     RequestChunk,
@@ -44,7 +45,7 @@ def _encode_phase2(out: Phase2Output) -> Phase2Encoded:
     return Phase2Encoded(
         [encode(t.GPU_WINDOW_ENERGY, out.gpu_window_energy),
          encode(t.REQUEST_ENERGY, out.request_energy), encode(t.WINDOWS, out.windows)],
-        out.crossers)
+        out.crossers, groups_bytes(out.groups))
 
 
 @ray.remote(**_TASK)
@@ -109,7 +110,7 @@ def submit_phase2(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int],
     """Phase 2 of ``hour`` on the cluster: one task for one shard, else a task per shard and
     the reduce (:mod:`pipeline.phase2`). The ref resolves to the encoded partitions and the
     tasks' times."""
-    if len(shards) == 1:
+    if len(shards) == 1:  # (a plan that keeps some hosts has two shards at least)
         return _phase2_task.remote(dd, cfg, hour, dirty)
     # The shards stage their big results there, and the reduce writes request_energy
     # beside its partition (a local or shared data directory; on an object store the

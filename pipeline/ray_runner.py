@@ -53,9 +53,10 @@ from pathlib import Path
 import polars as pl
 import ray
 
+from fleetlens.pipeline import phase2kept
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.dirtyhosts import Kept
-from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file, publish_staged
+from fleetlens.pipeline.partitions import partition_file, publish_staged
 from fleetlens.pipeline.phases import (
     PHASE1_TABLES,
     phase1_points,
@@ -284,7 +285,7 @@ class RayPipeline(Pipeline):
                 dirty2: set[int], summary: RunSummary) -> None:
         """Submit phase-1 hours, and phase-2 hours once the phase-1 partitions they read are
         published; publish results in hour order per phase as they come back."""
-        horizon = HOUR_NS + self.cfg.max_request_s * NS + self.gap_ns + self.cfg.slot_s * NS
+        horizon = phase2kept.horizon(self.cfg)
         cap = max(2, IN_FLIGHT_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
         todo1, todo2 = deque(hours1), deque(hours2)
         run1: deque[tuple[int, ray.ObjectRef]] = deque()
@@ -302,7 +303,7 @@ class RayPipeline(Pipeline):
                     self._flush()  # the task reads what this driver published
                     hour = todo2.popleft()
                     run2.append((hour, submit_phase2(self.dd, self.cfg, hour, dirty2,
-                                                     plan_hour(state, self.cfg, hour))))
+                                                     self._plan2(state, hour))))
                 elif todo1:
                     hour = todo1.popleft()
                     files = phase1_files(state, self.dd, self.cfg, hour)
@@ -325,6 +326,7 @@ class RayPipeline(Pipeline):
                 parts, took = ray.get(ref)
                 self.task_times.extend(took)
                 self._unstage(1, hour)
+                self._published1(state, hour, {part.table for part in parts})
                 self._flush()  # at most one hour of output waiting to be written
                 for part in parts:
                     self._write(hour, part, summary)
@@ -358,3 +360,4 @@ class RayPipeline(Pipeline):
         for h, fresh in out.crossers:
             self._patch(h, fresh, summary)
         self._write(hour, own_windows, summary)
+        self._save_groups(hour, out.groups)

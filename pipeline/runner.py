@@ -33,8 +33,9 @@ import polars as pl
 import pyarrow as pa
 
 from fleetlens.pipeline import energy as en
+from fleetlens.pipeline import phase2kept
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.dirtyhosts import Kept, phase1_kept
+from fleetlens.pipeline.dirtyhosts import Kept, phase1_kept, phase1_scope
 from fleetlens.pipeline.discovery import Discovered, discover
 from fleetlens.pipeline.joblock import exclusive
 from fleetlens.pipeline.partitions import (
@@ -90,6 +91,9 @@ class RunSummary:
     #: Hosts whose points phase 1 took from the published partitions instead of recomputing
     #: them (late data from other hosts, pipeline/dirtyhosts.py), summed over the hours.
     kept_host_hours: int = 0
+    #: Hosts whose phase-2 results (energy, windows) were taken from the last run instead of
+    #: recomputed (pipeline/phase2kept.py), summed over the hours.
+    kept_host_hours_phase2: int = 0
     rows_written: dict[str, int] = field(default_factory=dict)
     #: Per host: median seconds from a span's end (host clock) to its receipt (collector
     #: clock) in this run; large or negative values point at clock skew or stalled exporters.
@@ -120,6 +124,12 @@ class Pipeline:
         #: This run's discovery (which hosts' points are new in which hour).
         self._found: Discovered | None = None
         self._kept_hosts: dict[int, int] = {}
+        #: Per hour phase 1 published in this run, the hosts whose points it rewrote (None:
+        #: every host's, or its requests); hours a crashed run may have left half written;
+        #: per phase-2 hour, the hosts it kept (pipeline/phase2kept.py).
+        self._rewritten: dict[int, set[str] | None] = {}
+        self._crashed: set[int] = set()
+        self._kept_hosts2: dict[int, int] = {}
 
     # --- phase 1 -------------------------------------------------------------------------
     def _phase1(self, state: PipelineState, hour: int) -> list[tuple[str, pl.DataFrame]]:
@@ -147,6 +157,23 @@ class Pipeline:
             self._kept_hosts[hour] = len(state.watermarks) - len(kept.dirty)
         return kept
 
+    def _published1(self, state: PipelineState, hour: int, tables: set[str]) -> None:
+        """Record which hosts phase 1 of ``hour`` rewrote (``tables``: those it published)."""
+        self._rewritten[hour] = (None if t.REQUESTS in tables
+                                 else phase1_scope(state, self._found, self.cfg, hour))
+
+    def _plan2(self, state: PipelineState, hour: int) -> list[Shard]:
+        """The shards of ``hour``'s phase 2: kept shards for the hosts none of whose inputs
+        this run rewrote, when the last run saved the hour's energy partial
+        (pipeline/phase2kept.py), else every host recomputed (:func:`plan_hour`)."""
+        dirty = None if self._found is None else phase2kept.dirty_hosts(
+            state, self.cfg, hour, self._rewritten, self._crashed)
+        shards = phase2kept.plan_kept(self.dd, state, self.cfg, hour, dirty)
+        if shards is None:
+            return plan_hour(state, self.cfg, hour)
+        self._kept_hosts2[hour] = sum(len(s.hosts) for s in shards if s.kept)
+        return shards
+
     def _phases(self, state: PipelineState, hours1: list[int], hours2: list[int],
                 dirty2: set[int], summary: RunSummary) -> None:
         """Phase 1 of :data:`PHASE1_PARALLEL` hours at a time on worker threads (Polars and
@@ -157,7 +184,7 @@ class Pipeline:
         files and the summary are the same as one hour after the other."""
         # Phase 2 of hour h reads phase-1 output up to its requests' ends (at most
         # max_request_s after the hour) plus one sample gap and slot.
-        horizon = HOUR_NS + self.cfg.max_request_s * NS + self.gap_ns + self.cfg.slot_s * NS
+        horizon = phase2kept.horizon(self.cfg)
         self._requests_read = {}  # nothing read in an earlier run is trusted
         self._handed_until = 0
         waiting = deque(hours2)
@@ -169,11 +196,12 @@ class Pipeline:
                                or waiting[0] + horizon <= next_unpublished):
                 self.progress("energy+windows", done2, len(hours2))
                 hour = waiting.popleft()
-                self._phase2(hour, dirty2, summary, plan_hour(state, self.cfg, hour))
+                self._phase2(hour, dirty2, summary, self._plan2(state, hour))
                 done2 += 1
 
         def publish_hour(hour: int, outputs: Future[list[tuple[str, pl.DataFrame]]]) -> None:
             frames = outputs.result()
+            self._published1(state, hour, {table for table, _ in frames})
             self._flush()  # at most one hour of output waiting to be written
             for table, frame in frames:
                 self._publish(table, hour, frame, summary)
@@ -256,6 +284,18 @@ class Pipeline:
         for h, fresh in out.crossers:
             self._patch(h, fresh, summary)
         self._publish(t.WINDOWS, hour, out.windows, summary)
+        self._save_groups(hour, out.groups)
+
+    def _save_groups(self, hour: int, groups: pl.DataFrame | bytes | None) -> None:
+        """Save the hour's energy partial (encoded here, or by a task) after its partitions,
+        on the writer thread, in order, for a later run that keeps some hosts
+        (pipeline/phase2kept.py)."""
+        def save() -> None:
+            body = groups if groups is None or isinstance(groups, bytes) else (
+                phase2kept.groups_bytes(groups))
+            phase2kept.save_groups(self.dd, hour, body)
+
+        self._pending.append(self._writer.submit(save))
 
     def _patch(self, hour: int, fresh: pl.DataFrame, summary: RunSummary) -> None:
         """Replace the energy rows of requests from the clean earlier ``hour`` that ran into a
@@ -299,7 +339,13 @@ class Pipeline:
         found = discover(self.dd, state, self.gap_ns, self.cfg.lateness_s * NS,
                          future_ns=self.cfg.max_future_skew_s * NS, max_row_ns=max_row_ns)
         dirty, energy_dirty = found.dirty, found.energy_dirty
-        self._found, self._kept_hosts = found, {}
+        self._found, self._kept_hosts = (None if full else found), {}
+        self._rewritten, self._kept_hosts2 = {}, {}
+        # Hours a run that died may have left half written keep no host; so do this run's,
+        # should it die (the list goes once the state is saved).
+        self._crashed = phase2kept.pending_hours(self.dd)
+        pending = self._crashed | energy_dirty
+        phase2kept.mark_pending(self.dd, pending)
         summary.new_segments, summary.new_rows = found.new_segments, found.new_rows
         summary.too_late_rows, summary.export_delay_s = found.too_late_rows, found.export_delay_s
         hours = sorted(energy_dirty)
@@ -313,11 +359,14 @@ class Pipeline:
             for future in pending:
                 future.result()
         summary.kept_host_hours = sum(self._kept_hosts.values())
+        summary.kept_host_hours_phase2 = sum(self._kept_hosts2.values())
         if full or not state.segments:
             oldest = min((hour_of(s.min_ns) for s in state.segments.values() if s.rows),
                          default=None)
             self._clear_orphans(energy_dirty, oldest)
         state.save(self.dd)
+        if pending:
+            phase2kept.clear_pending(self.dd)
         summary.seconds = round(time.perf_counter() - began, 3)
         return summary
 
@@ -337,6 +386,8 @@ class Pipeline:
         """After a full run, remove derived partitions of hours with no raw data left (hours
         before the oldest raw data are retention's business and stay)."""
         keep = set(keep)
+        phase2kept.remove_groups(self.dd, lambda hour: hour in keep or oldest is None
+                                 or hour < oldest)
         for table in OUTPUTS:
             for hour in existing_hours(self.dd, table):
                 if hour not in keep and oldest is not None and hour >= oldest:

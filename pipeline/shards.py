@@ -41,12 +41,14 @@ class Shard:
 
     ``hosts``: the group's hosts; with ``rest``, instead the hosts of every *other* group
     (this shard takes all the rest). ``index`` of ``count``: also the trace bucket whose spans
-    this shard normalizes."""
+    this shard normalizes. ``kept``: a phase-2 shard of hosts none of whose inputs changed,
+    whose results are taken from what the last run published (:mod:`pipeline.phase2kept`)."""
 
     index: int
     count: int
     hosts: tuple[str, ...] = ()
     rest: bool = True
+    kept: bool = False
 
     @property
     def whole(self) -> bool:

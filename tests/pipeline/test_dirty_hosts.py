@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetlens.pipeline import phases
+from fleetlens.pipeline import phase2, phase2kept, phases
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.dirtyhosts import phase1_kept
 from fleetlens.pipeline.discovery import Discovered
@@ -47,12 +47,18 @@ def full(tmp_path_factory, fleet) -> dict[str, str]:
     return _files(root)
 
 
+def _died(*_args) -> None:
+    raise RuntimeError("killed before saving the state")
+
+
 def _late_run(root: Path, fleet: Fleet, cfg: PipelineConfig, late_hosts: set[str],
-              late_spans: bool, monkeypatch) -> tuple[object, set[str]]:
+              late_spans: bool, monkeypatch, die_saving: bool = False
+              ) -> tuple[object, set[str], set[str]]:
     """Publish the fleet with the last batch's points of ``late_hosts`` (and, if
     ``late_spans``, its spans of those hosts) held back, run, publish what was held back
-    as a late segment and run again; return the second run's summary and the hosts its
-    point halves recomputed."""
+    as a late segment and run again (``die_saving``: a run dies first, one hour's energy
+    partial not saved); return the run's summary and the hosts its point halves and its
+    phase-2 shards recomputed."""
     last = len(fleet.point_batches) - 1
     points = fleet.point_batches[last]
     spans = fleet.span_batches[last]
@@ -67,6 +73,19 @@ def _late_run(root: Path, fleet: Fleet, cfg: PipelineConfig, late_hosts: set[str
     write_raw(dd, t.METRIC_POINTS, points_frame(held_points), writer="late", seq=9)
     if held_spans:
         write_raw(dd, t.SPANS, spans_frame(held_spans), writer="late", seq=9)
+    if die_saving:  # the run that reads the late data dies before saving the state
+        real_save = phase2kept.save_groups
+
+        def save_some(dd_, hour, body):  # the first hour's partial is not saved
+            real_save(dd_, hour, body if seen else None)
+            seen.add(hour)
+        seen: set[int] = set()
+        with monkeypatch.context() as patched:
+            patched.setattr(phase2kept, "save_groups", save_some)
+            patched.setattr(PipelineState, "save", _died)
+            with pytest.raises(RuntimeError, match="killed"):
+                Pipeline(dd, cfg).run_once()
+        assert phase2kept.pending_hours(dd)
     recomputed: set[str] = set()
     real = phases.phase1_points
 
@@ -80,7 +99,17 @@ def _late_run(root: Path, fleet: Fleet, cfg: PipelineConfig, late_hosts: set[str
         return half
 
     monkeypatch.setattr(phases, "phase1_points", spy)
-    return Pipeline(dd, cfg).run_once(), recomputed
+    recomputed2: set[str] = set()
+    computed = phase2._computed
+
+    def spy2(*args, **kwargs):
+        part = computed(*args, **kwargs)
+        for frame in (part.own.gpu_window_energy, part.own.windows, part.engine, part.energy):
+            recomputed2.update(frame.get_column(c.HOST_NAME).drop_nulls().to_list())
+        return part
+
+    monkeypatch.setattr(phase2, "_computed", spy2)
+    return Pipeline(dd, cfg).run_once(), recomputed, recomputed2
 
 
 @pytest.mark.parametrize("per_shard", [1, 2, HOSTS + len(GATEWAYS)])
@@ -90,11 +119,28 @@ def test_late_points_of_two_hosts_recompute_only_theirs(tmp_path: Path, fleet, f
     points are recomputed, the requests are not rewritten, and the files are the full run's
     (one shard, several shards staged and merged a range at a time)."""
     cfg = replace(CFG, hosts_per_shard=per_shard, reduce_rows=400, split_from_shards=2)
-    summary, recomputed = _late_run(tmp_path / "data", fleet, cfg, {"h3", "h7"}, False,
-                                    monkeypatch)
+    summary, recomputed, recomputed2 = _late_run(tmp_path / "data", fleet, cfg, {"h3", "h7"},
+                                                 False, monkeypatch)
     assert recomputed == {"h3", "h7"}
     assert summary.kept_host_hours >= HOSTS + len(GATEWAYS) - 2
     assert t.REQUESTS not in summary.rows_written  # no new span, the mapping unchanged
+    # phase 2 too: energy and windows of the two hosts recomputed, every other host's kept
+    assert recomputed2 == {"h3", "h7"}
+    assert summary.kept_host_hours_phase2 >= summary.dirty_hours * (HOSTS + len(GATEWAYS) - 2)
+    assert _files(tmp_path / "data") == full
+
+
+def test_a_run_after_one_that_died_keeps_no_host_in_its_hours(tmp_path: Path, fleet, full,
+                                                             monkeypatch) -> None:
+    """The run that reads h3's late points dies after publishing its partitions, one hour's
+    energy partial not saved: the next run keeps no host in the hours the dead run
+    listed (it may have rewritten some of an hour's partitions and not the others), and the
+    files are the full run's."""
+    cfg = replace(CFG, hosts_per_shard=2)
+    summary, _, recomputed2 = _late_run(tmp_path / "data", fleet, cfg, {"h3"}, False,
+                                        monkeypatch, die_saving=True)
+    assert summary.kept_host_hours_phase2 == 0 and len(recomputed2) > HOSTS - 2
+    assert not phase2kept.pending_hours(DataDir(tmp_path / "data"))
     assert _files(tmp_path / "data") == full
 
 
@@ -104,10 +150,13 @@ def test_late_points_that_change_the_mapping_recompute_the_requests(tmp_path: Pa
     """h0's late points carry instance -> GPU mapping points: the requests (a request's model
     may come from them) are recomputed too, the other hosts' points still kept."""
     cfg = replace(CFG, hosts_per_shard=2)
-    summary, recomputed = _late_run(tmp_path / "data", fleet, cfg, {"h0"}, False,
-                                    monkeypatch)
+    summary, recomputed, recomputed2 = _late_run(tmp_path / "data", fleet, cfg, {"h0"}, False,
+                                                 monkeypatch)
     assert recomputed == {"h0"}
     assert summary.kept_host_hours > 0 and summary.rows_written.get(t.REQUESTS, 0) > 0
+    # rewritten requests may change any host's (a model comes from an instance id): phase 2
+    # recomputes every host
+    assert summary.kept_host_hours_phase2 == 0 and len(recomputed2) > HOSTS - 2
     assert _files(tmp_path / "data") == full
 
 
@@ -115,9 +164,11 @@ def test_late_spans_recompute_the_requests(tmp_path: Path, fleet, full, monkeypa
     """h5 sends its last points and spans late: its points and the hour's requests are
     recomputed."""
     cfg = replace(CFG, hosts_per_shard=3, split_from_shards=2)
-    summary, recomputed = _late_run(tmp_path / "data", fleet, cfg, {"h5"}, True, monkeypatch)
+    summary, recomputed, _ = _late_run(tmp_path / "data", fleet, cfg, {"h5"}, True,
+                                       monkeypatch)
     assert recomputed == {"h5"}
     assert summary.kept_host_hours > 0 and summary.rows_written.get(t.REQUESTS, 0) > 0
+    assert summary.kept_host_hours_phase2 == 0
     assert _files(tmp_path / "data") == full
 
 

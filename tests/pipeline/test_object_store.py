@@ -293,6 +293,41 @@ def test_compaction_and_retention_on_an_s3_data_dir(s3: S3Server) -> None:
     assert expired.expired_raw_hours == 2
     assert list(parquet_files(dd.root / "raw")) == []
     assert connect(dd).sql(f"select count(*) from {t.WINDOWS}").fetchall()[0][0] > 0
+    assert not list(parquet_files(dd.state / "energy-groups"))  # expired with the raw data
+
+
+def test_late_points_keep_the_clean_hosts_on_an_s3_data_dir(s3: S3Server,
+                                                            tmp_path: Path) -> None:
+    """Late points of one host on S3: phase 1 and 2 keep every other host (the hour's energy
+    partial saved as an object and read back), and the objects are a local full run's."""
+    from dataclasses import replace
+
+    from fleetlens.pipeline.config import PipelineConfig
+    from fleetlens.pipeline.runner import OUTPUTS, Pipeline
+    from tests.pipeline.fleet import Fleet, make_fleet, write_batches
+    from tests.pipeline.rawdata import points_frame, write_raw
+
+    fleet = make_fleet(seed=5, hosts=4, seconds=300, rps=1.0)
+    cfg = replace(PipelineConfig(), lateness_s=3600)
+    local, dd = DataDir(tmp_path / "full"), DataDir(_url(s3, "late"))
+    write_batches(local, fleet)
+    Pipeline(local, cfg).run_once(full=True)
+    last = len(fleet.point_batches) - 1
+    held = [p for p in fleet.point_batches[last] if p[c.HOST_NAME] == "h1"]
+    write_batches(dd, Fleet(fleet.span_batches, [*fleet.point_batches[:last], [
+        p for p in fleet.point_batches[last] if p not in held]], fleet.distinct_requests))
+    job = Pipeline(dd, cfg)
+    job.run_once()
+    assert list(parquet_files(dd.state / "energy-groups"))
+    write_raw(dd, t.METRIC_POINTS, points_frame(held), writer="late", seq=9)
+    summary = job.run_once()
+    assert summary.kept_host_hours_phase2 >= 3 * summary.dirty_hours > 0
+
+    def outputs(root: DataDir) -> dict[str, bytes]:
+        return {str(p.relative_to(root.root)): p.read_bytes()
+                for table in OUTPUTS for p in parquet_files(root.derived(table))}
+
+    assert outputs(dd) == outputs(local)
 
 
 def test_a_duckdb_read_that_loses_an_object_after_listing_it_is_retried(

@@ -1,0 +1,193 @@
+"""Phase 2 of an hour in which only some hosts' inputs changed: the other hosts' results kept.
+
+Late data from a few hosts reopens old hours, and phase 1 recomputes only those hosts' points
+(:mod:`pipeline.dirtyhosts`). Phase 2 of such an hour still owes the fleet-wide window rows,
+which are reduced from every host's partial results (:mod:`pipeline.phase2reduce`), but
+everything else it computes per host comes from that host's rows alone. So it recomputes the
+*dirty* hosts in shards of their own and takes every other host's shard result from what the
+last run left (*kept* shards, :func:`kept_part`):
+
+- its rows of ``gpu_window_energy``, ``request_energy`` and the per-host ``windows``, read
+  back from the published partitions (its host filter pushed into the scan);
+- its requests' latencies and its engine partial sums, recomputed from the phase-1
+  partitions (no energy attribution: a small share of a shard's work);
+- its group energy (per window, service, model and host: attributed µJ and GPU power) from
+  the partial the hour's last phase 2 saved (``state/energy-groups/<hour>.parquet``). No
+  published table holds it: a window's group energy includes requests still running that
+  arrived in an earlier window, which no ``windows`` row of that window counts.
+
+A host is *dirty* for hour h's phase 2 when this run rewrote its points in any hour h's phase
+2 may read (from two lookbacks before h to :func:`horizon` after it); every host is, when this
+run rewrote a ``requests`` partition or every host's points in those hours, when no energy
+partial was saved for h, and in a full run. The merge sorts every table by its key and adds
+the floating-point partials in host order, so the partitions are the bytes recomputing every
+host gives (``tests/pipeline/test_dirty_hosts.py``).
+
+A run lists the hours whose phase 2 it may rewrite in ``state/phase2-pending.json`` before
+writing anything and removes the file after saving the state: a run that redoes a crashed one
+keeps no host in those hours, since the crashed run may have rewritten some partitions of an
+hour and not its energy partial (or a ``requests`` partition it does not rewrite again).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import polars as pl
+
+from fleetlens.pipeline import windows as win
+from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.partitions import HOUR_NS, NS
+from fleetlens.pipeline.phase2reduce import Phase2Output, Phase2Part
+from fleetlens.pipeline.phase2split import lookback
+from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
+from fleetlens.pipeline.shards import Shard, hour_hosts_per_shard
+from fleetlens.pipeline.state import PipelineState
+from fleetlens.pipeline.storage import DataDir, write_bytes_atomic, write_json_atomic
+from fleetlens.pipeline.storage.readers import read_parquet_if_exists
+
+#: Folder under ``state/`` of the hours' energy partials, and the crashed-run marker.
+GROUPS_DIR = "energy-groups"
+PENDING_FILE = "phase2-pending.json"
+
+
+def horizon(cfg: PipelineConfig) -> int:
+    """How far after an hour's start its phase 2 reads phase-1 output (ns): to its requests'
+    ends (at most ``max_request_s`` past the hour), plus one sample gap and slot."""
+    return HOUR_NS + cfg.max_request_s * NS + int(cfg.max_sample_gap_s * NS) + cfg.slot_s * NS
+
+
+def engine_stats(read, cfg: PipelineConfig, hour: int) -> pl.DataFrame:
+    """The hour's :func:`~pipeline.windows.engine_host_stats` of the hosts ``read`` reads
+    (``read(table, hours)``: their rows of the phase-1 partitions), from their engine samples
+    of the hour and one sample gap before it (counter increases need the sample before)."""
+    gap_ns = int(cfg.max_sample_gap_s * NS)
+    eng = read(t.ENGINE_SAMPLES, [hour - HOUR_NS, hour])
+    eng = eng.filter(pl.col(c.TS_NS) >= hour - gap_ns)
+    return win.engine_host_stats(eng, cfg.window_s).filter(pl.col(c.WINDOW_START_NS) >= hour)
+
+
+def kept_part(dd: DataDir, cfg: PipelineConfig, hour: int, shard: Shard, read) -> Phase2Part:
+    """A kept shard's :class:`~pipeline.phase2reduce.Phase2Part`: what :func:`phase2_shard`
+    would compute for its hosts, from the last run's outputs (see the module docstring).
+    ``read(table, hours)``: the shard's hosts' rows of a partition. No crossers: the energy
+    of a clean host's requests from earlier hours did not change either."""
+    lo, hi = hour, hour + HOUR_NS
+    requests = read(t.REQUESTS, [hour]).filter(pl.col(c.ARRIVAL_NS).is_between(
+        lo, hi, closed="left"))
+    saved = read_parquet_if_exists(groups_file(dd, hour))
+    if saved is None:  # the plan keeps a host only where the partial exists
+        raise FileNotFoundError(f"{groups_file(dd, hour)}: the hour's energy partial is gone")
+    groups = saved.filter(shard.point_filter())
+    own = Phase2Output(read(t.GPU_WINDOW_ENERGY, [hour]), read(t.REQUEST_ENERGY, [hour]),
+                       read(t.WINDOWS, [hour]), [])
+    return Phase2Part(own, win.fleet_requests(requests, cfg.window_s),
+                      engine_stats(read, cfg, hour), groups)
+
+
+def dirty_hosts(state: PipelineState, cfg: PipelineConfig, hour: int,
+                rewritten: dict[int, set[str] | None], pending: set[int]) -> set[str] | None:
+    """The hosts whose phase 2 of ``hour`` must be recomputed (see the module docstring);
+    None: every host. ``rewritten``: per hour phase 1 wrote in this run, the hosts whose
+    points it rewrote (None: every host's, or its ``requests``), known for every hour up to
+    :func:`horizon` after ``hour`` when its phase 2 starts; ``pending``: hours a crashed run
+    may have left half written (:func:`pending_hours`)."""
+    if hour in pending:
+        return None
+    back = lookback(cfg)
+    dirty: set[str] = set()
+    for read in range(hour - 2 * back - HOUR_NS, hour + horizon(cfg), HOUR_NS):
+        if read not in rewritten:
+            continue
+        hosts = rewritten[read]
+        if hosts is None:
+            return None
+        dirty |= hosts
+    return dirty
+
+
+def plan_kept(dd: DataDir, state: PipelineState, cfg: PipelineConfig, hour: int,
+              dirty: set[str] | None) -> list[Shard] | None:
+    """The shards of ``hour``'s phase 2 that keep every host not in ``dirty``: kept shards of
+    the clean hosts first, then shards of the dirty ones, the last of which also takes every
+    host the plan does not name (and requests naming none), sized as :func:`plan_hour` sizes
+    them. None: nothing to keep (every host dirty, or no energy partial saved)."""
+    if dirty is None:
+        return None
+    clean = sorted(set(state.watermarks) - dirty - {t.FLEET_WIDE})
+    if not clean or not groups_file(dd, hour).exists():
+        return None
+    per = hour_hosts_per_shard(state, cfg, hour)
+    names = sorted(dirty)
+    kept = [tuple(clean[i:i + per]) for i in range(0, len(clean), per)]
+    work = [tuple(names[i:i + per]) for i in range(0, len(names), per)] or [()]
+    count = len(kept) + len(work)
+    shards = [Shard(i, count, group, rest=False, kept=True) for i, group in enumerate(kept)]
+    shards += [Shard(len(kept) + i, count, group, rest=False)
+               for i, group in enumerate(work[:-1])]
+    others = tuple(h for shard in shards for h in shard.hosts)
+    return [*shards, Shard(count - 1, count, others, rest=True)]
+
+
+def groups_file(dd: DataDir, hour: int):
+    """Where ``hour``'s energy partial is saved (a local path or an object)."""
+    return dd.state / GROUPS_DIR / f"{hour}.parquet"
+
+
+def groups_bytes(groups: pl.DataFrame | None) -> bytes | None:
+    """An hour's energy partial (every host's, sorted) as the Parquet file saved (encoded
+    where it was reduced: a Ray task, not the driver); None: no row."""
+    if groups is None or groups.height == 0:
+        return None
+    body = io.BytesIO()
+    groups.write_parquet(body, compression="lz4")
+    return body.getvalue()
+
+
+def save_groups(dd: DataDir, hour: int, body: bytes | None) -> None:
+    """Save ``hour``'s energy partial (:func:`groups_bytes`); None removes the file (the
+    next run then recomputes every host of the hour)."""
+    path = groups_file(dd, hour)
+    if body is None:
+        path.unlink(missing_ok=True)
+        return
+    write_bytes_atomic(path, lambda handle: handle.write(body))
+
+
+def remove_groups(dd: DataDir, keep) -> int:
+    """Remove the saved energy partials of the hours ``keep(hour)`` is false for; returns how
+    many (retention, and hours a full run found without raw data)."""
+    folder = dd.state / GROUPS_DIR
+    removed = 0
+    for path in (folder.glob("*.parquet") if folder.exists() or dd.remote else []):
+        stem = path.name.removesuffix(".parquet")
+        if stem.lstrip("-").isdigit() and not keep(int(stem)):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def pending_hours(dd: DataDir) -> set[int]:
+    """The hours a run that died listed as possibly half written (none if the last run
+    finished)."""
+    path = dd.state / PENDING_FILE
+    try:
+        return set(json.loads(path.read_bytes())["hours"])
+    except FileNotFoundError:
+        return set()
+
+
+def mark_pending(dd: DataDir, hours: set[int]) -> None:
+    """List the hours this run's phase 2 may rewrite (before it writes any)."""
+    if hours:
+        write_json_atomic(dd.state / PENDING_FILE, {"hours": sorted(hours)})
+
+
+def clear_pending(dd: DataDir) -> None:
+    """The run finished (its state saved): nothing is half written."""
+    (dd.state / PENDING_FILE).unlink(missing_ok=True)
+
+
+__all__ = ["dirty_hosts", "kept_part", "plan_kept"]
