@@ -247,9 +247,10 @@ def _print_summary(summary, as_json: bool,  # noqa: ANN001 - RunSummary
     click.echo(f"{summary.new_segments} new segments ({summary.new_rows} rows, "
                f"{summary.too_late_rows} too late), {summary.dirty_hours} hours recomputed "
                f"in {summary.seconds:.2f} s; rows written: {written or 'none'}")
-    if summary.kept_host_hours:
-        click.echo(f"  {summary.kept_host_hours} host-hours of points kept (no new data "
-                   "from those hosts), not recomputed")
+    if summary.kept_host_hours or summary.kept_host_hours_phase2:
+        click.echo(f"  host-hours kept (no new data from those hosts), not recomputed: "
+                   f"{summary.kept_host_hours} of points, {summary.kept_host_hours_phase2} "
+                   "of energy and windows")
     delays = summary.export_delay_s
     if not delays or replay:  # a replay's spans all arrive late: that is no news
         return

@@ -5,6 +5,7 @@ published partitions, and the files are the bytes a full run over all the data w
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +48,25 @@ def full(tmp_path_factory, fleet) -> dict[str, str]:
     return _files(root)
 
 
+def _held_back(fleet: Fleet, late_hosts: set[str], late_spans: bool):
+    """The fleet without the last batch's points of ``late_hosts`` (and, if ``late_spans``,
+    its spans of those hosts), and a function writing what was held back as late segments."""
+    last = len(fleet.point_batches) - 1
+    points = fleet.point_batches[last]
+    spans = fleet.span_batches[last]
+    held_points = [p for p in points if p[c.HOST_NAME] in late_hosts]
+    held_spans = [s for s in spans if late_spans and s[c.HOST_NAME] in late_hosts]
+    early = Fleet([*fleet.span_batches[:last], [s for s in spans if s not in held_spans]],
+                  [*fleet.point_batches[:last], [p for p in points if p not in held_points]],
+                  fleet.distinct_requests)
+
+    def late(dd: DataDir) -> None:
+        write_raw(dd, t.METRIC_POINTS, points_frame(held_points), writer="late", seq=9)
+        if held_spans:
+            write_raw(dd, t.SPANS, spans_frame(held_spans), writer="late", seq=9)
+    return early, late
+
+
 def _died(*_args) -> None:
     raise RuntimeError("killed before saving the state")
 
@@ -59,20 +79,11 @@ def _late_run(root: Path, fleet: Fleet, cfg: PipelineConfig, late_hosts: set[str
     as a late segment and run again (``die_saving``: a run dies first, one hour's energy
     partial not saved); return the run's summary and the hosts its point halves and its
     phase-2 shards recomputed."""
-    last = len(fleet.point_batches) - 1
-    points = fleet.point_batches[last]
-    spans = fleet.span_batches[last]
-    held_points = [p for p in points if p[c.HOST_NAME] in late_hosts]
-    held_spans = [s for s in spans if late_spans and s[c.HOST_NAME] in late_hosts]
-    early = Fleet([*fleet.span_batches[:last], [s for s in spans if s not in held_spans]],
-                  [*fleet.point_batches[:last], [p for p in points if p not in held_points]],
-                  fleet.distinct_requests)
     dd = DataDir(root)
+    early, late = _held_back(fleet, late_hosts, late_spans)
     write_batches(dd, early)
     Pipeline(dd, cfg).run_once()
-    write_raw(dd, t.METRIC_POINTS, points_frame(held_points), writer="late", seq=9)
-    if held_spans:
-        write_raw(dd, t.SPANS, spans_frame(held_spans), writer="late", seq=9)
+    late(dd)
     if die_saving:  # the run that reads the late data dies before saving the state
         real_save = phase2kept.save_groups
 
@@ -142,6 +153,32 @@ def test_a_run_after_one_that_died_keeps_no_host_in_its_hours(tmp_path: Path, fl
     assert summary.kept_host_hours_phase2 == 0 and len(recomputed2) > HOSTS - 2
     assert not phase2kept.pending_hours(DataDir(tmp_path / "data"))
     assert _files(tmp_path / "data") == full
+
+
+def test_the_pipeline_command_says_how_many_host_hours_it_kept(tmp_path: Path, fleet,
+                                                              full) -> None:
+    """``fleetlens pipeline`` after h3's late points: it says how many host-hours each phase
+    kept, and the files are the full run's."""
+    from click.testing import CliRunner
+
+    from fleetlens.cli import cli
+
+    dd = DataDir(tmp_path / "data")
+    config = tmp_path / "fleetlens.toml"
+    config.write_text("[pipeline]\nlateness_s = 3600\n")
+    early, late = _held_back(fleet, {"h3"}, False)
+    write_batches(dd, early)
+    base = ["pipeline", "--data-dir", str(dd.root), "--config", str(config), "--no-progress",
+            "--no-analyze"]
+    runner = CliRunner()
+    assert runner.invoke(cli, base).exit_code == 0
+    late(dd)
+    out = runner.invoke(cli, base)
+    assert out.exit_code == 0, out.output
+    kept = re.search(r"not recomputed: (\d+) of points, (\d+) of energy and windows",
+                     out.output)
+    assert kept and int(kept[1]) > 0 and int(kept[2]) > 0, out.output
+    assert _files(dd.root) == full
 
 
 def test_late_points_that_change_the_mapping_recompute_the_requests(tmp_path: Path, fleet,
