@@ -11,8 +11,8 @@ stably, so the partitions are the bytes recomputing every shard gives.
 
 The hour's ``requests`` are recomputed when new spans overlap the hour (their trace buckets are
 random, so a segment of new spans touches nearly every bucket: no finer bookkeeping) or when the
-merged instance -> GPU mapping differs from the published one (a request's model may come from
-its engine's labels); otherwise the partition is left as it is.
+merged instance -> GPU mapping names other models for the instances than the published one (a
+request's model may come from its engine's labels); otherwise the partition is left as it is.
 
 Rows are kept only where the published partitions are the old segments' result
 (:func:`phase1_kept`): not in a full run, not in an hour no earlier run read (no old metrics
@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from fleetlens.pipeline.config import PipelineConfig
 from fleetlens.pipeline.discovery import Discovered
+from fleetlens.pipeline.normalize import instance_model_map
 from fleetlens.pipeline.partitions import HOUR_NS, NS, partition_file, read_hours
 from fleetlens.pipeline.rangemerge import Piece, Staged
 from fleetlens.pipeline.schema import columns as c
@@ -76,9 +77,12 @@ class Kept:
 
     def needs_requests(self, mapping: pl.DataFrame) -> bool:
         """Whether the hour's requests must be recomputed: new spans overlap it, or the
-        merged ``mapping`` is not the published one."""
-        return self.spans or not _same(mapping, read_hours(self.dd, t.INSTANCE_GPUS,
-                                                           [self.hour]))
+        merged ``mapping`` names other models for the instances than the published one
+        (all the requests read of it: its first and last times, which late points move,
+        do not matter)."""
+        published = read_hours(self.dd, t.INSTANCE_GPUS, [self.hour])
+        return self.spans or not _same(instance_model_map(mapping),
+                                       instance_model_map(published))
 
     def _frame(self, table: str) -> pl.DataFrame:
         return read_hours(self.dd, table, [self.hour]).filter(self.kept())

@@ -200,6 +200,17 @@ def _engine_of_failed(spans: pl.DataFrame) -> pl.DataFrame:
         .otherwise(c.SERVICE_NAME).alias(c.SERVICE_NAME)).drop("__engine_service")
 
 
+def instance_model_map(instance_models: pl.DataFrame) -> pl.DataFrame:
+    """The model each instance id's engine labels name (the least non-empty one), sorted by
+    instance id: all :func:`normalize` reads of the ``instance_gpus`` mapping, so requests
+    change with the mapping only where this does (late points move its first and last
+    times, not this)."""
+    return instance_models.select(
+        c.INSTANCE_ID, pl.col(c.MODEL).alias(_MAP_MODEL)
+    ).filter(pl.col(_MAP_MODEL) != "").group_by(c.INSTANCE_ID).agg(
+        pl.col(_MAP_MODEL).min()).sort(c.INSTANCE_ID)
+
+
 @stage(t.REQUESTS)
 def normalize(
     spans: pl.DataFrame, instance_models: pl.DataFrame, dimensions: dict[str, str]
@@ -225,9 +236,7 @@ def normalize(
                       .with_columns(first_string_of_key(c.ATTRIBUTES, a.GEN_AI_FINISH_REASONS)
                                     .alias(_FINISH)))
     spans = _engine_of_failed(spans)
-    models = instance_models.select(
-        c.INSTANCE_ID, pl.col(c.MODEL).alias(_MAP_MODEL)
-    ).filter(pl.col(_MAP_MODEL) != "").group_by(c.INSTANCE_ID).agg(pl.col(_MAP_MODEL).min())
+    models = instance_model_map(instance_models)
     spans = spans.join(models, on=c.INSTANCE_ID, how="left", maintain_order="left")
     res_models = [pl.col(f"{_RES_MODEL}{i}") for i in range(len(a.RESOURCE_MODEL_KEYS))]
     model = pl.coalesce(

@@ -17,11 +17,13 @@ last run left (*kept* shards, :func:`kept_part`):
   arrived in an earlier window, which no ``windows`` row of that window counts.
 
 A host is *dirty* for hour h's phase 2 when this run rewrote its points in any hour h's phase
-2 may read (from two lookbacks before h to :func:`horizon` after it); every host is, when this
-run rewrote a ``requests`` partition or every host's points in those hours, when no energy
-partial was saved for h, and in a full run. The merge sorts every table by its key and adds
-the floating-point partials in host order, so the partitions are the bytes recomputing every
-host gives (``tests/pipeline/test_dirty_hosts.py``).
+2 may read (from two lookbacks before h to :func:`horizon` after it), or requests it owns
+there: late points whose engine labels name a model for an instance change the requests of
+that instance id, whichever host owns them (:func:`remodelled_hosts`). Every host is dirty
+when this run rewrote every host's points or (new spans) a ``requests`` partition in those
+hours, when no energy partial was saved for h, and in a full run. The merge sorts every
+table by its key and adds the floating-point partials in host order, so the partitions are
+the bytes recomputing every host gives (``tests/pipeline/test_dirty_hosts.py``).
 
 A run lists the hours whose phase 2 it may rewrite in ``state/phase2-pending.json`` before
 writing anything and removes the file after saving the state: a run that redoes a crashed one
@@ -33,12 +35,13 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 
 import polars as pl
 
 from fleetlens.pipeline import windows as win
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.partitions import HOUR_NS, NS
+from fleetlens.pipeline.partitions import HOUR_NS, NS, read_hours
 from fleetlens.pipeline.phase2reduce import Phase2Output, Phase2Part
 from fleetlens.pipeline.phase2split import lookback
 from fleetlens.pipeline.schema import columns as c
@@ -91,9 +94,10 @@ def dirty_hosts(state: PipelineState, cfg: PipelineConfig, hour: int,
                 rewritten: dict[int, set[str] | None], pending: set[int]) -> set[str] | None:
     """The hosts whose phase 2 of ``hour`` must be recomputed (see the module docstring);
     None: every host. ``rewritten``: per hour phase 1 wrote in this run, the hosts whose
-    points it rewrote (None: every host's, or its ``requests``), known for every hour up to
-    :func:`horizon` after ``hour`` when its phase 2 starts; ``pending``: hours a crashed run
-    may have left half written (:func:`pending_hours`)."""
+    points or requests it rewrote (None: every host's; a :class:`Remodelled` hour resolved
+    by :func:`remodelled_hosts`), known for every hour up to :func:`horizon` after ``hour``
+    when its phase 2 starts; ``pending``: hours a crashed run may have left half written
+    (:func:`pending_hours`)."""
     if hour in pending:
         return None
     back = lookback(cfg)
@@ -106,6 +110,29 @@ def dirty_hosts(state: PipelineState, cfg: PipelineConfig, hour: int,
             return None
         dirty |= hosts
     return dirty
+
+
+@dataclass(frozen=True)
+class Remodelled:
+    """Phase 1 of an hour rewrote the ``hosts``' points and, as their engines' labels named
+    other models for some instances than before, the hour's requests: resolved
+    (:func:`remodelled_hosts`) once the hour is published and a phase 2 reads it."""
+
+    hosts: frozenset[str]
+
+
+def remodelled_hosts(dd: DataDir, hour: int, hosts: frozenset[str]) -> set[str]:
+    """The hosts whose requests of ``hour`` (published) may have changed when the mapping of
+    ``hosts`` (the hour's dirty hosts) did: their own, and every host with a request naming
+    one of their instance ids (a request takes its model by instance id alone, which another
+    host's engine may share). Late points only add to a host's mapping, so every instance
+    whose model changed is in the dirty hosts' published rows."""
+    mapping = read_hours(dd, t.INSTANCE_GPUS, [hour], columns=[c.HOST_NAME, c.INSTANCE_ID])
+    ids = mapping.filter(pl.col(c.HOST_NAME).is_in(list(hosts))).get_column(
+        c.INSTANCE_ID).unique()
+    requests = read_hours(dd, t.REQUESTS, [hour], columns=[c.INSTANCE_ID, c.HOST_NAME])
+    named = requests.filter(pl.col(c.INSTANCE_ID).is_in(ids.implode()))
+    return set(hosts) | set(named.get_column(c.HOST_NAME).drop_nulls().unique().to_list())
 
 
 def plan_kept(dd: DataDir, state: PipelineState, cfg: PipelineConfig, hour: int,

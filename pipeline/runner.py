@@ -127,7 +127,7 @@ class Pipeline:
         #: Per hour phase 1 published in this run, the hosts whose points it rewrote (None:
         #: every host's, or its requests); hours a crashed run may have left half written;
         #: per phase-2 hour, the hosts it kept (pipeline/phase2kept.py).
-        self._rewritten: dict[int, set[str] | None] = {}
+        self._rewritten: dict[int, set[str] | phase2kept.Remodelled | None] = {}
         self._crashed: set[int] = set()
         self._kept_hosts2: dict[int, int] = {}
 
@@ -159,13 +159,22 @@ class Pipeline:
 
     def _published1(self, state: PipelineState, hour: int, tables: set[str]) -> None:
         """Record which hosts phase 1 of ``hour`` rewrote (``tables``: those it published)."""
-        self._rewritten[hour] = (None if t.REQUESTS in tables
-                                 else phase1_scope(state, self._found, self.cfg, hour))
+        hosts = phase1_scope(state, self._found, self.cfg, hour)
+        if hosts is None or hour in self._found.span_dirty:
+            self._rewritten[hour] = None
+        elif t.REQUESTS in tables:  # the dirty hosts' engines named other models
+            self._rewritten[hour] = phase2kept.Remodelled(frozenset(hosts))
+        else:
+            self._rewritten[hour] = hosts
 
     def _plan2(self, state: PipelineState, hour: int) -> list[Shard]:
         """The shards of ``hour``'s phase 2: kept shards for the hosts none of whose inputs
         this run rewrote, when the last run saved the hour's energy partial
         (pipeline/phase2kept.py), else every host recomputed (:func:`plan_hour`)."""
+        for read, hosts in self._rewritten.items():
+            if isinstance(hosts, phase2kept.Remodelled):  # once, from its published files
+                self._flush()
+                self._rewritten[read] = phase2kept.remodelled_hosts(self.dd, read, hosts.hosts)
         dirty = None if self._found is None else phase2kept.dirty_hosts(
             state, self.cfg, hour, self._rewritten, self._crashed)
         shards = phase2kept.plan_kept(self.dd, state, self.cfg, hour, dirty)

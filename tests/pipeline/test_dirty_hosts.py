@@ -48,16 +48,23 @@ def full(tmp_path_factory, fleet) -> dict[str, str]:
     return _files(root)
 
 
-def _held_back(fleet: Fleet, late_hosts: set[str], late_spans: bool):
-    """The fleet without the last batch's points of ``late_hosts`` (and, if ``late_spans``,
-    its spans of those hosts), and a function writing what was held back as late segments."""
+def _held_back(fleet: Fleet, late_hosts: set[str], late_spans: bool,
+               batches: list[int] | None = None):
+    """The fleet without the points of ``late_hosts`` in the point ``batches`` (default: the
+    last) and, if ``late_spans``, the last batch's spans of those hosts, and a function
+    writing what was held back as late segments."""
     last = len(fleet.point_batches) - 1
-    points = fleet.point_batches[last]
     spans = fleet.span_batches[last]
-    held_points = [p for p in points if p[c.HOST_NAME] in late_hosts]
+    batches = [last] if batches is None else batches
+
+    def late_point(index: int, point: dict) -> bool:
+        return index in batches and point[c.HOST_NAME] in late_hosts
+    held_points = [p for i, batch in enumerate(fleet.point_batches) for p in batch
+                   if late_point(i, p)]
     held_spans = [s for s in spans if late_spans and s[c.HOST_NAME] in late_hosts]
     early = Fleet([*fleet.span_batches[:last], [s for s in spans if s not in held_spans]],
-                  [*fleet.point_batches[:last], [p for p in points if p not in held_points]],
+                  [[p for p in batch if not late_point(i, p)]
+                   for i, batch in enumerate(fleet.point_batches)],
                   fleet.distinct_requests)
 
     def late(dd: DataDir) -> None:
@@ -72,15 +79,15 @@ def _died(*_args) -> None:
 
 
 def _late_run(root: Path, fleet: Fleet, cfg: PipelineConfig, late_hosts: set[str],
-              late_spans: bool, monkeypatch, die_saving: bool = False
-              ) -> tuple[object, set[str], set[str]]:
+              late_spans: bool, monkeypatch, die_saving: bool = False,
+              batches: list[int] | None = None) -> tuple[object, set[str], set[str]]:
     """Publish the fleet with the last batch's points of ``late_hosts`` (and, if
     ``late_spans``, its spans of those hosts) held back, run, publish what was held back
     as a late segment and run again (``die_saving``: a run dies first, one hour's energy
     partial not saved); return the run's summary and the hosts its point halves and its
     phase-2 shards recomputed."""
     dd = DataDir(root)
-    early, late = _held_back(fleet, late_hosts, late_spans)
+    early, late = _held_back(fleet, late_hosts, late_spans, batches)
     write_batches(dd, early)
     Pipeline(dd, cfg).run_once()
     late(dd)
@@ -181,19 +188,35 @@ def test_the_pipeline_command_says_how_many_host_hours_it_kept(tmp_path: Path, f
     assert _files(dd.root) == full
 
 
+def test_late_points_that_move_only_the_mappings_times_keep_the_requests(
+        tmp_path: Path, fleet, full, monkeypatch) -> None:
+    """h0's points of the third batch come late (after the fourth), its instance -> GPU
+    mapping points among them: they move the mapping's times, not the model of any
+    instance, so the requests (which read only the models) are kept, and phase 2 keeps
+    every other host."""
+    cfg = replace(CFG, hosts_per_shard=2)
+    summary, recomputed, recomputed2 = _late_run(tmp_path / "data", fleet, cfg, {"h0"}, False,
+                                                 monkeypatch, batches=[2])
+    assert recomputed == recomputed2 == {"h0"}
+    assert t.REQUESTS not in summary.rows_written
+    assert summary.kept_host_hours_phase2 >= summary.dirty_hours * (HOSTS + len(GATEWAYS) - 1)
+    assert _files(tmp_path / "data") == full
+
+
 def test_late_points_that_change_the_mapping_recompute_the_requests(tmp_path: Path, fleet,
                                                                     full,
                                                                     monkeypatch) -> None:
-    """h0's late points carry instance -> GPU mapping points: the requests (a request's model
-    may come from them) are recomputed too, the other hosts' points still kept."""
+    """Every point of h0 comes late, its engine's model labels with them: the requests (a
+    request's model may come from them) are recomputed too, the other hosts' points still
+    kept; phase 2 recomputes the hosts owning requests of h0's instance ids (h0 alone
+    here), and the files are the full run's."""
     cfg = replace(CFG, hosts_per_shard=2)
     summary, recomputed, recomputed2 = _late_run(tmp_path / "data", fleet, cfg, {"h0"}, False,
-                                                 monkeypatch)
-    assert recomputed == {"h0"}
+                                                 monkeypatch,
+                                                 batches=list(range(len(fleet.point_batches))))
+    assert recomputed == recomputed2 == {"h0"}
     assert summary.kept_host_hours > 0 and summary.rows_written.get(t.REQUESTS, 0) > 0
-    # rewritten requests may change any host's (a model comes from an instance id): phase 2
-    # recomputes every host
-    assert summary.kept_host_hours_phase2 == 0 and len(recomputed2) > HOSTS - 2
+    assert summary.kept_host_hours_phase2 >= summary.dirty_hours * (HOSTS + len(GATEWAYS) - 1)
     assert _files(tmp_path / "data") == full
 
 

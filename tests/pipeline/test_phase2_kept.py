@@ -11,8 +11,9 @@ import polars as pl
 from fleetlens.pipeline import phase2kept
 from fleetlens.pipeline.compact import compact
 from fleetlens.pipeline.config import PipelineConfig
-from fleetlens.pipeline.partitions import HOUR_NS
+from fleetlens.pipeline.partitions import HOUR_NS, publish
 from fleetlens.pipeline.schema import columns as c
+from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.state import PipelineState
 from fleetlens.pipeline.storage import DataDir
 
@@ -84,3 +85,15 @@ def test_the_pending_hours_outlive_only_a_run_that_died(tmp_path) -> None:
     assert phase2kept.pending_hours(dd) == {HOUR, HOUR + HOUR_NS}
     phase2kept.clear_pending(dd)
     assert phase2kept.pending_hours(dd) == set()
+
+
+def test_a_remodelled_instance_dirties_every_host_owning_its_requests(tmp_path) -> None:
+    """Late labels of host a's engine named a model for instance i0: the requests naming i0
+    changed, host c's as well (instance ids need not be unique across hosts)."""
+    dd = DataDir(tmp_path)
+    publish(dd, t.INSTANCE_GPUS, HOUR, pl.DataFrame(
+        {c.HOST_NAME: ["a", "a", "b"], c.INSTANCE_ID: ["i0", "i1", "i9"]}))
+    publish(dd, t.REQUESTS, HOUR, pl.DataFrame(
+        {c.HOST_NAME: ["c", "b", "d", None], c.INSTANCE_ID: ["i0", "i9", "i5", "i1"]}))
+    assert phase2kept.remodelled_hosts(dd, HOUR, frozenset({"a"})) == {"a", "c"}
+    assert phase2kept.remodelled_hosts(dd, HOUR, frozenset({"b"})) == {"b"}

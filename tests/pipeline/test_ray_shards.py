@@ -66,7 +66,7 @@ def test_late_points_on_ray_recompute_only_the_dirty_hosts(tmp_path, cluster, la
     for the dirty hosts' shards, a task for the kept rows; the span halves as tasks when
     spans are late, else in the merge if h0's mapping changed): the full run's bytes, and
     only the dirty hosts' point tasks ran; phase 2 keeps the clean hosts' results (kept shard
-    tasks) unless the hour's requests were rewritten."""
+    tasks) unless late spans rewrote the hour's requests."""
     from fleetlens.pipeline.ray_runner import RayPipeline
     from fleetlens.pipeline.schema import columns as c
     from fleetlens.pipeline.schema import tables as t
@@ -95,9 +95,10 @@ def test_late_points_on_ray_recompute_only_the_dirty_hosts(tmp_path, cluster, la
     assert _digest(remote) == _digest(full)
     assert summary.kept_host_hours >= summary.dirty_hours and (
         (t.REQUESTS in summary.rows_written) == (late != {"h3", "h7"}))
-    # phase 2 keeps the 9 clean hosts (of 11) of each hour unless the requests were rewritten
+    # phase 2 keeps the clean hosts (of 11) of each hour, unless late spans rewrote the
+    # requests (h0's late labels rewrite only the requests of its own instance ids)
     assert summary.kept_host_hours_phase2 == (
-        9 * summary.dirty_hours if late == {"h3", "h7"} else 0)
+        0 if late_spans else (11 - len(late)) * summary.dirty_hours)
     # per phase-1 hour: a point task per dirty host (shards of one), the kept rows' task and
     # the merge; 11 span tasks (11 shards) in each hour late spans overlap, none otherwise
     phase1 = [took for took in job.task_times if took.kind == "shard" and took.phase == 1]
