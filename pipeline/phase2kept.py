@@ -173,10 +173,11 @@ def groups_bytes(groups: pl.DataFrame | None) -> bytes | None:
     return body.getvalue()
 
 
-def save_groups(dd: DataDir, hour: int, body: bytes | None) -> None:
-    """Save ``hour``'s energy partial (:func:`groups_bytes`); None removes the file (the
-    next run then recomputes every host of the hour)."""
+def save_groups(dd: DataDir, hour: int, groups: pl.DataFrame | bytes | None) -> None:
+    """Save ``hour``'s energy partial (or its :func:`groups_bytes`, encoded by a task); none
+    removes the file (the next run then recomputes every host of the hour)."""
     path = groups_file(dd, hour)
+    body = groups if groups is None or isinstance(groups, bytes) else groups_bytes(groups)
     if body is None:
         path.unlink(missing_ok=True)
         return

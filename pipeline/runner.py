@@ -191,9 +191,7 @@ class Pipeline:
 
         This thread publishes phase 1 in hour order and runs phase 2 in hour order, so the
         files and the summary are the same as one hour after the other."""
-        # Phase 2 of hour h reads phase-1 output up to its requests' ends (at most
-        # max_request_s after the hour) plus one sample gap and slot.
-        horizon = phase2kept.horizon(self.cfg)
+        horizon = phase2kept.horizon(self.cfg)  # how far after an hour its phase 2 reads
         self._requests_read = {}  # nothing read in an earlier run is trusted
         self._handed_until = 0
         waiting = deque(hours2)
@@ -296,15 +294,9 @@ class Pipeline:
         self._save_groups(hour, out.groups)
 
     def _save_groups(self, hour: int, groups: pl.DataFrame | bytes | None) -> None:
-        """Save the hour's energy partial (encoded here, or by a task) after its partitions,
-        on the writer thread, in order, for a later run that keeps some hosts
-        (pipeline/phase2kept.py)."""
-        def save() -> None:
-            body = groups if groups is None or isinstance(groups, bytes) else (
-                phase2kept.groups_bytes(groups))
-            phase2kept.save_groups(self.dd, hour, body)
-
-        self._pending.append(self._writer.submit(save))
+        """Save the hour's energy partial after its partitions, on the writer thread, for a
+        later run that keeps some hosts (pipeline/phase2kept.py)."""
+        self._pending.append(self._writer.submit(phase2kept.save_groups, self.dd, hour, groups))
 
     def _patch(self, hour: int, fresh: pl.DataFrame, summary: RunSummary) -> None:
         """Replace the energy rows of requests from the clean earlier ``hour`` that ran into a
