@@ -88,19 +88,28 @@ class Kept:
         return read_hours(self.dd, table, [self.hour]).filter(self.kept())
 
     def _rows(self, table: str, stage_to: Path | None, row_group: int) -> Piece:
-        path = partition_file(self.dd, table, self.hour)
-        if stage_to is None or is_remote(path) or not path.exists():
-            return self._frame(table)
-        target = stage_to / f"kept-{table}.parquet"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        hidden = tmp_path_for(target)
-        try:  # whole or not at all: a retried task replaces it
-            pl.scan_parquet(path).filter(self.kept()).sink_parquet(
-                hidden, compression="lz4", row_group_size=row_group)
-            os.replace(hidden, target)
-        finally:
-            hidden.unlink(missing_ok=True)
-        return Staged(target, pq.ParquetFile(target).metadata.num_rows)
+        return published_rows(self.dd, table, self.hour, self.kept(), stage_to, row_group)
+
+
+def published_rows(dd: DataDir, table: str, hour: int, where: pl.Expr,
+                   stage_to: Path | None, row_group: int) -> Piece:
+    """The rows ``where`` keeps of an hour's published partition, for a merge: streamed into
+    ``stage_to`` (the filter pushed into the scan, so the hour's rows are never held; in
+    their order, ``row_group`` rows to a row group) or, without a folder or on an object
+    store, a frame."""
+    path = partition_file(dd, table, hour)
+    if stage_to is None or is_remote(path) or not path.exists():
+        return read_hours(dd, table, [hour]).filter(where)
+    target = stage_to / f"kept-{table}.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    hidden = tmp_path_for(target)
+    try:  # whole or not at all: a retried task replaces it
+        pl.scan_parquet(path).filter(where).sink_parquet(
+            hidden, compression="lz4", row_group_size=row_group)
+        os.replace(hidden, target)
+    finally:
+        hidden.unlink(missing_ok=True)
+    return Staged(target, pq.ParquetFile(target).metadata.num_rows)
 
 
 def _same(a: pl.DataFrame, b: pl.DataFrame) -> bool:

@@ -134,7 +134,7 @@ def phase2_shard(dd: DataDir, cfg: PipelineConfig, hour: int, dirty: set[int], s
     returned. A *kept* shard (hosts none of whose inputs changed in this run) takes its
     results from the last run's outputs instead (:func:`~pipeline.phase2kept.kept_part`)."""
     read = _Reader(dd, shard, cache)
-    part = kept_part(dd, cfg, hour, shard, read) if shard.kept else _computed(
+    part = kept_part(dd, cfg, hour, shard, read, stage_to) if shard.kept else _computed(
         dd, cfg, hour, dirty, read)
     if stage_to is None:
         return part
@@ -197,8 +197,9 @@ def stage_part(part: Phase2Part, folder: Path, shard: Shard, row_group: int) -> 
     once. The latencies are sorted by window, a few rows (one per window and group) to a row
     group, so a window range reads only its own."""
     index = shard.index
-    energy = stage(part.own.request_energy, folder / f"{index}-{t.REQUEST_ENERGY}.parquet",
-                   row_group)
+    energy = part.own.request_energy
+    if isinstance(energy, pl.DataFrame):  # (a kept shard streamed its rows there already)
+        energy = stage(energy, folder / f"{index}-{t.REQUEST_ENERGY}.parquet", row_group)
     latencies = stage(part.requests.sort(c.WINDOW_START_NS),
                       folder / f"{index}-latencies.parquet", row_group_size=4)
     return replace(part, own=replace(part.own, request_energy=energy), requests=latencies)

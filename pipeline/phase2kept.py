@@ -8,7 +8,9 @@ everything else it computes per host comes from that host's rows alone. So it re
 last run left (*kept* shards, :func:`kept_part`):
 
 - its rows of ``gpu_window_energy``, ``request_energy`` and the per-host ``windows``, read
-  back from the published partitions (its host filter pushed into the scan);
+  back from the published partitions, every kept host's at once by the first kept shard
+  (the hosts' filter pushed into the scan, ``request_energy`` streamed to the staging
+  folder);
 - its requests' latencies and its engine partial sums, recomputed from the phase-1
   partitions (no energy attribution: a small share of a shard's work);
 - its group energy (per window, service, model and host: attributed µJ and GPU power) from
@@ -36,14 +38,17 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import polars as pl
 
 from fleetlens.pipeline import windows as win
 from fleetlens.pipeline.config import PipelineConfig
+from fleetlens.pipeline.dirtyhosts import published_rows
 from fleetlens.pipeline.partitions import HOUR_NS, NS, read_hours
 from fleetlens.pipeline.phase2reduce import Phase2Output, Phase2Part
 from fleetlens.pipeline.phase2split import lookback
+from fleetlens.pipeline.rangemerge import Piece, staged_row_group
 from fleetlens.pipeline.schema import columns as c
 from fleetlens.pipeline.schema import tables as t
 from fleetlens.pipeline.shards import Shard, hour_hosts_per_shard
@@ -72,11 +77,17 @@ def engine_stats(read, cfg: PipelineConfig, hour: int) -> pl.DataFrame:
     return win.engine_host_stats(eng, cfg.window_s).filter(pl.col(c.WINDOW_START_NS) >= hour)
 
 
-def kept_part(dd: DataDir, cfg: PipelineConfig, hour: int, shard: Shard, read) -> Phase2Part:
+def kept_part(dd: DataDir, cfg: PipelineConfig, hour: int, shard: Shard, read,
+              stage_to: Path | None) -> Phase2Part:
     """A kept shard's :class:`~pipeline.phase2reduce.Phase2Part`: what :func:`phase2_shard`
     would compute for its hosts, from the last run's outputs (see the module docstring).
     ``read(table, hours)``: the shard's hosts' rows of a partition. No crossers: the energy
-    of a clean host's requests from earlier hours did not change either."""
+    of a clean host's requests from earlier hours did not change either.
+
+    The published rows of every kept host come from the first kept shard (its
+    ``kept_rows``), read once: ``request_energy`` is sorted by request id, so a host filter
+    skips none of its row groups, and each kept shard reading its own would decode the
+    hour's once per shard (streamed into ``stage_to`` when given)."""
     lo, hi = hour, hour + HOUR_NS
     requests = read(t.REQUESTS, [hour]).filter(pl.col(c.ARRIVAL_NS).is_between(
         lo, hi, closed="left"))
@@ -84,8 +95,17 @@ def kept_part(dd: DataDir, cfg: PipelineConfig, hour: int, shard: Shard, read) -
     if saved is None:  # the plan keeps a host only where the partial exists
         raise FileNotFoundError(f"{groups_file(dd, hour)}: the hour's energy partial is gone")
     groups = saved.filter(shard.point_filter())
-    own = Phase2Output(read(t.GPU_WINDOW_ENERGY, [hour]), read(t.REQUEST_ENERGY, [hour]),
-                       read(t.WINDOWS, [hour]), [])
+    where = pl.col(c.HOST_NAME).is_in(list(shard.kept_rows)).fill_null(False)
+    row_group = staged_row_group(cfg.reduce_rows, shard.count)
+
+    def published(table: str) -> Piece:
+        if not shard.kept_rows:
+            return t.table(table).empty()
+        return published_rows(dd, table, hour, where,
+                              stage_to if table == t.REQUEST_ENERGY else None, row_group)
+
+    own = Phase2Output(published(t.GPU_WINDOW_ENERGY), published(t.REQUEST_ENERGY),
+                       published(t.WINDOWS), [])
     return Phase2Part(own, win.fleet_requests(requests, cfg.window_s),
                       engine_stats(read, cfg, hour), groups)
 
@@ -151,7 +171,8 @@ def plan_kept(dd: DataDir, state: PipelineState, cfg: PipelineConfig, hour: int,
     kept = [tuple(clean[i:i + per]) for i in range(0, len(clean), per)]
     work = [tuple(names[i:i + per]) for i in range(0, len(names), per)] or [()]
     count = len(kept) + len(work)
-    shards = [Shard(i, count, group, rest=False, kept=True) for i, group in enumerate(kept)]
+    shards = [Shard(i, count, group, rest=False, kept=True,
+                    kept_rows=tuple(clean) if i == 0 else ()) for i, group in enumerate(kept)]
     shards += [Shard(len(kept) + i, count, group, rest=False)
                for i, group in enumerate(work[:-1])]
     others = tuple(h for shard in shards for h in shard.hosts)

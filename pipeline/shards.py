@@ -42,13 +42,16 @@ class Shard:
     ``hosts``: the group's hosts; with ``rest``, instead the hosts of every *other* group
     (this shard takes all the rest). ``index`` of ``count``: also the trace bucket whose spans
     this shard normalizes. ``kept``: a phase-2 shard of hosts none of whose inputs changed,
-    whose results are taken from what the last run published (:mod:`pipeline.phase2kept`)."""
+    whose results are taken from what the last run published (:mod:`pipeline.phase2kept`);
+    ``kept_rows``: the hosts of *every* kept shard, whose published rows this one (the
+    first) reads back for all of them, once."""
 
     index: int
     count: int
     hosts: tuple[str, ...] = ()
     rest: bool = True
     kept: bool = False
+    kept_rows: tuple[str, ...] = ()
 
     @property
     def whole(self) -> bool:

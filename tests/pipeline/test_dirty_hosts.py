@@ -127,7 +127,19 @@ def _late_run(root: Path, fleet: Fleet, cfg: PipelineConfig, late_hosts: set[str
         return part
 
     monkeypatch.setattr(phase2, "_computed", spy2)
-    return Pipeline(dd, cfg).run_once(), recomputed, recomputed2
+    real_rows = phase2kept.published_rows
+    read_back: list[tuple[str, int]] = []
+
+    def spy_rows(dd_, table, hour, *args):
+        read_back.append((table, hour))
+        return real_rows(dd_, table, hour, *args)
+
+    monkeypatch.setattr(phase2kept, "published_rows", spy_rows)
+    summary = Pipeline(dd, cfg).run_once()
+    # every kept host's published rows are read back once per table and hour, not per shard
+    assert len(read_back) == len(set(read_back))
+    assert bool(read_back) == (summary.kept_host_hours_phase2 > 0)
+    return summary, recomputed, recomputed2
 
 
 @pytest.mark.parametrize("per_shard", [1, 2, HOSTS + len(GATEWAYS)])

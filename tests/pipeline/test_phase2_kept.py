@@ -56,6 +56,8 @@ def test_the_plan_keeps_clean_hosts_where_the_energy_partial_was_saved(tmp_path)
         (0, 3, ("a", "c"), False, True), (1, 3, ("d", "e"), False, True),
         # the dirty hosts' shard also takes hosts no shard names and requests naming none
         (2, 3, ("a", "c", "d", "e"), True, False)]
+    # the first kept shard reads every kept host's published rows, once
+    assert [s.kept_rows for s in plan] == [("a", "c", "d", "e"), (), ()]
     hosts = pl.DataFrame({c.HOST_NAME: ["a", "b", "d", "x", "*", None]})
     assert [hosts.filter(s.point_filter()).get_column(c.HOST_NAME).to_list()
             for s in plan] == [["a"], ["d"], ["b", "x", "*", None]]
