@@ -371,18 +371,12 @@ def host_group_energy(shares: pl.DataFrame, requests: pl.DataFrame, per_slot: pl
         names, on=GRP, how="left").select(*group, SHARE, c.POWER_W)
 
 
-def sorted_groups(per_host: pl.DataFrame) -> pl.DataFrame:
-    """:func:`host_group_energy` rows (of any shards, in any order) sorted by window, service,
-    model and host (unique): the order :func:`fleet_group_energy` adds them in."""
-    return per_host.sort(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, c.HOST_NAME,
-                         nulls_last=True)
-
-
 def fleet_group_energy(per_host: pl.DataFrame) -> pl.DataFrame:
     """Fleet-wide rows (``host_name = FLEET_WIDE``) per (window, service, model) from every
     shard's :func:`host_group_energy`: integer µJ summed, and the hosts' power added in host
     order (sorted first), so the float sum is the same however the hosts were sharded."""
-    ordered = sorted_groups(per_host)
+    ordered = per_host.sort(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, c.HOST_NAME,
+                            nulls_last=True)
     fleet = ordered.group_by(c.WINDOW_START_NS, c.SERVICE_NAME, c.MODEL, maintain_order=True
                              ).agg(pl.col(SHARE).sum(), pl.col(c.POWER_W).sum())
     return fleet.with_columns(pl.lit(FLEET_WIDE).alias(c.HOST_NAME)).select(per_host.columns)

@@ -185,7 +185,7 @@ def groups_file(dd: DataDir, hour: int):
 
 
 def groups_bytes(groups: pl.DataFrame | None) -> bytes | None:
-    """An hour's energy partial (every host's, sorted) as the Parquet file saved (encoded
+    """An hour's energy partial (every host's) as the Parquet file saved (encoded
     where it was reduced: a Ray task, not the driver); None: no row."""
     if groups is None or groups.height == 0:
         return None

@@ -42,8 +42,8 @@ class Phase2Output:
     #: (arrival hour, fresh request_energy rows) of requests from clean earlier hours that
     #: ran into this one: merged into that hour's partition when published
     crossers: list[tuple[int, pl.DataFrame]]
-    #: every host's group energy (:func:`~pipeline.energy.host_group_energy`, sorted by
-    #: window, group and host): saved for a later run that keeps some hosts
+    #: every host's group energy (:func:`~pipeline.energy.host_group_energy`, the shards'
+    #: in shard order): saved for a later run that keeps some hosts
     #: (:mod:`pipeline.phase2kept`); None in a shard's own result
     groups: pl.DataFrame | None = None
 
@@ -142,7 +142,7 @@ def merge_phase2(parts: list[Phase2Part], window_s: int, budget: int,
     parts.clear()
     energy = merged_energy(own.pop("request_energy"), budget, write_energy_to)
     gpu_windows = _by_host(own.pop("gpu_window_energy"), t.GPU_WINDOW_ENERGY)
-    groups = en.sorted_groups(pl.concat(partial.pop("energy"), how="vertical_relaxed"))
+    groups = pl.concat(partial.pop("energy"), how="vertical_relaxed")
     latencies = [p for p in partial.pop("requests") if rows(p)]
     if not latencies:
         return Phase2Output(gpu_windows, energy, t.table(t.WINDOWS).empty(), crossers, groups)
